@@ -1,0 +1,226 @@
+"""Frozen, validated configuration: models, instances, policies, clusters.
+
+Every class validates on construction and raises :class:`~talaria.errors.ConfigError` with a
+message that names the field and says what is expected. Units are in the field names or the
+docstrings: bytes, tokens, seconds.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from typing import Any
+
+import attrs
+
+from talaria.errors import ConfigError, UnknownModel
+
+GB = 10**9
+GiB = 2**30
+
+
+def _positive(_inst: Any, attr: attrs.Attribute[Any], value: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ConfigError(f"{attr.name} must be a positive number, got {value!r}")
+
+
+def _non_negative(_inst: Any, attr: attrs.Attribute[Any], value: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+        raise ConfigError(f"{attr.name} must be zero or positive, got {value!r}")
+    if isinstance(value, float) and math.isnan(value):
+        raise ConfigError(f"{attr.name} must not be NaN")
+
+
+def _positive_int(_inst: Any, attr: attrs.Attribute[Any], value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ConfigError(f"{attr.name} must be a positive integer, got {value!r}")
+
+
+def _fraction(_inst: Any, attr: attrs.Attribute[Any], value: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+        raise ConfigError(f"{attr.name} must be in (0, 1], got {value!r}")
+
+
+def _name(_inst: Any, attr: attrs.Attribute[Any], value: str) -> None:
+    if not isinstance(value, str) or not value or value != value.strip():
+        raise ConfigError(f"{attr.name} must be a non-empty string without surrounding spaces")
+
+
+@attrs.frozen
+class ModelSpec:
+    """Shape of one served model, enough to size weights and KV and to cost compute.
+
+    ``total_params`` sizes the weights; ``active_params`` (per token, MoE-aware) sizes the
+    matrix work. ``dtype_bytes`` is bytes per weight parameter (2 for bf16, 1 for fp8);
+    ``kv_dtype_bytes`` is bytes per KV element.
+    """
+
+    name: str = attrs.field(validator=_name)
+    n_layers: int = attrs.field(validator=_positive_int)
+    hidden_size: int = attrs.field(validator=_positive_int)
+    n_heads: int = attrs.field(validator=_positive_int)
+    n_kv_heads: int = attrs.field(validator=_positive_int)
+    head_dim: int = attrs.field(validator=_positive_int)
+    vocab_size: int = attrs.field(validator=_positive_int)
+    total_params: int = attrs.field(validator=_positive_int)
+    active_params: int = attrs.field(validator=_positive_int)
+    dtype_bytes: float = attrs.field(default=2.0, validator=_positive)
+    kv_dtype_bytes: int = attrs.field(default=2, validator=_positive_int)
+    max_context: int = attrs.field(default=131072, validator=_positive_int)
+    source: str = ""
+
+    def __attrs_post_init__(self) -> None:
+        if self.n_heads % self.n_kv_heads:
+            raise ConfigError(
+                f"model {self.name}: n_heads ({self.n_heads}) must be a multiple of "
+                f"n_kv_heads ({self.n_kv_heads})"
+            )
+        if self.active_params > self.total_params:
+            raise ConfigError(
+                f"model {self.name}: active_params ({self.active_params}) exceeds "
+                f"total_params ({self.total_params})"
+            )
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of all weights in the serving dtype."""
+        return int(self.total_params * self.dtype_bytes)
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """Bytes of K and V for one token across all layers."""
+        return 2 * self.n_layers * self.n_kv_heads * self.head_dim * self.kv_dtype_bytes
+
+    @property
+    def flops_per_token(self) -> float:
+        """Matrix FLOPs per token, excluding attention over the context (2 per active param)."""
+        return 2.0 * self.active_params
+
+    def attention_flops(self, context_tokens: float) -> float:
+        """Attention FLOPs for one query token attending ``context_tokens`` keys (QK and AV)."""
+        return 4.0 * self.n_layers * self.n_heads * self.head_dim * context_tokens
+
+
+@attrs.frozen
+class InstanceSpec:
+    """One serving unit: a GPU, a tensor-parallel group, or on CPU a memory budget.
+
+    ``device_memory_bytes`` and ``host_memory_bytes`` are totals over the instance's devices.
+    ``memory_utilization`` is the share of device memory Talaria may use (the rest is left for
+    activations, workspaces and the runtime). ``block_size`` is the KV block size in tokens of
+    the model with the largest KV per token; a block has the same bytes for every model, so
+    models with smaller KV per token fit more tokens in a block.
+    """
+
+    name: str = attrs.field(validator=_name)
+    hardware: str = attrs.field(validator=_name)
+    device_memory_bytes: int = attrs.field(validator=_positive_int)
+    host_memory_bytes: int = attrs.field(validator=_non_negative)
+    block_size: int = attrs.field(default=16, validator=_positive_int)
+    n_devices: int = attrs.field(default=1, validator=_positive_int)
+    memory_utilization: float = attrs.field(default=0.9, validator=_fraction)
+    models: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+
+    @property
+    def usable_device_bytes(self) -> int:
+        return int(self.device_memory_bytes * self.memory_utilization)
+
+
+class Routing(enum.Enum):
+    """How the router ranks instances for a call."""
+
+    EXPECTED_COMPLETION = "expected-completion"  # Talaria: min expected seconds to finish
+    LEAST_LOADED = "least-loaded"  # fewest queued+running tokens, per request
+    STICKY = "sticky"  # the instance that served the session last, else least loaded
+    CACHE_AFFINITY = "cache-affinity"  # longest device prefix match unless over a load cap
+
+
+class Eviction(enum.Enum):
+    """How KV victims are chosen when device blocks run short."""
+
+    VALUE = "value"  # expected reuse soon (reservations, return probability), then recency
+    LRU = "lru"  # least recently used
+
+
+@attrs.frozen
+class PolicyConfig:
+    """Every knob of the mechanisms. Baselines are instances of this class (``baselines.py``).
+
+    Times are seconds. ``slot_max_s`` bounds a slot while other models have work waiting;
+    ``slot_linger_s`` keeps an idle slot open while a session of its model is expected back
+    within that time; ``reservation_horizon_s`` is the window in which a return counts.
+    """
+
+    name: str = attrs.field(validator=_name)
+    routing: Routing = Routing.EXPECTED_COMPLETION
+    session_prefill: bool = True
+    host_kv: bool = True
+    weight_staging: bool = True
+    soft_reservations: bool = True
+    eviction: Eviction = Eviction.VALUE
+    kv_pin_ttl_s: float = attrs.field(default=0.0, validator=_non_negative)
+    reservation_horizon_s: float = attrs.field(default=10.0, validator=_positive)
+    reservation_min_probability: float = attrs.field(default=0.05, validator=_fraction)
+    reservation_max_hold_s: float = attrs.field(default=120.0, validator=_positive)
+    reclaim_after_wait_s: float = attrs.field(default=0.5, validator=_non_negative)
+    slot_max_s: float = attrs.field(default=30.0, validator=_positive)
+    slot_linger_s: float = attrs.field(default=2.0, validator=_non_negative)
+    max_batch_tokens: int = attrs.field(default=8192, validator=_positive_int)
+    max_running: int = attrs.field(default=256, validator=_positive_int)
+    cache_affinity_load_cap: float = attrs.field(default=2.0, validator=_positive)
+    admission_budget_fraction: float = attrs.field(default=1.0, validator=_fraction)
+
+    def __attrs_post_init__(self) -> None:
+        if not isinstance(self.routing, Routing):
+            raise ConfigError(f"routing must be a Routing, got {self.routing!r}")
+        if not isinstance(self.eviction, Eviction):
+            raise ConfigError(f"eviction must be an Eviction, got {self.eviction!r}")
+
+
+@attrs.frozen
+class ClusterConfig:
+    """Models and the instances that serve them. Each model must fit on some instance."""
+
+    models: tuple[ModelSpec, ...] = attrs.field(converter=tuple)
+    instances: tuple[InstanceSpec, ...] = attrs.field(converter=tuple)
+
+    def __attrs_post_init__(self) -> None:
+        if not self.models:
+            raise ConfigError("a cluster needs at least one model")
+        if not self.instances:
+            raise ConfigError("a cluster needs at least one instance")
+        names = [m.name for m in self.models]
+        if len(set(names)) != len(names):
+            raise ConfigError(f"model names must be unique, got {names}")
+        inames = [i.name for i in self.instances]
+        if len(set(inames)) != len(inames):
+            raise ConfigError(f"instance names must be unique, got {inames}")
+        known = set(names)
+        for inst in self.instances:
+            unknown = set(inst.models) - known
+            if unknown:
+                raise ConfigError(f"instance {inst.name} lists unknown models {sorted(unknown)}")
+        for model in self.models:
+            hosts = self.instances_for(model.name)
+            if not hosts:
+                raise ConfigError(f"no instance is configured to serve model {model.name}")
+            if not any(model.weight_bytes < i.usable_device_bytes for i in hosts):
+                best = max(i.usable_device_bytes for i in hosts)
+                raise ConfigError(
+                    f"model {model.name} needs {model.weight_bytes / GB:.1f} GB of weights but "
+                    f"the largest instance that may serve it has {best / GB:.1f} GB usable; "
+                    "use a larger tensor-parallel group or a smaller dtype"
+                )
+
+    def model(self, name: str) -> ModelSpec:
+        for m in self.models:
+            if m.name == name:
+                return m
+        raise UnknownModel(f"unknown model {name!r}; served models: {[m.name for m in self.models]}")
+
+    def instances_for(self, model: str) -> tuple[InstanceSpec, ...]:
+        """Instances allowed to serve ``model`` (an instance with no model list serves all)."""
+        return tuple(i for i in self.instances if not i.models or model in i.models)
+
+    def models_on(self, instance: InstanceSpec) -> tuple[ModelSpec, ...]:
+        return tuple(m for m in self.models if not instance.models or m.name in instance.models)

@@ -1,0 +1,67 @@
+"""Typed errors. Each maps to one HTTP status and carries a message a user can act on.
+
+Bad input raises one of these before any internal structure is touched, so a failed call
+never leaves a manager half-updated.
+"""
+
+from __future__ import annotations
+
+
+class TalariaError(Exception):
+    """Base of every error Talaria raises on purpose."""
+
+    http_status: int = 500
+    code: str = "internal_error"
+
+
+class ConfigError(TalariaError, ValueError):
+    """A configuration value is invalid (raised at construction)."""
+
+    http_status = 400
+    code = "invalid_config"
+
+
+class BadRequest(TalariaError, ValueError):
+    """A request is malformed: missing field, wrong type, negative or absurd number."""
+
+    http_status = 400
+    code = "invalid_request_error"
+
+
+class UnknownModel(BadRequest):
+    """The request names a model that no instance serves."""
+
+    http_status = 404
+    code = "model_not_found"
+
+
+class UnknownSession(BadRequest):
+    """An event names a session the server has never seen (or already ended)."""
+
+    http_status = 404
+    code = "session_not_found"
+
+
+class ContextTooLong(BadRequest):
+    """Prompt plus requested new tokens exceed the model's context or the instance's KV pool."""
+
+    code = "context_length_exceeded"
+
+
+class Overloaded(TalariaError):
+    """No instance can take the call now; retry later."""
+
+    http_status = 503
+    code = "overloaded"
+
+
+class OutOfBlocks(TalariaError, RuntimeError):
+    """A memory manager was asked to commit more blocks than it has (a caller skipped the check)."""
+
+    code = "out_of_blocks"
+
+
+class TraceError(TalariaError, ValueError):
+    """A trace file is malformed; the message names the file, line and field at fault."""
+
+    code = "invalid_trace"
