@@ -1,0 +1,698 @@
+"""KV block accounting for one instance: a device tier, a host tier and a prefix index.
+
+Pure accounting: no torch, no I/O, no clock reads (callers pass ``now``). A substrate executes
+the block moves this module plans (``MovePlan``); the simulator prices them.
+
+Model of the memory
+-------------------
+* Device and host tiers each hold a fixed number of equal-sized blocks (``block_bytes``). A
+  block holds ``tokens_per_block[model]`` tokens of one model's KV, so every model uses the
+  same block bytes and a model with a smaller KV per token packs more tokens in a block.
+* Full blocks are named by a chained content hash (``TokenSeq.block_hashes``) salted per
+  (tenant, model): the prefix index maps hash -> the one place the block lives (device or
+  host). Tenants never share a block.
+* A running call holds references on its blocks; a *session table* lists the hashes of the
+  session's latest history (its reusable prefix) between calls. A reservation *pins* the
+  session's blocks. Blocks with no reference and no pin are cached: evictable.
+* Eviction demotes device blocks to host before anything is dropped. Victims are chosen by
+  value: orphan blocks (no session lists them) first, then the session whose return is least
+  likely soon (``set_priority``) and least recent, each session tail-first so what stays on
+  device is still a prefix. With ``Eviction.LRU`` the priority is ignored.
+* Nothing is lost silently: every dropped block is counted, per session too.
+
+Not thread-safe: the owning instance serializes all calls.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping, Sequence
+
+import attrs
+
+from talaria.config import Eviction
+from talaria.errors import BadRequest, OutOfBlocks, TalariaError
+from talaria.types import Link, SessionId, TokenSeq, salt_for
+
+CallKey = tuple[SessionId, int]
+
+
+class KVIntegrityError(TalariaError, RuntimeError):
+    """The block accounting broke an invariant (a bug, never bad input)."""
+
+
+@attrs.frozen
+class PrefixMatch:
+    """How much of a token sequence's prefix has KV: a device run, then a host run (tokens)."""
+
+    total_tokens: int
+    device_tokens: int
+    host_tokens: int
+    tokens_per_block: int
+
+    @property
+    def gone_tokens(self) -> int:
+        """Tokens that must be computed (recomputed if they were cached once)."""
+        return self.total_tokens - self.device_tokens - self.host_tokens
+
+    @property
+    def device_blocks(self) -> int:
+        return self.device_tokens // self.tokens_per_block
+
+    @property
+    def host_blocks(self) -> int:
+        return self.host_tokens // self.tokens_per_block
+
+
+@attrs.frozen
+class MovePlan:
+    """Block copies for a substrate to execute, as (source block id, destination block id)."""
+
+    link: Link
+    moves: tuple[tuple[int, int], ...] = ()
+    block_bytes: int = 0
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.moves) * self.block_bytes
+
+    def __len__(self) -> int:
+        return len(self.moves)
+
+
+@attrs.frozen
+class EvictionResult:
+    """What making room did: device->host demotions and blocks dropped for good."""
+
+    demoted: MovePlan
+    dropped_blocks: int
+
+
+@attrs.frozen
+class Allocation:
+    """A committed allocation for one call (``KVManager.allocate``).
+
+    ``reused_tokens`` were on device, ``restored_tokens`` come back from host by the
+    ``restore`` plan, ``computed_tokens`` of the prompt must be prefilled. ``evicted`` is what
+    was demoted or dropped to make room; a substrate executes ``evicted.demoted`` before
+    ``restore`` (block ids may be reused).
+    """
+
+    key: CallKey
+    reused_tokens: int
+    restored_tokens: int
+    computed_tokens: int
+    restore: MovePlan
+    evicted: EvictionResult
+    device_blocks: tuple[int, ...]
+
+
+@attrs.frozen
+class SessionKV:
+    """Where a session's reusable prefix is: leading device run, then host run (tokens)."""
+
+    device_tokens: int
+    host_tokens: int
+    table_tokens: int
+
+    @property
+    def gone_tokens(self) -> int:
+        return self.table_tokens - self.device_tokens - self.host_tokens
+
+
+class _Block:
+    """One hashed block. ``bid`` indexes the tier given by ``on_device``."""
+
+    __slots__ = ("bid", "computed", "last_used", "on_device", "pin", "ref", "tabs")
+
+    def __init__(self, bid: int, on_device: bool, now: float) -> None:
+        self.bid = bid
+        self.on_device = on_device
+        self.ref = 0  # running calls (or an in-flight restore) using it
+        self.pin = 0  # reservations pinning it
+        self.tabs = 0  # session tables listing it
+        self.last_used = now
+        self.computed = True
+
+
+@attrs.define
+class _CallState:
+    session: SessionId
+    model: str
+    prompt_hashes: tuple[int, ...]  # hashed prompt blocks this call references
+    private: list[int]  # other device blocks it holds (prompt tail, output, shadow copies)
+    n_full_prompt: int  # full blocks in the prompt
+
+
+@attrs.define
+class _SessionState:
+    model: str
+    tenant: str
+    table: tuple[int, ...] = ()
+    priority: float = 0.0
+    last_used: float = 0.0
+    pinned: tuple[int, ...] = ()
+    dropped_tokens: int = 0
+    running: bool = False
+
+
+@attrs.define
+class KVCounters:
+    """Cumulative block movements (blocks, not bytes; multiply by ``block_bytes``)."""
+
+    demoted_blocks: int = 0
+    restored_blocks: int = 0
+    dropped_blocks: int = 0
+    allocated_blocks: int = 0
+
+
+class KVManager:
+    """Device and host KV blocks of one instance, with a prefix index.
+
+    Mutating methods: ``allocate``, ``mark_computed``, ``finish``, ``abort``, ``pin``,
+    ``unpin``, ``set_priority``, ``offload``, ``restore``, ``end_session``. Each either raises
+    before changing anything (bad input, ``OutOfBlocks`` when the matching ``can_*`` check
+    was skipped) or completes. Queries never mutate.
+    """
+
+    def __init__(
+        self,
+        device_blocks: int,
+        host_blocks: int,
+        block_bytes: int,
+        tokens_per_block: Mapping[str, int],
+        eviction: Eviction = Eviction.VALUE,
+    ) -> None:
+        if device_blocks <= 0:
+            raise BadRequest(f"device_blocks must be positive, got {device_blocks}")
+        if host_blocks < 0:
+            raise BadRequest(f"host_blocks must be zero or positive, got {host_blocks}")
+        if block_bytes <= 0:
+            raise BadRequest(f"block_bytes must be positive, got {block_bytes}")
+        if not tokens_per_block or any(t <= 0 for t in tokens_per_block.values()):
+            raise BadRequest(f"tokens_per_block must be positive per model: {tokens_per_block}")
+        self.device_blocks = device_blocks
+        self.host_blocks = host_blocks
+        self.block_bytes = block_bytes
+        self.tokens_per_block = dict(tokens_per_block)
+        self.eviction = eviction
+        self.counters = KVCounters()
+        self._dev_free: list[int] = list(range(device_blocks - 1, -1, -1))
+        self._host_free: list[int] = list(range(host_blocks - 1, -1, -1))
+        self._blocks: dict[int, _Block] = {}
+        self._orphans: dict[int, None] = {}  # hashes no table lists, oldest first
+        self._dev_held = 0  # device blocks (hashed or private) that may not be evicted
+        self._calls: dict[CallKey, _CallState] = {}
+        self._sessions: dict[SessionId, _SessionState] = {}
+
+    # ------------------------------------------------------------------ queries
+    @property
+    def device_free(self) -> int:
+        return len(self._dev_free)
+
+    @property
+    def host_free(self) -> int:
+        return len(self._host_free)
+
+    @property
+    def device_evictable(self) -> int:
+        """Device blocks that eviction may take (cached, unpinned, unreferenced)."""
+        return self.device_blocks - len(self._dev_free) - self._dev_held
+
+    @property
+    def device_available(self) -> int:
+        return self.device_free + self.device_evictable
+
+    @property
+    def sessions(self) -> Mapping[SessionId, _SessionState]:
+        return self._sessions
+
+    def tpb(self, model: str) -> int:
+        try:
+            return self.tokens_per_block[model]
+        except KeyError:
+            raise BadRequest(f"model {model!r} has no KV layout on this instance") from None
+
+    def hashes(self, model: str, tenant: str, tokens: TokenSeq) -> tuple[int, ...]:
+        return tokens.block_hashes(self.tpb(model), salt_for(tenant, model))
+
+    def match(self, model: str, tenant: str, tokens: TokenSeq) -> PrefixMatch:
+        """Prefix of ``tokens`` with KV: leading device run, then host run. Pure."""
+        tpb = self.tpb(model)
+        dev, host = self._runs(self.hashes(model, tenant, tokens))
+        return PrefixMatch(len(tokens), dev * tpb, host * tpb, tpb)
+
+    def blocks_needed(self, model: str, tenant: str, tokens: TokenSeq, extra_tokens: int) -> int:
+        """New device blocks an ``allocate`` of this call would take (device prefix reused)."""
+        tpb = self.tpb(model)
+        dev, _ = self._runs(self.hashes(model, tenant, tokens))
+        return math.ceil((len(tokens) + extra_tokens) / tpb) - dev
+
+    def can_allocate(self, model: str, tenant: str, tokens: TokenSeq, extra_tokens: int) -> bool:
+        hashes = self.hashes(model, tenant, tokens)
+        dev, _ = self._runs(hashes)
+        n_total = math.ceil((len(tokens) + extra_tokens) / self.tpb(model))
+        return n_total - dev <= self._available_besides(hashes[:dev])
+
+    def _available_besides(self, reused: tuple[int, ...]) -> int:
+        """Device blocks an allocation may take once it holds the ``reused`` blocks."""
+        unheld = sum(1 for h in reused if not (b := self._blocks[h]).ref and not b.pin)
+        return self.device_available - unheld
+
+    def session_kv(self, session: SessionId) -> SessionKV:
+        st = self._sessions.get(session)
+        if st is None:
+            return SessionKV(0, 0, 0)
+        tpb = self.tpb(st.model)
+        dev, host = self._runs(st.table)
+        return SessionKV(dev * tpb, host * tpb, len(st.table) * tpb)
+
+    def session_device_blocks(self, session: SessionId) -> int:
+        """Device blocks listed in the session's table (shared ones included)."""
+        st = self._sessions.get(session)
+        if st is None:
+            return 0
+        return sum(1 for h in st.table if (b := self._blocks.get(h)) and b.on_device)
+
+    def dropped_tokens(self, session: SessionId) -> int:
+        st = self._sessions.get(session)
+        return st.dropped_tokens if st else 0
+
+    def _runs(self, hashes: tuple[int, ...]) -> tuple[int, int]:
+        dev = host = 0
+        for h in hashes:
+            b = self._blocks.get(h)
+            if b is None or not b.computed:
+                break
+            if b.on_device and host == 0:
+                dev += 1
+            elif not b.on_device:
+                host += 1
+            else:
+                break
+        return dev, host
+
+    # ------------------------------------------------------------------ calls
+    def allocate(
+        self,
+        key: CallKey,
+        model: str,
+        tenant: str,
+        tokens: TokenSeq,
+        extra_tokens: int,
+        now: float,
+    ) -> Allocation:
+        """Commit device blocks for a call: reuse the device prefix, restore the host run,
+        allocate the rest (prompt blocks to compute plus ``extra_tokens`` of output).
+
+        Raises ``BadRequest`` for a duplicate call or a session already running a call, and
+        ``OutOfBlocks`` (state unchanged) when ``can_allocate`` would have said no.
+        """
+        session = key[0]
+        if key in self._calls:
+            raise BadRequest(f"call {key} is already allocated")
+        st = self._sessions.get(session)
+        if st is not None and st.running:
+            raise BadRequest(f"session {session!r} already has a call running")
+        if st is not None and (st.model, st.tenant) != (model, tenant):
+            raise BadRequest(f"session {session!r} belongs to model {st.model!r}")
+        if extra_tokens < 0:
+            raise BadRequest(f"extra_tokens must be zero or positive, got {extra_tokens}")
+        tpb = self.tpb(model)
+        hashes = self.hashes(model, tenant, tokens)
+        dev, host = self._runs(hashes)
+        n_total = math.ceil((len(tokens) + extra_tokens) / tpb)
+        available = self._available_besides(hashes[:dev])
+        if n_total - dev > available:
+            raise OutOfBlocks(f"call {key} needs {n_total - dev} device blocks, {available} free")
+        if st is None:
+            st = self._sessions[session] = _SessionState(model, tenant)
+        st.running = True
+        st.last_used = now
+        for h in hashes[: dev + host]:
+            self._ref(self._blocks[h], now)
+        evicted = self._make_room(n_total - dev - len(self._dev_free))
+        restore = self._restore_blocks(hashes[dev : dev + host])
+        prompt_hashes = list(hashes[: dev + host])
+        private: list[int] = []
+        for h in hashes[dev + host :]:
+            bid = self._take_device()
+            if h in self._blocks:  # being computed by another call: keep ours private
+                private.append(bid)
+                continue
+            blk = self._new_block(h, bid, now)
+            blk.computed = False
+            self._ref(blk, now)
+            prompt_hashes.append(h)
+        private.extend(self._take_device() for _ in range(n_total - len(hashes)))
+        self._dev_held += len(private)
+        self.counters.allocated_blocks += n_total - dev
+        self._calls[key] = _CallState(session, model, tuple(prompt_hashes), private, len(hashes))
+        computed = len(tokens) - (dev + host) * tpb
+        device_ids = tuple(self._blocks[h].bid for h in prompt_hashes) + tuple(private)
+        return Allocation(key, dev * tpb, host * tpb, computed, restore, evicted, device_ids)
+
+    def mark_computed(self, key: CallKey) -> None:
+        """The call's prompt KV is computed: its new full blocks become matchable."""
+        call = self._call(key)
+        for h in call.prompt_hashes:
+            self._blocks[h].computed = True
+
+    def finish(self, key: CallKey, history: TokenSeq, now: float) -> None:
+        """The call answered; ``history`` is its prompt plus its output.
+
+        The full blocks of ``history`` become the session's table (output blocks are hashed
+        and indexed); the partial tail and unused blocks are freed; references are dropped.
+        """
+        call = self._call(key)
+        st = self._sessions[call.session]
+        hashes = self.hashes(call.model, st.tenant, history)
+        self.mark_computed(key)
+        kept = list(call.prompt_hashes)
+        private = call.private
+        for h in hashes[call.n_full_prompt :]:
+            if not private or h in self._blocks:
+                break
+            blk = self._new_block(h, private.pop(), now)
+            self._dev_held -= 1  # it leaves the private set; _ref counts it again
+            self._ref(blk, now)
+            kept.append(h)
+        for bid in private:
+            self._free_private(bid)
+        del self._calls[key]
+        n_present = 0
+        for h in hashes:
+            if h not in self._blocks:
+                break
+            n_present += 1
+        self._set_table(st, hashes[:n_present])
+        for h in kept:
+            self._unref(self._blocks[h])
+        st.running = False
+        st.last_used = now
+
+    def abort(self, key: CallKey) -> None:
+        """Release a call without keeping what it computed (uncomputed blocks are freed)."""
+        call = self._call(key)
+        for h in call.prompt_hashes:
+            blk = self._blocks[h]
+            self._unref(blk)
+            if not blk.computed and blk.ref == 0 and blk.tabs == 0 and blk.pin == 0:
+                del self._blocks[h]
+                self._orphans.pop(h, None)
+                self._dev_free.append(blk.bid)
+        for bid in call.private:
+            self._free_private(bid)
+        del self._calls[key]
+        self._sessions[call.session].running = False
+
+    # ------------------------------------------------------------------ sessions
+    def set_priority(self, session: SessionId, value: float) -> None:
+        """Value of keeping the session's KV on device (e.g. probability it returns soon)."""
+        st = self._sessions.get(session)
+        if st is not None:
+            st.priority = value
+
+    def pin(self, session: SessionId) -> int:
+        """Pin the session's present blocks (a reservation). Returns device blocks pinned."""
+        st = self._session(session)
+        if st.pinned:
+            return 0
+        st.pinned = tuple(h for h in st.table if h in self._blocks)
+        n_dev = 0
+        for h in st.pinned:
+            blk = self._blocks[h]
+            if blk.on_device and blk.ref == 0 and blk.pin == 0:
+                self._dev_held += 1
+            n_dev += blk.on_device
+            blk.pin += 1
+        return n_dev
+
+    def unpin(self, session: SessionId) -> None:
+        st = self._session(session)
+        for h in st.pinned:
+            blk = self._blocks[h]
+            blk.pin -= 1
+            if blk.on_device and blk.ref == 0 and blk.pin == 0:
+                self._dev_held -= 1
+        st.pinned = ()
+
+    def is_pinned(self, session: SessionId) -> bool:
+        st = self._sessions.get(session)
+        return bool(st and st.pinned)
+
+    def offload(self, session: SessionId, now: float) -> EvictionResult:
+        """Demote the session's unheld device blocks to host (dropped if host is full).
+
+        Called when a reservation is reclaimed: the session's KV stays restorable.
+        """
+        st = self._session(session)
+        victims = []
+        for h in reversed(st.table):
+            blk = self._blocks.get(h)
+            if blk is not None and blk.on_device and not blk.ref and not blk.pin:
+                victims.append((h, blk, st))
+        return self._demote_all(victims)
+
+    def restore_blocks_needed(self, session: SessionId) -> int:
+        st = self._session(session)
+        return self._runs(st.table)[1]
+
+    def can_restore(self, session: SessionId) -> bool:
+        need = self.restore_blocks_needed(session)
+        return need <= self.device_available
+
+    def restore(self, session: SessionId, now: float) -> tuple[MovePlan, EvictionResult]:
+        """Bring the session's host run back to device ahead of its next call (prefetch)."""
+        st = self._session(session)
+        dev, host = self._runs(st.table)
+        if host > self.device_available:
+            raise OutOfBlocks(f"restoring {session!r} needs {host} blocks")
+        run = st.table[dev : dev + host]
+        for h in run:
+            self._ref(self._blocks[h], now)
+        evicted = self._make_room(host - len(self._dev_free))
+        plan = self._restore_blocks(run)
+        for h in run:
+            self._unref(self._blocks[h])
+        return plan, evicted
+
+    def end_session(self, session: SessionId) -> bool:
+        """Forget the session's table; its blocks become orphans (evicted first).
+
+        Returns False (and changes nothing) while the session has a call running.
+        """
+        st = self._sessions.get(session)
+        if st is None:
+            return True
+        if st.running:
+            return False
+        self.unpin(session)
+        self._set_table(st, ())
+        del self._sessions[session]
+        return True
+
+    # ------------------------------------------------------------------ internals
+    def _call(self, key: CallKey) -> _CallState:
+        call = self._calls.get(key)
+        if call is None:
+            raise BadRequest(f"unknown call {key}")
+        return call
+
+    def _session(self, session: SessionId) -> _SessionState:
+        st = self._sessions.get(session)
+        if st is None:
+            raise BadRequest(f"unknown session {session!r} on this instance")
+        return st
+
+    def _ref(self, blk: _Block, now: float) -> None:
+        if blk.on_device and blk.ref == 0 and blk.pin == 0:
+            self._dev_held += 1
+        blk.ref += 1
+        blk.last_used = now
+
+    def _unref(self, blk: _Block) -> None:
+        blk.ref -= 1
+        if blk.on_device and blk.ref == 0 and blk.pin == 0:
+            self._dev_held -= 1
+
+    def _take_device(self) -> int:
+        if not self._dev_free:
+            raise OutOfBlocks("no free device block (eviction was not planned)")
+        return self._dev_free.pop()
+
+    def _free_private(self, bid: int) -> None:
+        self._dev_held -= 1
+        self._dev_free.append(bid)
+
+    def _new_block(self, h: int, bid: int, now: float) -> _Block:
+        blk = self._blocks[h] = _Block(bid, True, now)
+        self._orphans[h] = None
+        return blk
+
+    def _set_table(self, st: _SessionState, table: tuple[int, ...]) -> None:
+        for h in table:
+            blk = self._blocks[h]
+            blk.tabs += 1
+            self._orphans.pop(h, None)
+        for h in st.table:
+            blk_or_none = self._blocks.get(h)
+            if blk_or_none is not None:
+                blk_or_none.tabs -= 1
+                if blk_or_none.tabs == 0:
+                    self._orphans[h] = None
+        st.table = table
+
+    def _restore_blocks(self, run: tuple[int, ...]) -> MovePlan:
+        moves: list[tuple[int, int]] = []
+        for h in run:
+            blk = self._blocks[h]
+            dst = self._take_device()
+            moves.append((blk.bid, dst))
+            self._host_free.append(blk.bid)
+            blk.bid = dst
+            blk.on_device = True
+            if blk.ref or blk.pin:
+                self._dev_held += 1
+        self.counters.restored_blocks += len(moves)
+        return MovePlan(Link.HOST_TO_DEVICE, tuple(moves), self.block_bytes)
+
+    def _demote(self, h: int, blk: _Block, owner: _SessionState | None) -> tuple[int, int] | None:
+        """Move one unheld device block to host, or drop it when host has no free block."""
+        src = blk.bid
+        self._dev_free.append(src)
+        if not self._host_free:
+            self._drop(h, owner)
+            return None
+        blk.bid = self._host_free.pop()
+        blk.on_device = False
+        self.counters.demoted_blocks += 1
+        return (src, blk.bid)
+
+    def _drop(self, h: int, owner: _SessionState | None) -> None:
+        """Forget a block for good, charging the sessions whose tables list it."""
+        blk = self._blocks.pop(h)
+        self._orphans.pop(h, None)
+        if not blk.on_device:
+            self._host_free.append(blk.bid)
+        self.counters.dropped_blocks += 1
+        if blk.tabs == 1 and owner is not None:
+            owner.dropped_tokens += self.tokens_per_block[owner.model]
+        elif blk.tabs:
+            for st in self._sessions.values():
+                if h in st.table:
+                    st.dropped_tokens += self.tokens_per_block[st.model]
+
+    def _demote_all(
+        self, victims: Sequence[tuple[int, _Block, _SessionState | None]]
+    ) -> EvictionResult:
+        """Demote ``victims`` to host, first dropping the least valuable host blocks for room."""
+        short = len(victims) - len(self._host_free)
+        if short > 0 and self.host_blocks:
+            for h, _blk, owner in list(self._victims(on_device=False, limit=short)):
+                self._drop(h, owner)
+        moves: list[tuple[int, int]] = []
+        dropped = 0
+        for h, blk, owner in victims:
+            move = self._demote(h, blk, owner)
+            if move is None:
+                dropped += 1
+            else:
+                moves.append(move)
+        return EvictionResult(
+            MovePlan(Link.DEVICE_TO_HOST, tuple(moves), self.block_bytes), dropped
+        )
+
+    def _make_room(self, n: int) -> EvictionResult:
+        """Free ``n`` device blocks by demoting (or dropping) the least valuable ones."""
+        if n <= 0:
+            return EvictionResult(MovePlan(Link.DEVICE_TO_HOST, (), self.block_bytes), 0)
+        victims = list(self._victims(on_device=True, limit=n))
+        if len(victims) < n:
+            raise KVIntegrityError(f"eviction found {len(victims)} of {n} evictable blocks")
+        return self._demote_all(victims)
+
+    def _victims(
+        self, on_device: bool, limit: int
+    ) -> Iterator[tuple[int, _Block, _SessionState | None]]:
+        """Up to ``limit`` distinct evictable blocks of one tier, least valuable first:
+        orphans oldest first, then sessions by value, each tail-first."""
+        seen: set[int] = set()
+        for h, owner in self._candidates(on_device):
+            if len(seen) >= limit:
+                return
+            blk = self._blocks[h]
+            if h in seen or blk.on_device != on_device or blk.ref or blk.pin:
+                continue
+            seen.add(h)
+            yield h, blk, owner
+
+    def _candidates(self, on_device: bool) -> Iterator[tuple[int, _SessionState | None]]:
+        for h in self._orphans:
+            yield h, None
+        order = sorted(
+            (s for s in self._sessions.values() if not s.running and not s.pinned),
+            key=self._value,
+        )
+        for st in order:
+            for h in reversed(st.table):
+                if h in self._blocks:
+                    yield h, st
+        for h in self._blocks:  # blocks listed only by running or pinned sessions' stale runs
+            yield h, None
+
+    def _value(self, st: _SessionState) -> tuple[float, float]:
+        if self.eviction is Eviction.LRU:
+            return (0.0, st.last_used)
+        return (st.priority, st.last_used)
+
+    # ------------------------------------------------------------------ integrity
+    def check_integrity(self) -> None:
+        """Raise ``KVIntegrityError`` if any invariant is broken.
+
+        Device: free + private + hashed-on-device == total, no block id owned twice. Host:
+        free + hashed-on-host == total. Held count matches references and pins. Tables,
+        pins and call states only name live blocks.
+        """
+        dev_owned: list[int] = list(self._dev_free)
+        host_owned: list[int] = list(self._host_free)
+        held = 0
+        for call in self._calls.values():
+            dev_owned.extend(call.private)
+            held += len(call.private)
+        tabs: dict[int, int] = {}
+        pins: dict[int, int] = {}
+        for st in self._sessions.values():
+            for h in st.table:
+                tabs[h] = tabs.get(h, 0) + 1
+            for h in st.pinned:
+                pins[h] = pins.get(h, 0) + 1
+        refs: dict[int, int] = {}
+        for call in self._calls.values():
+            for h in call.prompt_hashes:
+                refs[h] = refs.get(h, 0) + 1
+        for h, b in self._blocks.items():
+            (dev_owned if b.on_device else host_owned).append(b.bid)
+            held += b.on_device and (b.ref > 0 or b.pin > 0)
+            self._expect(b.tabs == tabs.get(h, 0), f"block {h}: tabs {b.tabs}")
+            self._expect(b.pin == pins.get(h, 0), f"block {h}: pin {b.pin}")
+            self._expect(b.ref == refs.get(h, 0), f"block {h}: ref {b.ref}")
+        self._check_ids(dev_owned, self.device_blocks, "device")
+        self._check_ids(host_owned, self.host_blocks, "host")
+        self._expect(held == self._dev_held, f"held {held} != counter {self._dev_held}")
+        for st in self._sessions.values():
+            for h in st.pinned:
+                self._expect(h in self._blocks, f"pinned block {h} is not live")
+        for call in self._calls.values():
+            for h in call.prompt_hashes:
+                self._expect(h in self._blocks, f"call block {h} is not live")
+
+    def _check_ids(self, owned: list[int], total: int, tier: str) -> None:
+        self._expect(len(owned) == total, f"{tier}: {len(owned)} blocks accounted of {total}")
+        self._expect(len(set(owned)) == len(owned), f"{tier}: a block is owned twice")
+        self._expect(all(0 <= b < total for b in owned), f"{tier}: block id out of range")
+
+    @staticmethod
+    def _expect(ok: bool, what: str) -> None:
+        if not ok:
+            raise KVIntegrityError(what)
