@@ -1,0 +1,166 @@
+"""Admission with soft reservations, for one instance.
+
+A session that just got its answer goes into a tool gap. If it is likely to come back soon
+(``GapModel``), the instance that served it holds a *soft reservation*: the session's KV
+blocks stay pinned on device so its continuation reuses them. A reservation
+
+* is weighted by the probability that the session returns within the policy's horizon, and
+  is not taken at all below ``reservation_min_probability``;
+* expires when its hold time runs out or when its return probability decays (the gap has
+  lasted far longer than expected);
+* is reclaimable: when a waiting call cannot be admitted and has waited longer than
+  ``reclaim_after_wait_s``, the least valuable reservations are released and their KV is
+  demoted to host (never silently dropped), most valuable last.
+
+A TTL pin (``kv_pin_ttl_s``, the Continuum-style baseline) is a reservation with probability
+one that is never reclaimed and expires after the TTL.
+
+This class decides; it does not touch the KV manager. The instance core applies the
+decisions (``kv.pin`` / ``kv.unpin`` / ``kv.offload``). Mutates only its own table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import attrs
+
+from talaria.config import PolicyConfig
+from talaria.policy.gaps import GapModel
+from talaria.types import SessionId
+
+
+@attrs.define
+class Reservation:
+    session: SessionId
+    model: str
+    blocks: int  # device blocks pinned for the session
+    since_s: float  # gap start (the call's answer)
+    expected_gap_s: float | None  # the hint or prediction (median gap, seconds)
+    expires_s: float
+    probability: float  # of returning within the horizon, when last evaluated
+    hard: bool = False  # a TTL pin: not reclaimable
+
+    def value(self, now: float, gaps: GapModel, horizon_s: float) -> float:
+        """Expected benefit per pinned block: P(back within horizon) per unit of KV."""
+        if self.hard:
+            return float("inf")
+        p = gaps.prob_back_within(now - self.since_s, horizon_s, self.expected_gap_s)
+        return p / max(1, self.blocks)
+
+
+class Admission:
+    """Soft reservations of one instance (decisions only)."""
+
+    def __init__(self, policy: PolicyConfig, gaps: GapModel | None = None) -> None:
+        self.policy = policy
+        self.gaps = gaps or GapModel()
+        self._held: dict[SessionId, Reservation] = {}
+        self.reservations_made = 0
+        self.reservations_reclaimed = 0
+        self.reservations_expired = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.policy.soft_reservations or self.policy.kv_pin_ttl_s > 0
+
+    @property
+    def held(self) -> dict[SessionId, Reservation]:
+        return self._held
+
+    @property
+    def reserved_blocks(self) -> int:
+        return sum(r.blocks for r in self._held.values())
+
+    def weighted_reserved_blocks(self, now: float) -> float:
+        """Blocks held, each reservation weighted by its return probability."""
+        h = self.policy.reservation_horizon_s
+        return sum(
+            r.blocks
+            * (1.0 if r.hard else self.gaps.prob_back_within(now - r.since_s, h, r.expected_gap_s))
+            for r in self._held.values()
+        )
+
+    def probability(self, since_s: float, now: float, expected_gap_s: float | None) -> float:
+        return self.gaps.prob_back_within(
+            now - since_s, self.policy.reservation_horizon_s, expected_gap_s
+        )
+
+    def offer(
+        self,
+        session: SessionId,
+        model: str,
+        blocks: int,
+        now: float,
+        expected_gap_s: float | None,
+    ) -> Reservation | None:
+        """A session entered a tool gap. Returns the reservation to hold, or None.
+
+        The caller pins the session's KV when a reservation is returned.
+        """
+        if session in self._held or blocks <= 0:
+            return None
+        if self.policy.kv_pin_ttl_s > 0:
+            res = Reservation(
+                session,
+                model,
+                blocks,
+                now,
+                expected_gap_s,
+                now + self.policy.kv_pin_ttl_s,
+                1.0,
+                True,
+            )
+        elif self.policy.soft_reservations:
+            p = self.probability(now, now, expected_gap_s)
+            if p < self.policy.reservation_min_probability:
+                return None
+            expires = now + self.policy.reservation_max_hold_s
+            res = Reservation(session, model, blocks, now, expected_gap_s, expires, p)
+        else:
+            return None
+        self._held[session] = res
+        self.reservations_made += 1
+        return res
+
+    def update_hint(self, session: SessionId, expected_gap_s: float | None, now: float) -> None:
+        """A client's tool-start hint arrived after the reservation was made."""
+        res = self._held.get(session)
+        if res is not None and not res.hard:
+            res.expected_gap_s = expected_gap_s
+            res.probability = self.probability(res.since_s, now, expected_gap_s)
+
+    def release(self, session: SessionId) -> Reservation | None:
+        """The session came back (or ended): drop its reservation. Caller unpins."""
+        return self._held.pop(session, None)
+
+    def expire(self, now: float) -> list[Reservation]:
+        """Reservations whose hold ran out or whose return became unlikely. Caller unpins;
+        the KV stays cached (evictable by value), so an expiry costs nothing by itself."""
+        out = []
+        for sid, res in list(self._held.items()):
+            late = now >= res.expires_s
+            if not late and not res.hard:
+                res.probability = self.probability(res.since_s, now, res.expected_gap_s)
+                late = res.probability < self.policy.reservation_min_probability
+            if late:
+                out.append(self._held.pop(sid))
+        self.reservations_expired += len(out)
+        return out
+
+    def reclaim_order(self, now: float, exclude: Iterable[SessionId] = ()) -> list[Reservation]:
+        """Reclaimable reservations, least valuable first (hard TTL pins excluded)."""
+        skip = set(exclude)
+        h = self.policy.reservation_horizon_s
+        cands = [r for r in self._held.values() if not r.hard and r.session not in skip]
+        return sorted(cands, key=lambda r: (r.value(now, self.gaps, h), r.session))
+
+    def should_reclaim(self, waited_s: float) -> bool:
+        """A waiting call that cannot be admitted may reclaim once it waited long enough."""
+        return waited_s >= self.policy.reclaim_after_wait_s
+
+    def reclaim(self, session: SessionId) -> Reservation:
+        """Release a reservation to make room. Caller unpins and offloads (demotes) its KV."""
+        res = self._held.pop(session)
+        self.reservations_reclaimed += 1
+        return res
