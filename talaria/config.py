@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 import math
+from collections.abc import Iterable
 from typing import Any
 
 import attrs
@@ -44,6 +45,18 @@ def _fraction(_inst: Any, attr: attrs.Attribute[Any], value: float) -> None:
 def _name(_inst: Any, attr: attrs.Attribute[Any], value: str) -> None:
     if not isinstance(value, str) or not value or value != value.strip():
         raise ConfigError(f"{attr.name} must be a non-empty string without surrounding spaces")
+
+
+def _str_tuple(values: Iterable[str]) -> tuple[str, ...]:
+    return tuple(values)
+
+
+def _model_tuple(values: Iterable[ModelSpec]) -> tuple[ModelSpec, ...]:
+    return tuple(values)
+
+
+def _instance_tuple(values: Iterable[InstanceSpec]) -> tuple[InstanceSpec, ...]:
+    return tuple(values)
 
 
 @attrs.frozen
@@ -91,6 +104,11 @@ class ModelSpec:
         """Bytes of K and V for one token across all layers."""
         return 2 * self.n_layers * self.n_kv_heads * self.head_dim * self.kv_dtype_bytes
 
+    def kv_bytes_per_token_on(self, n_devices: int) -> int:
+        """KV bytes per token on a tensor-parallel group of ``n_devices``: when the group is
+        wider than the KV heads, each head is replicated (as vLLM does)."""
+        return self.kv_bytes_per_token * max(1, n_devices // self.n_kv_heads)
+
     @property
     def flops_per_token(self) -> float:
         """Matrix FLOPs per token, excluding attention over the context (2 per active param)."""
@@ -119,7 +137,7 @@ class InstanceSpec:
     block_size: int = attrs.field(default=16, validator=_positive_int)
     n_devices: int = attrs.field(default=1, validator=_positive_int)
     memory_utilization: float = attrs.field(default=0.9, validator=_fraction)
-    models: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    models: tuple[str, ...] = attrs.field(default=(), converter=_str_tuple)
 
     @property
     def usable_device_bytes(self) -> int:
@@ -181,8 +199,8 @@ class PolicyConfig:
 class ClusterConfig:
     """Models and the instances that serve them. Each model must fit on some instance."""
 
-    models: tuple[ModelSpec, ...] = attrs.field(converter=tuple)
-    instances: tuple[InstanceSpec, ...] = attrs.field(converter=tuple)
+    models: tuple[ModelSpec, ...] = attrs.field(converter=_model_tuple)
+    instances: tuple[InstanceSpec, ...] = attrs.field(converter=_instance_tuple)
 
     def __attrs_post_init__(self) -> None:
         if not self.models:
@@ -216,7 +234,9 @@ class ClusterConfig:
         for m in self.models:
             if m.name == name:
                 return m
-        raise UnknownModel(f"unknown model {name!r}; served models: {[m.name for m in self.models]}")
+        raise UnknownModel(
+            f"unknown model {name!r}; served models: {[m.name for m in self.models]}"
+        )
 
     def instances_for(self, model: str) -> tuple[InstanceSpec, ...]:
         """Instances allowed to serve ``model`` (an instance with no model list serves all)."""

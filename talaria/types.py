@@ -116,10 +116,7 @@ class TokenSeq:
         cached = self._hashes.get(key)
         if cached is not None:
             return cached
-        if self._parent is not None:
-            base = self._parent.block_hashes(block_size, salt)
-        else:
-            base = ()
+        base = self._parent.block_hashes(block_size, salt) if self._parent is not None else ()
         n_full = self._len // block_size
         if n_full == len(base):
             result = base
@@ -206,3 +203,32 @@ class SessionEvent:
     def __attrs_post_init__(self) -> None:
         if self.expected_s is not None and not 0 <= self.expected_s < 86400:
             raise BadRequest(f"expected_s must be in [0, 86400), got {self.expected_s}")
+
+
+@attrs.frozen
+class ScriptedCall:
+    """One call of a scripted session (a replay): what is sent and what follows it.
+
+    ``history`` is ``prompt`` followed by the answer's token ids (the next call's prompt
+    starts with it). ``tool_seconds`` is the tool gap after the answer; ``hint_s`` is what
+    the client tells the server about that gap (None: no hint).
+    """
+
+    prompt: TokenSeq = attrs.field(eq=False)
+    history: TokenSeq = attrs.field(eq=False)
+    output_tokens: int
+    max_new_tokens: int
+    tool_seconds: float = 0.0
+    tool_kind: str = "other"
+    hint_s: float | None = None
+
+
+@attrs.frozen
+class SessionScript:
+    """A session as a request source: start time, model, and its calls in order."""
+
+    session_id: SessionId
+    model: str
+    start_s: float
+    calls: tuple[ScriptedCall, ...]
+    tenant: str = "default"

@@ -1,0 +1,127 @@
+"""The cluster core: routes calls to instance cores and keeps per-session state.
+
+Pure like the instance cores: the live runtime drives it with the wall clock and real
+engines, the simulator with a virtual clock and the cost model. Mutates its session table
+and the chosen instance's queue; raises typed errors (``UnknownModel``, ``ContextTooLong``,
+``UnknownSession``) before changing anything.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import attrs
+
+from talaria.config import ClusterConfig, PolicyConfig
+from talaria.errors import ContextTooLong, UnknownSession
+from talaria.policy.gaps import GapModel
+from talaria.policy.router import Decision, route
+from talaria.runtime.costs import Estimator
+from talaria.runtime.instance import InstanceCore, Request
+from talaria.types import Call, EventKind, SessionId, TokenSeq
+
+DEFAULT_EXPECTED_OUTPUT = 128  # tokens, before a session has answered once
+
+
+@attrs.define
+class SessionInfo:
+    model: str
+    tenant: str
+    last_instance: str | None = None
+    known_tokens: int = 0  # history the session has computed somewhere (prompt + answer)
+    last_output: int = DEFAULT_EXPECTED_OUTPUT
+    calls: int = 0
+    ended: bool = False
+
+
+class ClusterCore:
+    """Router + instance cores + session table."""
+
+    def __init__(
+        self,
+        cluster: ClusterConfig,
+        policy: PolicyConfig,
+        estimators: Mapping[str, Estimator],
+        gaps: GapModel | None = None,
+    ) -> None:
+        self.cluster = cluster
+        self.policy = policy
+        self.instances: dict[str, InstanceCore] = {
+            spec.name: InstanceCore(
+                spec, cluster.models_on(spec), policy, estimators[spec.name], gaps
+            )
+            for spec in cluster.instances
+        }
+        self.sessions: dict[SessionId, SessionInfo] = {}
+        self.decisions = 0
+
+    def place(
+        self, call: Call, target_output: int, history: TokenSeq | None, now: float
+    ) -> tuple[InstanceCore, Request, Decision]:
+        """Route ``call`` and queue it on the chosen instance."""
+        self.cluster.model(call.model)  # UnknownModel
+        info = self.sessions.get(call.session_id)
+        if info is None:
+            info = SessionInfo(call.model, call.tenant)
+        elif info.model != call.model or info.tenant != call.tenant:
+            info = SessionInfo(call.model, call.tenant)  # a new session under an old id
+        candidates = []
+        errors = []
+        for spec in self.cluster.instances_for(call.model):
+            inst = self.instances[spec.name]
+            try:
+                inst.check_fits(call, target_output)
+            except ContextTooLong as exc:
+                errors.append(str(exc))
+                continue
+            candidates.append(inst)
+        if not candidates:
+            raise ContextTooLong("; ".join(errors))
+        views = [
+            inst.view(call, now, served_last=inst.spec.name == info.last_instance)
+            for inst in candidates
+        ]
+        decision = route(
+            views,
+            self.policy.routing,
+            info.known_tokens,
+            info.last_output,
+            self.policy.cache_affinity_load_cap,
+        )
+        chosen = self.instances[decision.instance]
+        if info.last_instance is not None and info.last_instance != decision.instance:
+            self.instances[info.last_instance].forget_session(call.session_id, ended=False)
+        req = Request(call, history, target_output, now, known_tokens=info.known_tokens)
+        chosen.submit(req)
+        info.last_instance = decision.instance
+        info.calls += 1
+        self.sessions[call.session_id] = info
+        self.decisions += 1
+        return chosen, req, decision
+
+    def on_finished(self, req: Request) -> None:
+        info = self.sessions.get(req.call.session_id)
+        if info is not None:
+            info.known_tokens = req.prompt_len + req.generated
+            info.last_output = req.generated
+
+    def event(
+        self, session: SessionId, kind: EventKind, expected_s: float | None, now: float
+    ) -> None:
+        """A client hint. ``UnknownSession`` if the session was never seen or has ended."""
+        info = self.sessions.get(session)
+        if info is None or info.ended:
+            raise UnknownSession(
+                f"unknown session {session!r}: send a call with this session id first"
+            )
+        inst = self.instances.get(info.last_instance or "")
+        if kind is EventKind.TOOL_START and inst is not None:
+            inst.hint(session, expected_s, now)
+        elif kind is EventKind.END:
+            info.ended = True
+            if inst is not None:
+                inst.end_session(session)
+
+    def check_integrity(self) -> None:
+        for inst in self.instances.values():
+            inst.check_integrity()

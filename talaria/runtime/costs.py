@@ -1,0 +1,92 @@
+"""What an instance core needs to know about time: the ``Estimator`` protocol.
+
+The simulator prices steps and copies with it; the router ranks placements with its rates.
+``CostModelEstimator`` implements it with the roofline cost model of ``talaria.sim`` for
+one instance (a hardware profile and a tensor-parallel degree); a live runtime uses the same
+class with a profile measured on its own hardware.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Protocol
+
+from talaria.config import ModelSpec
+from talaria.errors import UnknownModel
+from talaria.sim.cost_model import CostModel
+from talaria.types import Link
+
+# Typical shape used to turn step costs into per-token rates for routing estimates.
+_RATE_CHUNK_TOKENS = 2048
+_RATE_CONTEXT_TOKENS = 16384
+
+
+class Estimator(Protocol):
+    """Seconds for engine steps and copies on one instance. Pure and deterministic."""
+
+    def step_s(
+        self,
+        model: str,
+        prefill_tokens: int,
+        prefill_attn_tokens: float,
+        decode_seqs: int,
+        decode_context_tokens: int,
+    ) -> float: ...
+
+    def copy_s(self, nbytes: int, link: Link) -> float: ...
+
+    def prefill_tok_s(self, model: str) -> float: ...
+
+    def restore_tok_s(self, model: str) -> float: ...
+
+    def decode_step_s(self, model: str, batch: int, context_tokens: int) -> float: ...
+
+
+class CostModelEstimator:
+    """``Estimator`` backed by ``talaria.sim.cost_model.CostModel``."""
+
+    def __init__(self, cost: CostModel, models: Sequence[ModelSpec]) -> None:
+        self.cost = cost
+        self._models: Mapping[str, ModelSpec] = {m.name: m for m in models}
+        self._prefill_rate = {m.name: self._rate(m) for m in models}
+
+    def spec(self, model: str) -> ModelSpec:
+        try:
+            return self._models[model]
+        except KeyError:
+            raise UnknownModel(f"model {model!r} has no cost entry on this instance") from None
+
+    def _rate(self, m: ModelSpec) -> float:
+        n = _RATE_CHUNK_TOKENS
+        attn = n * (_RATE_CONTEXT_TOKENS + n / 2)
+        return n / self.cost.step_s(m, n, attn, 0, 0)
+
+    def step_s(
+        self,
+        model: str,
+        prefill_tokens: int,
+        prefill_attn_tokens: float,
+        decode_seqs: int,
+        decode_context_tokens: int,
+    ) -> float:
+        return self.cost.step_s(
+            self.spec(model),
+            prefill_tokens,
+            prefill_attn_tokens,
+            decode_seqs,
+            decode_context_tokens,
+        )
+
+    def copy_s(self, nbytes: int, link: Link) -> float:
+        return self.cost.copy_s(nbytes, link) if nbytes > 0 else 0.0
+
+    def prefill_tok_s(self, model: str) -> float:
+        return self._prefill_rate[self.spec(model).name]
+
+    def restore_tok_s(self, model: str) -> float:
+        per_token = self.cost.kv_bytes_per_token(self.spec(model))
+        n = 1 << 20
+        return n / self.cost.copy_s(int(per_token * n), Link.HOST_TO_DEVICE)
+
+    def decode_step_s(self, model: str, batch: int, context_tokens: int) -> float:
+        return self.cost.step_s(self.spec(model), 0, 0.0, max(1, batch), context_tokens)

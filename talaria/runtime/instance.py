@@ -1,0 +1,511 @@
+"""The instance core: one instance's policy and memory, driven by any substrate.
+
+``InstanceCore`` owns the instance's KV manager, weight arena, round scheduler and admission.
+It never touches tensors and never reads a clock: a substrate (the simulator's cost model or
+a real engine) asks ``schedule(now)`` for the next thing to do, executes it, and reports back
+with ``complete_step`` / ``switch_done`` / ``stage_done``. The same object runs live and in
+simulation; only the substrate and the clock differ.
+
+Step protocol (vLLM v1 style: prefill and decode are one idea, computed tokens catching up
+with known tokens):
+
+* ``submit(req, now)`` queues a call for its model.
+* ``schedule(now) -> Schedule``: reservations expire; the open slot is kept or closed; a
+  model switch is returned if the next slot needs other weights; waiting calls of the open
+  slot's model are admitted (session-prefill admits continuations any time the slot is
+  open); a ``StepPlan`` lists prefill chunks and decodes; a stage of the next model's weights
+  may be started. KV block moves planned by admission ride with the step.
+* ``complete_step(plan, now, repeat)`` advances tokens, finishes calls, offers reservations.
+
+Not thread-safe: one task drives it.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+from collections.abc import Mapping, Sequence
+
+import attrs
+
+from talaria.config import InstanceSpec, ModelSpec, PolicyConfig
+from talaria.errors import ContextTooLong, UnknownModel
+from talaria.memory.kv import Allocation, CallKey, KVManager, MovePlan
+from talaria.memory.weights import SwitchPlan, WeightArena
+from talaria.policy.admission import Admission
+from talaria.policy.gaps import GapModel
+from talaria.policy.rounds import RoundScheduler, SlotDemand
+from talaria.policy.router import InstanceView
+from talaria.runtime.costs import Estimator
+from talaria.types import Call, Link, Residency, SessionId, TokenSeq
+
+
+@attrs.define(eq=False)
+class Request:
+    """A call inside an instance: computed tokens catching up with known tokens."""
+
+    call: Call
+    history: TokenSeq | None  # prompt + answer when known in advance (replay); else built
+    target_output: int  # tokens to generate
+    queued_s: float
+    known_tokens: int = 0  # tokens of this prompt the session had computed before
+    admitted_s: float | None = None
+    first_token_s: float | None = None
+    finished_s: float | None = None
+    computed: int = 0  # prompt tokens whose KV exists
+    generated: int = 0
+    reused_tokens: int = 0
+    restored_tokens: int = 0
+    recomputed_tokens: int = 0
+    sp_admitted: bool = False
+    error: str | None = None
+
+    @property
+    def key(self) -> CallKey:
+        return self.call.key
+
+    @property
+    def prompt_len(self) -> int:
+        return self.call.prompt_tokens
+
+    @property
+    def prefilling(self) -> bool:
+        return self.computed < self.prompt_len
+
+    @property
+    def done(self) -> bool:
+        return self.generated >= self.target_output
+
+
+@attrs.frozen
+class StepPlan:
+    """One engine iteration: prefill chunks ``(key, n_tokens, start)`` and decodes.
+
+    ``repeat`` is how many identical decode-only steps may run back to back (the simulator
+    fast-forwards; an engine runs one). ``kv_moves`` run before the step.
+    """
+
+    model: str
+    prefill: tuple[tuple[CallKey, int, int], ...]
+    decode: tuple[CallKey, ...]
+    decode_context_tokens: int
+    kv_moves: tuple[MovePlan, ...]
+    repeat: int = 1
+
+    @property
+    def prefill_tokens(self) -> int:
+        return sum(n for _, n, _ in self.prefill)
+
+    @property
+    def prefill_attn_tokens(self) -> float:
+        """Sum over prefill tokens of the context each attends to."""
+        return sum(n * (start + (n + 1) / 2) for _, n, start in self.prefill)
+
+
+@attrs.frozen
+class Schedule:
+    """What to do next. At most one of ``switch`` / ``step``; ``stage`` runs alongside.
+
+    ``kv_moves`` (reclaims, evictions) run first even when nothing else does.
+    """
+
+    step: StepPlan | None = None
+    switch: SwitchPlan | None = None
+    stage: SwitchPlan | None = None
+    kv_moves: tuple[MovePlan, ...] = ()
+    waiting_for_stage: bool = False
+
+    @property
+    def idle(self) -> bool:
+        return self.step is None and self.switch is None
+
+
+@attrs.define
+class InstanceCounters:
+    model_switches: int = 0
+    staged_switches: int = 0
+    weight_bytes_moved: int = 0
+    kv_bytes_moved: int = 0
+    sp_admissions: int = 0
+    reclaims: int = 0
+    calls_finished: int = 0
+    calls_failed: int = 0
+
+
+@attrs.define
+class _Gap:
+    model: str
+    since_s: float
+    expected_s: float | None
+
+
+class InstanceCore:
+    """Policy + memory of one instance. See the module docstring for the protocol."""
+
+    def __init__(
+        self,
+        spec: InstanceSpec,
+        models: Sequence[ModelSpec],
+        policy: PolicyConfig,
+        estimator: Estimator,
+        gaps: GapModel | None = None,
+    ) -> None:
+        self.spec = spec
+        self.policy = policy
+        self.estimator = estimator
+        self.models = {m.name: m for m in models}
+        self.arena = WeightArena(
+            models,
+            staging=policy.weight_staging,
+            host_weight_bytes=spec.host_memory_bytes,
+            initially_on_host=[m.name for m in models],
+        )
+        self.kv = self._make_kv(models)
+        self.rounds = RoundScheduler([m.name for m in models], policy)
+        self.admission = Admission(policy, gaps)
+        self.gaps = self.admission.gaps
+        self.waiting: dict[str, collections.deque[Request]] = {
+            m: collections.deque() for m in self.models
+        }
+        self.running: dict[CallKey, Request] = {}
+        self.finished: list[Request] = []
+        self.counters = InstanceCounters()
+        self._in_gap: dict[SessionId, _Gap] = {}
+        self._opening_pass = False
+
+    def _make_kv(self, models: Sequence[ModelSpec]) -> KVManager:
+        spec = self.spec
+        n = spec.n_devices
+        widest = max(m.kv_bytes_per_token_on(n) for m in models)
+        block_bytes = widest * spec.block_size
+        kv_device = spec.usable_device_bytes - self.arena.arena_bytes
+        host_weights = sum(m.weight_bytes for m in models)
+        kv_host = max(0, spec.host_memory_bytes - host_weights) if self.policy.host_kv else 0
+        device_blocks = int(kv_device * self.policy.admission_budget_fraction) // block_bytes
+        if device_blocks <= 0:
+            raise ContextTooLong(
+                f"instance {spec.name}: weights leave no device memory for KV "
+                f"({kv_device / 1e9:.1f} GB)"
+            )
+        tpb = {m.name: block_bytes // m.kv_bytes_per_token_on(n) for m in models}
+        return KVManager(
+            device_blocks, kv_host // block_bytes, block_bytes, tpb, self.policy.eviction
+        )
+
+    # ------------------------------------------------------------------ intake
+    def check_fits(self, call: Call, extra_tokens: int) -> None:
+        """Raise ``ContextTooLong`` if the call could never fit this instance's KV pool."""
+        model = self.models.get(call.model)
+        if model is None:
+            raise UnknownModel(f"instance {self.spec.name} does not serve {call.model!r}")
+        tokens = call.prompt_tokens + extra_tokens
+        if tokens > model.max_context:
+            raise ContextTooLong(
+                f"{tokens} tokens exceed {call.model}'s context of {model.max_context}; "
+                "shorten the prompt or lower max_tokens"
+            )
+        blocks = math.ceil(tokens / self.kv.tpb(call.model))
+        if blocks > self.kv.device_blocks:
+            raise ContextTooLong(
+                f"{tokens} tokens need {blocks} KV blocks; instance {self.spec.name} has "
+                f"{self.kv.device_blocks}"
+            )
+
+    def submit(self, req: Request) -> None:
+        """Queue a call (after ``check_fits``). Its session's reservation is kept until
+        admission, where its blocks are reused."""
+        self.check_fits(req.call, req.target_output)
+        self._in_gap.pop(req.call.session_id, None)
+        self.waiting[req.call.model].append(req)
+
+    def forget_session(self, session: SessionId, ended: bool) -> None:
+        """The session went elsewhere (or ended): release what this instance holds for it."""
+        self._in_gap.pop(session, None)
+        if self.admission.release(session) is not None:
+            self.kv.unpin(session)
+        if ended:
+            self.kv.end_session(session)
+
+    def hint(self, session: SessionId, expected_s: float | None, now: float) -> None:
+        """A client's tool-start hint for a session this instance served last."""
+        gap = self._in_gap.get(session)
+        if gap is None:
+            return
+        gap.expected_s = expected_s
+        self.admission.update_hint(session, expected_s, now)
+        p = self.admission.probability(gap.since_s, now, expected_s)
+        self.kv.set_priority(session, p)
+
+    # ------------------------------------------------------------------ views
+    def demand(self, now: float) -> dict[str, SlotDemand]:
+        running: dict[str, int] = collections.Counter(r.call.model for r in self.running.values())
+        soonest: dict[str, float] = {}
+        for gap in self._in_gap.values():
+            left = self.gaps.expected_remaining_s(now - gap.since_s, gap.expected_s)
+            soonest[gap.model] = min(left, soonest.get(gap.model, math.inf))
+        out = {}
+        for m, queue in self.waiting.items():
+            oldest = now - queue[0].queued_s if queue else 0.0
+            out[m] = SlotDemand(len(queue), oldest, running.get(m, 0), soonest.get(m))
+        return out
+
+    def switch_s(self, model: str) -> float:
+        if self.arena.active_model == model:
+            return 0.0
+        if self.arena.staging_in_progress == model:
+            return self.estimator.copy_s(self.models[model].weight_bytes, Link.DEVICE_TO_DEVICE)
+        plan = self.arena.plan_switch(model)
+        return sum(self.estimator.copy_s(s.nbytes, s.link) for s in plan.steps)
+
+    def view(self, call: Call, now: float, served_last: bool) -> InstanceView:
+        """What the router needs to rank this instance for ``call`` (no mutation)."""
+        model = call.model
+        demand = self.demand(now)
+        est = self.estimator
+        queued = sum(r.prompt_len for r in self.waiting[model])
+        load = sum(r.prompt_len + r.target_output for q in self.waiting.values() for r in q)
+        load += sum(
+            r.prompt_len - r.computed + r.target_output - r.generated for r in self.running.values()
+        )
+        batch = sum(1 for r in self.running.values() if r.call.model == model) + 1
+        return InstanceView(
+            name=self.spec.name,
+            residency=self.arena.residency(model),
+            slot_wait_s=self._slot_wait_s(model, demand),
+            switch_s=self.switch_s(model),
+            queue_s=queued / est.prefill_tok_s(model),
+            match=self.kv.match(model, call.tenant, call.prompt),
+            prefill_tok_s=est.prefill_tok_s(model),
+            restore_tok_s=est.restore_tok_s(model),
+            decode_step_s=est.decode_step_s(model, batch, batch * call.prompt_tokens),
+            load_tokens=load,
+            served_last=served_last,
+        )
+
+    def _slot_wait_s(self, model: str, demand: Mapping[str, SlotDemand]) -> float:
+        """Expected seconds until ``model``'s slot admits: the rest of the current slot,
+        then each model ahead in the round for its work (capped by the quantum)."""
+        if self.rounds.may_admit(model):
+            return 0.0
+        wait = 0.0
+        current = self.rounds.current
+        if current is not None and current != model:
+            wait += self._work_s(current, demand)
+        for other in self.rounds.models_ahead(model):
+            if other != current and demand[other].waiting:
+                wait += self._work_s(other, demand) + self.switch_s(other)
+        return wait
+
+    def _work_s(self, model: str, demand: Mapping[str, SlotDemand]) -> float:
+        est = self.estimator
+        d = demand[model]
+        calls = d.waiting + d.running
+        if calls == 0:
+            return 0.0
+        per_call = est.decode_step_s(model, calls, 0) * 100 + 2048 / est.prefill_tok_s(model)
+        return min(self.policy.slot_max_s, per_call)
+
+    # ------------------------------------------------------------------ scheduling
+    def schedule(self, now: float) -> Schedule:
+        """Decide the next action (see module docstring). Mutates slot, admission, KV."""
+        moves = self._expire(now)
+        demand = self.demand(now)
+        slot = self.rounds.slot
+        if slot is not None:
+            self.rounds.should_close(now, demand)
+        slot_running = any(r.call.model == self.rounds.current for r in self.running.values())
+        if slot is None or (slot.closing and not slot_running):
+            nxt = self.rounds.next_model(demand)
+            if nxt is None:
+                return Schedule(stage=self._maybe_stage(demand), kv_moves=moves)
+            if nxt != self.arena.active_model:
+                return self._switch_to(nxt, moves)
+            self._open(nxt, now)
+        moves += self._admit(now)
+        stage = self._maybe_stage(self.demand(now))
+        step = self._build_step(moves)
+        return Schedule(step=step, stage=stage, kv_moves=() if step else moves)
+
+    def _switch_to(self, model: str, moves: tuple[MovePlan, ...]) -> Schedule:
+        arena = self.arena
+        if arena.staging_in_progress == model:
+            return Schedule(kv_moves=moves, waiting_for_stage=True)
+        if arena.staging_in_progress is not None:
+            arena.cancel_stage()
+        self._release_model_reservations(self.rounds.current)
+        staged = arena.staged_model == model
+        plan = arena.switch(model)
+        self.rounds.slot = None
+        self.counters.model_switches += 1
+        self.counters.staged_switches += staged
+        self.counters.weight_bytes_moved += plan.total_bytes
+        return Schedule(switch=plan, kv_moves=moves)
+
+    def switch_done(self, model: str, now: float) -> None:
+        """The substrate finished copying ``model``'s weights: its slot opens."""
+        self._open(model, now)
+
+    def stage_done(self, model: str) -> None:
+        if self.arena.staging_in_progress == model:
+            self.arena.finish_stage(model)
+
+    def _open(self, model: str, now: float) -> None:
+        self.rounds.open(model, now)
+        self._opening_pass = True
+
+    def _release_model_reservations(self, model: str | None) -> None:
+        """A slot closes: its sessions cannot be served until the model's next slot, so their
+        reservations end; their KV stays cached and is demoted by value as room is needed."""
+        if model is None:
+            return
+        for sid, res in list(self.admission.held.items()):
+            if res.model == model:
+                self.admission.release(sid)
+                self.kv.unpin(sid)
+
+    def _maybe_stage(self, demand: Mapping[str, SlotDemand]) -> SwitchPlan | None:
+        arena = self.arena
+        if not self.policy.weight_staging or arena.staging_in_progress is not None:
+            return None
+        nxt = self.rounds.predict_next(demand)
+        if nxt is None or arena.staged_model == nxt or not arena.can_stage(nxt):
+            return None
+        if arena.residency(nxt) in (Residency.ACTIVE, Residency.RESIDENT):
+            return None
+        plan = arena.start_stage(nxt)
+        self.counters.weight_bytes_moved += plan.total_bytes
+        return plan
+
+    def _expire(self, now: float) -> tuple[MovePlan, ...]:
+        for res in self.admission.expire(now):
+            self.kv.unpin(res.session)
+            gap = self._in_gap.get(res.session)
+            if gap is not None:
+                p = self.admission.probability(gap.since_s, now, gap.expected_s)
+                self.kv.set_priority(res.session, p)
+        return ()
+
+    def _admit(self, now: float) -> tuple[MovePlan, ...]:
+        model = self.rounds.current
+        if model is None or not self.rounds.may_admit(model):
+            return ()
+        moves: list[MovePlan] = []
+        queue = self.waiting[model]
+        while queue and len(self.running) < self.policy.max_running:
+            req = queue[0]
+            call = req.call
+            if self.admission.release(call.session_id) is not None:
+                self.kv.unpin(call.session_id)
+            if not self.kv.can_allocate(model, call.tenant, call.prompt, req.target_output):
+                moves.extend(self._reclaim_for(req, now))
+                if not self.kv.can_allocate(model, call.tenant, call.prompt, req.target_output):
+                    break
+            queue.popleft()
+            alloc = self.kv.allocate(
+                call.key, model, call.tenant, call.prompt, req.target_output, now
+            )
+            self._admitted(req, alloc, now)
+            moves.extend(m for m in (alloc.evicted.demoted, alloc.restore) if m.moves)
+        if self._opening_pass:
+            self._opening_pass = False
+            self.rounds.end_opening_pass()
+        return tuple(moves)
+
+    def _admitted(self, req: Request, alloc: Allocation, now: float) -> None:
+        slot = self.rounds.slot
+        req.admitted_s = now
+        req.reused_tokens = alloc.reused_tokens
+        req.restored_tokens = alloc.restored_tokens
+        have = alloc.reused_tokens + alloc.restored_tokens
+        req.recomputed_tokens = max(0, min(req.known_tokens, req.prompt_len) - have)
+        req.computed = have
+        if req.computed >= req.prompt_len:  # whole prompt cached: recompute the last token
+            req.computed = req.prompt_len - 1
+        req.sp_admitted = bool(slot and not self._opening_pass and req.queued_s > slot.opened_s)
+        self.counters.sp_admissions += req.sp_admitted
+        self.counters.kv_bytes_moved += alloc.restore.nbytes + alloc.evicted.demoted.nbytes
+        self.running[req.key] = req
+
+    def _reclaim_for(self, req: Request, now: float) -> list[MovePlan]:
+        """Release reservations (least valuable first) until ``req`` fits, if it waited long
+        enough. Their KV is demoted to host, not dropped."""
+        if not self.admission.should_reclaim(now - req.queued_s):
+            return []
+        call = req.call
+        moves = []
+        for res in self.admission.reclaim_order(now, exclude=[call.session_id]):
+            self.admission.reclaim(res.session)
+            self.kv.unpin(res.session)
+            ev = self.kv.offload(res.session, now)
+            self.counters.reclaims += 1
+            self.counters.kv_bytes_moved += ev.demoted.nbytes
+            if ev.demoted.moves:
+                moves.append(ev.demoted)
+            if self.kv.can_allocate(call.model, call.tenant, call.prompt, req.target_output):
+                break
+        return moves
+
+    def _build_step(self, moves: tuple[MovePlan, ...]) -> StepPlan | None:
+        model = self.rounds.current
+        if model is None or not self.running:
+            return None
+        budget = self.policy.max_batch_tokens
+        prefill: list[tuple[CallKey, int, int]] = []
+        decode: list[CallKey] = []
+        ctx = 0
+        for key, req in self.running.items():
+            if req.prefilling:
+                if budget <= 0:
+                    continue
+                n = min(budget, req.prompt_len - req.computed)
+                prefill.append((key, n, req.computed))
+                budget -= n
+            else:
+                decode.append(key)
+                ctx += req.prompt_len + req.generated
+        repeat = 1
+        if not prefill and decode and not self._admissible_waiting(model):
+            repeat = min(self.running[k].target_output - self.running[k].generated for k in decode)
+        return StepPlan(model, tuple(prefill), tuple(decode), ctx, moves, max(1, repeat))
+
+    def _admissible_waiting(self, model: str) -> bool:
+        return bool(self.waiting[model]) and self.rounds.may_admit(model)
+
+    # ------------------------------------------------------------------ completion
+    def complete_step(self, plan: StepPlan, now: float, repeat: int = 1) -> list[Request]:
+        """The substrate ran ``plan`` (``repeat`` decode-only times). Returns finished calls."""
+        for key, n, _ in plan.prefill:
+            req = self.running[key]
+            req.computed += n
+            if not req.prefilling:
+                self.kv.mark_computed(key)
+                req.generated = 1
+                req.first_token_s = now
+        for key in plan.decode:
+            self.running[key].generated += repeat
+        done = [r for r in self.running.values() if r.done]
+        for req in done:
+            self._finish(req, now)
+        return done
+
+    def _finish(self, req: Request, now: float) -> None:
+        call = req.call
+        del self.running[req.key]
+        history = req.history if req.history is not None else call.prompt
+        self.kv.finish(req.key, history, now)
+        req.finished_s = now
+        self.finished.append(req)
+        self.counters.calls_finished += 1
+        self._in_gap[call.session_id] = _Gap(call.model, now, None)
+        p = self.admission.probability(now, now, None)
+        self.kv.set_priority(call.session_id, p)
+        blocks = self.kv.session_device_blocks(call.session_id)
+        if self.admission.offer(call.session_id, call.model, blocks, now, None) is not None:
+            self.kv.pin(call.session_id)
+
+    def end_session(self, session: SessionId) -> None:
+        self.forget_session(session, ended=True)
+
+    def check_integrity(self) -> None:
+        self.kv.check_integrity()
+        self.arena.check_integrity()

@@ -1,0 +1,394 @@
+"""Hardware profiles: what one server can compute, hold and move, with a source for each number.
+
+A :class:`HardwareProfile` describes ONE server: its devices (per-device memory, HBM bandwidth,
+dense bf16 FLOP/s, interconnect and host-link bandwidth), its host memory and disk, and the
+efficiency factors that turn datasheet peaks into achieved rates. The cost model
+(:mod:`talaria.sim.cost_model`) reads the factors from here and never tunes them itself.
+
+Units are in the field names: ``_bytes``, ``_Bps`` (bytes per second), ``_s`` (seconds);
+``peak_flops_bf16`` is FLOP/s. Every numeric field must be named by at least one entry of
+``sources`` (``"<field>: <where the number comes from>"``); construction fails otherwise.
+
+Two profiles ship in :data:`PROFILES`:
+
+- ``h200-tp8``: one 8 x H200 SXM server (DGX/HGX H200), datasheet numbers plus conservative,
+  cited efficiency factors;
+- ``cpu``: this machine, from ``cpu_profile.json`` that ``benchmarks/cpu_profile.py`` writes
+  by measuring it (achieved rates, so the efficiency factors are 1).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping
+from importlib import resources
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Final, TypeGuard
+
+import attrs
+
+from talaria.config import InstanceSpec
+from talaria.errors import ConfigError
+
+CPU_PROFILE_FILE: Final = "cpu_profile.json"
+
+# Fields that hold numbers; each needs a "<field>: ..." entry in ``sources``.
+NUMERIC_FIELDS: Final = (
+    "n_devices",
+    "device_memory_bytes",
+    "hbm_bandwidth_Bps",
+    "peak_flops_bf16",
+    "interconnect_Bps",
+    "host_link_Bps",
+    "host_memory_bytes",
+    "disk_Bps",
+    "mfu",
+    "hbm_efficiency",
+    "host_link_efficiency",
+    "disk_efficiency",
+    "d2d_efficiency",
+    "interconnect_efficiency",
+    "step_overhead_s",
+    "allreduce_latency_s",
+    "copy_latency_s",
+)
+
+
+def _is_number(value: object) -> TypeGuard[float]:
+    """A finite int or float (bools are not numbers here)."""
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def require_positive(name: str, value: object) -> None:
+    """ConfigError unless ``value`` is a positive finite number."""
+    if not _is_number(value) or not value > 0:
+        raise ConfigError(f"{name} must be a positive finite number, got {value!r}")
+
+
+def require_non_negative(name: str, value: object) -> None:
+    """ConfigError unless ``value`` is zero or a positive finite number."""
+    if not _is_number(value) or not value >= 0:
+        raise ConfigError(f"{name} must be zero or a positive finite number, got {value!r}")
+
+
+def require_positive_int(name: str, value: object) -> None:
+    """ConfigError unless ``value`` is a positive integer (bools rejected)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+
+
+def require_fraction(name: str, value: object) -> None:
+    """ConfigError unless ``value`` is in (0, 1]."""
+    if not _is_number(value) or not 0 < value <= 1:
+        raise ConfigError(f"{name} must be in (0, 1], got {value!r}")
+
+
+def _positive(_inst: Any, attr: attrs.Attribute[Any], value: float) -> None:
+    require_positive(attr.name, value)
+
+
+def _non_negative(_inst: Any, attr: attrs.Attribute[Any], value: float) -> None:
+    require_non_negative(attr.name, value)
+
+
+def _positive_int(_inst: Any, attr: attrs.Attribute[Any], value: int) -> None:
+    require_positive_int(attr.name, value)
+
+
+def _fraction(_inst: Any, attr: attrs.Attribute[Any], value: float) -> None:
+    require_fraction(attr.name, value)
+
+
+def _str_tuple(value: Iterable[str]) -> tuple[str, ...]:
+    return tuple(value)
+
+
+def _name(_inst: Any, attr: attrs.Attribute[Any], value: str) -> None:
+    if not isinstance(value, str) or not value or value != value.strip():
+        raise ConfigError(f"{attr.name} must be a non-empty string without surrounding spaces")
+
+
+@attrs.frozen
+class HardwareProfile:
+    """One server: its devices, host memory, disk, and achieved-rate efficiency factors.
+
+    Per device: ``device_memory_bytes``, ``hbm_bandwidth_Bps``, ``peak_flops_bf16`` (dense),
+    ``interconnect_Bps`` (device-to-device link, one direction, e.g. NVLink) and
+    ``host_link_Bps`` (device-to-host link, one direction, e.g. PCIe). Per server:
+    ``host_memory_bytes`` and ``disk_Bps`` (aggregate sequential read).
+
+    Efficiency factors in (0, 1] multiply the peaks: ``mfu`` (matmul FLOP/s achieved),
+    ``hbm_efficiency`` (HBM bandwidth achieved by weight and KV reads), ``host_link_efficiency``,
+    ``disk_efficiency``, ``d2d_efficiency`` (on-device copies) and ``interconnect_efficiency``
+    (allreduce bandwidth). Fixed costs in seconds: ``step_overhead_s`` per engine iteration,
+    ``allreduce_latency_s`` per tensor-parallel allreduce (a layer does two), and
+    ``copy_latency_s`` per copy.
+    """
+
+    name: str = attrs.field(validator=_name)
+    description: str
+    n_devices: int = attrs.field(validator=_positive_int)
+    device_memory_bytes: int = attrs.field(validator=_positive_int)
+    hbm_bandwidth_Bps: float = attrs.field(validator=_positive)
+    peak_flops_bf16: float = attrs.field(validator=_positive)
+    interconnect_Bps: float = attrs.field(validator=_positive)
+    host_link_Bps: float = attrs.field(validator=_positive)
+    host_memory_bytes: int = attrs.field(validator=_positive_int)
+    disk_Bps: float = attrs.field(validator=_positive)
+    mfu: float = attrs.field(validator=_fraction)
+    hbm_efficiency: float = attrs.field(validator=_fraction)
+    host_link_efficiency: float = attrs.field(validator=_fraction)
+    disk_efficiency: float = attrs.field(validator=_fraction)
+    d2d_efficiency: float = attrs.field(validator=_fraction)
+    interconnect_efficiency: float = attrs.field(validator=_fraction)
+    step_overhead_s: float = attrs.field(validator=_non_negative)
+    allreduce_latency_s: float = attrs.field(validator=_non_negative)
+    copy_latency_s: float = attrs.field(validator=_non_negative)
+    sources: tuple[str, ...] = attrs.field(converter=_str_tuple)
+
+    def __attrs_post_init__(self) -> None:
+        if not isinstance(self.description, str):
+            raise ConfigError(f"profile {self.name}: description must be a string")
+        if not all(isinstance(s, str) and s.strip() for s in self.sources):
+            raise ConfigError(f"profile {self.name}: sources must be non-empty strings")
+        cited = {s.split(":", 1)[0].strip() for s in self.sources if ":" in s}
+        missing = [f for f in NUMERIC_FIELDS if f not in cited]
+        if missing:
+            raise ConfigError(
+                f"profile {self.name}: every number needs a source; add a "
+                f"'<field>: <source>' entry to sources for {missing}"
+            )
+
+    def source_of(self, field: str) -> tuple[str, ...]:
+        """The ``sources`` entries that cite ``field`` (without the ``field:`` prefix)."""
+        prefix = f"{field}:"
+        return tuple(s[len(prefix) :].strip() for s in self.sources if s.startswith(prefix))
+
+    def instances(
+        self,
+        n_instances: int = 1,
+        host_memory_share: float = 0.8,
+        block_size: int = 16,
+        memory_utilization: float = 0.9,
+    ) -> tuple[InstanceSpec, ...]:
+        """Split the server's devices into ``n_instances`` equal tensor-parallel groups.
+
+        Each instance gets ``n_devices / n_instances`` devices, device memory of that many
+        devices, and an equal share of ``host_memory_share`` of the server's host memory (the
+        rest is left to the OS, page cache and the serving runtime). Instances are named
+        ``"<profile>-<i>"``. Raises ConfigError if the devices do not split evenly.
+        """
+        require_positive_int("n_instances", n_instances)
+        require_fraction("host_memory_share", host_memory_share)
+        if self.n_devices % n_instances:
+            raise ConfigError(
+                f"profile {self.name} has {self.n_devices} devices, which do not split into "
+                f"{n_instances} equal tensor-parallel groups; use a divisor of {self.n_devices}"
+            )
+        group = self.n_devices // n_instances
+        host_each = int(self.host_memory_bytes * host_memory_share) // n_instances
+        return tuple(
+            InstanceSpec(
+                name=f"{self.name}-{i}",
+                hardware=self.name,
+                device_memory_bytes=self.device_memory_bytes * group,
+                host_memory_bytes=host_each,
+                block_size=block_size,
+                n_devices=group,
+                memory_utilization=memory_utilization,
+            )
+            for i in range(n_instances)
+        )
+
+
+def _h200_tp8() -> HardwareProfile:
+    """One 8 x H200 SXM server (NVIDIA DGX H200 / HGX H200 8-GPU)."""
+    return HardwareProfile(
+        name="h200-tp8",
+        description="8 x NVIDIA H200 SXM (141 GB HBM3e) on NVLink 4 / NVSwitch, 2 TB DDR5, "
+        "8 x 3.84 TB U.2 NVMe (DGX H200)",
+        n_devices=8,
+        device_memory_bytes=141 * 10**9,
+        hbm_bandwidth_Bps=4.8e12,
+        peak_flops_bf16=989e12,
+        interconnect_Bps=450e9,
+        host_link_Bps=64e9,
+        host_memory_bytes=2 * 10**12,
+        disk_Bps=8 * 6.5e9,
+        mfu=0.5,
+        hbm_efficiency=0.65,
+        host_link_efficiency=0.8,
+        disk_efficiency=0.5,
+        d2d_efficiency=0.8,
+        interconnect_efficiency=0.7,
+        step_overhead_s=4e-3,
+        allreduce_latency_s=10e-6,
+        copy_latency_s=10e-6,
+        sources=_H200_SOURCES,
+    )
+
+
+_H200_SOURCES: Final = (
+    "n_devices: NVIDIA DGX H200 system: eight H200 GPUs (NVIDIA DGX BasePOD reference "
+    "architecture, 'Core Components', docs.nvidia.com/dgx-basepod)",
+    "device_memory_bytes: NVIDIA H200 Tensor Core GPU datasheet: 141 GB HBM3e per GPU "
+    "(DGX H200: 1,128 GB total); counted as 141e9 bytes, the conservative reading",
+    "hbm_bandwidth_Bps: NVIDIA H200 datasheet: 4.8 TB/s HBM3e per GPU",
+    "peak_flops_bf16: NVIDIA H200 SXM datasheet: BF16 Tensor Core 1,979 TFLOPS with 2:4 "
+    "sparsity, i.e. 989 TFLOPS dense (same GH100 compute as H100 SXM)",
+    "interconnect_Bps: NVIDIA H200 datasheet: NVLink 4 900 GB/s per GPU, bidirectional, "
+    "i.e. 450 GB/s per direction through NVSwitch",
+    "host_link_Bps: PCIe Gen5 x16 (H200 datasheet: 128 GB/s bidirectional): 32 GT/s x 16 "
+    "lanes, 128b/130b = ~63 GB/s per direction, taken as 64e9",
+    "host_memory_bytes: DGX H200: 2 TB DDR5 system memory (DGX BasePOD reference "
+    "architecture, 'Core Components')",
+    "disk_Bps: DGX H200: eight 3.84 TB U.2 NVMe drives for storage/cache (DGX BasePOD "
+    "reference architecture); assumption: ~6.5 GB/s sequential read each (PCIe Gen4 x4 "
+    "enterprise U.2 class), 52 GB/s aggregate in RAID 0",
+    "mfu: assumption 0.5, the middle of the 40-60% whole-model prefill MFU range reported "
+    "for vLLM/SGLang chunked prefill on Hopper; even the attention kernel alone peaks at "
+    "~75% of H100 FP16 peak (FlashAttention-3, Shah et al. 2024), and norms, rotary, "
+    "sampling and launch gaps sit below it. TP communication is costed separately",
+    "hbm_efficiency: assumption 0.65: memory-bound decode typically reaches 60-80% of peak "
+    "HBM bandwidth (model bandwidth utilisation, MBU, as defined in Databricks/MosaicML "
+    "'LLM Inference Performance Engineering: Best Practices', 2023, which also shows MBU "
+    "falling as the tensor-parallel degree grows); low end of the range for TP8",
+    "host_link_efficiency: assumption 0.8: pinned-memory cudaMemcpy over PCIe Gen5 x16 "
+    "typically achieves ~50-55 GB/s of the ~63 GB/s per direction",
+    "disk_efficiency: assumption 0.5: weight loading through a filesystem on software "
+    "RAID 0 and safetensors deserialisation rarely sustains the drives' aggregate",
+    "d2d_efficiency: assumption 0.8: on-device cudaMemcpy reaches ~80-90% of peak HBM "
+    "bandwidth (read + write)",
+    "interconnect_efficiency: assumption 0.7: NCCL allreduce bus bandwidth on 8-GPU "
+    "NVSwitch systems stays below the 450 GB/s link rate, more so for the MB-sized "
+    "per-layer messages of inference",
+    "step_overhead_s: assumption 4 ms per engine iteration (scheduling, sampling, "
+    "detokenisation, CUDA-graph launch) for vLLM/SGLang-class engines",
+    "allreduce_latency_s: assumption 10 us per small-message allreduce across 8 GPUs on "
+    "NVSwitch (NCCL low-latency protocols / vLLM custom all-reduce regime)",
+    "copy_latency_s: assumption 10 us per cudaMemcpyAsync (launch + completion)",
+)
+
+
+_CPU_KEYS: Final = (
+    "matmul_bf16_flop_s",
+    "matmul_fp32_flop_s",
+    "mem_copy_traffic_B_s",
+    "memcpy_payload_B_s",
+    "disk_read_B_s",
+    "torch_op_overhead_s",
+    "ram_bytes",
+)
+
+# The embedded engine's default model, SmolLM2-135M, has 30 layers of ~10 torch ops each.
+_OPS_PER_STEP: Final = 300
+
+
+def cpu_profile_from_dict(
+    doc: Mapping[str, Any], origin: str = CPU_PROFILE_FILE
+) -> HardwareProfile:
+    """Build the ``cpu`` profile from a document written by ``benchmarks/cpu_profile.py``.
+
+    The measured numbers are achieved rates, so every efficiency factor is 1. The device
+    memory budget and the host tier each get a quarter of RAM (the rest is left to the OS,
+    the engine's activations and the test process). Raises ConfigError naming a missing or
+    invalid key.
+    """
+    measured = doc.get("measured")
+    if not isinstance(measured, Mapping):
+        raise ConfigError(f"{origin}: missing 'measured' section")
+    for key in _CPU_KEYS:
+        if not _is_number(measured.get(key)) or not measured[key] > 0:
+            raise ConfigError(f"{origin}: measured.{key} must be a positive number")
+    m = measured
+    machine = doc.get("machine", {})
+    where = (
+        f"measured by benchmarks/cpu_profile.py on {machine.get('cpu', '?')}, "
+        f"{machine.get('threads', '?')} threads, {doc.get('measured_at', '?')} ({origin})"
+    )
+    ram = int(m["ram_bytes"])
+    return HardwareProfile(
+        name="cpu",
+        description=f"this machine: {machine.get('cpu', 'CPU')}, RAM as both tiers",
+        n_devices=1,
+        device_memory_bytes=ram // 4,
+        hbm_bandwidth_Bps=float(m["mem_copy_traffic_B_s"]),
+        peak_flops_bf16=float(m["matmul_bf16_flop_s"]),
+        interconnect_Bps=float(m["memcpy_payload_B_s"]),
+        host_link_Bps=float(m["memcpy_payload_B_s"]),
+        host_memory_bytes=ram // 4,
+        disk_Bps=float(m["disk_read_B_s"]),
+        mfu=1.0,
+        hbm_efficiency=1.0,
+        host_link_efficiency=1.0,
+        disk_efficiency=1.0,
+        d2d_efficiency=1.0,
+        interconnect_efficiency=1.0,
+        step_overhead_s=_OPS_PER_STEP * float(m["torch_op_overhead_s"]),
+        allreduce_latency_s=0.0,
+        copy_latency_s=float(m["torch_op_overhead_s"]),
+        sources=_cpu_sources(where, float(m["matmul_fp32_flop_s"])),
+    )
+
+
+def _cpu_sources(where: str, fp32_flops: float) -> tuple[str, ...]:
+    achieved = "measured rates are achieved rates, so 1.0 (calibrate against the engine)"
+    return (
+        "n_devices: one CPU 'device'",
+        f"device_memory_bytes: a quarter of RAM ({where})",
+        f"host_memory_bytes: a quarter of RAM ({where})",
+        f"hbm_bandwidth_Bps: read+write traffic of a 1 GiB tensor copy, {where}",
+        f"peak_flops_bf16: bf16 square matmul, {where}; fp32 measured {fp32_flops:.3e} FLOP/s",
+        f"interconnect_Bps: unused with one device; set to the memcpy payload rate, {where}",
+        f"host_link_Bps: payload rate of a copy between two preallocated buffers, {where}",
+        f"disk_Bps: read of a fsync'd temp file after posix_fadvise(DONTNEED), {where}",
+        *(
+            f"{f}: {achieved}"
+            for f in (
+                "mfu",
+                "hbm_efficiency",
+                "host_link_efficiency",
+                "disk_efficiency",
+                "d2d_efficiency",
+                "interconnect_efficiency",
+            )
+        ),
+        f"step_overhead_s: {_OPS_PER_STEP} torch ops (SmolLM2-135M: 30 layers x ~10 ops) x "
+        f"measured per-op dispatch overhead, {where}",
+        "allreduce_latency_s: one device, no allreduce",
+        f"copy_latency_s: one torch op dispatch, {where}",
+    )
+
+
+def load_cpu_profile(path: Path | None = None) -> HardwareProfile:
+    """Read a ``cpu_profile.json`` (default: the one shipped in ``talaria.sim``)."""
+    if path is None:
+        resource = resources.files("talaria.sim").joinpath(CPU_PROFILE_FILE)
+        origin, text = f"talaria/sim/{CPU_PROFILE_FILE}", resource.read_text(encoding="utf-8")
+    else:
+        origin, text = str(path), Path(path).read_text(encoding="utf-8")
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{origin}: not valid JSON ({exc})") from exc
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{origin}: expected a JSON object")
+    return cpu_profile_from_dict(doc, origin)
+
+
+PROFILES: Final[Mapping[str, HardwareProfile]] = MappingProxyType(
+    {p.name: p for p in (_h200_tp8(), load_cpu_profile())}
+)
+"""Known profiles by name (read-only)."""
+
+
+def profile(name: str) -> HardwareProfile:
+    """The profile called ``name``; ConfigError listing the known names otherwise."""
+    try:
+        return PROFILES[name]
+    except KeyError:
+        raise ConfigError(
+            f"unknown hardware profile {name!r}; known profiles: {sorted(PROFILES)}"
+        ) from None

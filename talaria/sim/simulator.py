@@ -1,0 +1,365 @@
+"""Discrete-event simulator: an event heap, a virtual clock, and the real policy and memory.
+
+Sessions (``SessionScript``) are just another request source: each sends its calls in
+order, waits for the answer, runs its tool gap, sends hints as a client would, and ends.
+Calls go through the real ``ClusterCore`` (router, admission, rounds, KV and weight
+managers); the only simulated part is time: the ``Estimator`` (the roofline cost model)
+prices each engine step, block move and weight copy.
+
+Decode-only stretches are fast-forwarded: when a step has no prefill and nothing could join
+the batch, up to ``StepPlan.repeat`` identical steps run as one event, cut short at the next
+event on the heap so that arrivals are seen within one step of when they would be.
+Staging copies run alongside steps (their link contention with KV restores is ignored).
+
+Deterministic: same scripts and config, byte-identical results.
+"""
+
+from __future__ import annotations
+
+import enum
+import heapq
+import math
+from collections.abc import Callable, Mapping, Sequence
+
+import attrs
+
+from talaria.config import ClusterConfig, PolicyConfig
+from talaria.errors import TalariaError
+from talaria.memory.kv import MovePlan
+from talaria.policy.gaps import GapModel
+from talaria.runtime.cluster import ClusterCore
+from talaria.runtime.costs import Estimator
+from talaria.runtime.instance import InstanceCore, Request, StepPlan
+from talaria.types import Call, EventKind, SessionScript
+
+IDLE_POLL_S = 0.05  # re-check an idle instance whose decision may change with time
+MAX_EVENTS = 50_000_000
+
+
+class SimulationError(TalariaError, RuntimeError):
+    """The simulation broke a conservation law (a bug, not bad input)."""
+
+
+class _Ev(enum.IntEnum):
+    # Order matters for simultaneous events: completions before arrivals before polls.
+    READY = 0
+    STAGE_DONE = 1
+    ARRIVE = 2
+    WAKE = 3
+
+
+@attrs.frozen
+class CallRecord:
+    session_id: str
+    index: int
+    model: str
+    instance: str
+    arrival_s: float
+    admitted_s: float
+    first_token_s: float
+    finish_s: float
+    prompt_tokens: int
+    output_tokens: int
+    reused_tokens: int
+    restored_tokens: int
+    recomputed_tokens: int
+    sp_admitted: bool
+
+    @property
+    def ttft_s(self) -> float:
+        return self.first_token_s - self.arrival_s
+
+    @property
+    def latency_s(self) -> float:
+        return self.finish_s - self.arrival_s
+
+
+@attrs.frozen
+class SessionRecord:
+    session_id: str
+    model: str
+    start_s: float
+    end_s: float
+    calls: int
+    tool_s: float  # sum of the tool gaps it ran
+
+    @property
+    def sct_s(self) -> float:
+        return self.end_s - self.start_s
+
+
+@attrs.frozen
+class SimResult:
+    policy: str
+    calls: tuple[CallRecord, ...]
+    sessions: tuple[SessionRecord, ...]
+    counters: Mapping[str, int]
+    end_s: float
+
+
+@attrs.define
+class _SessionRun:
+    script: SessionScript
+    next_call: int = 0
+    tool_s: float = 0.0
+    end_s: float | None = None
+
+
+@attrs.define
+class _Busy:
+    step: StepPlan | None = None
+    switch_model: str | None = None
+    repeat: int = 1
+
+
+class Simulator:
+    """Runs scripted sessions through a ``ClusterCore`` under one policy."""
+
+    def __init__(
+        self,
+        cluster: ClusterConfig,
+        policy: PolicyConfig,
+        estimators: Mapping[str, Estimator],
+        gaps: GapModel | None = None,
+    ) -> None:
+        self.cluster_config = cluster
+        self.policy = policy
+        self.estimators = estimators
+        self.gaps = gaps
+
+    def run(
+        self,
+        scripts: Sequence[SessionScript],
+        on_call_done: Callable[[int], None] | None = None,
+    ) -> SimResult:
+        """Simulate ``scripts`` to completion. ``on_call_done(n)`` reports progress."""
+        run = _Run(ClusterCore(self.cluster_config, self.policy, self.estimators, self.gaps))
+        return run.execute(scripts, self.policy.name, on_call_done)
+
+
+class _Run:
+    """One simulation: the heap, the clock, and the per-instance busy state."""
+
+    def __init__(self, core: ClusterCore) -> None:
+        self.core = core
+        self.heap: list[tuple[float, int, int, str, int]] = []
+        self.seq = 0
+        self.now = 0.0
+        self.busy: dict[str, _Busy | None] = {name: None for name in core.instances}
+        self.polling: set[str] = set()
+        self.sessions: list[_SessionRun] = []
+        self.session_index: dict[str, int] = {}
+        self.records: list[CallRecord] = []
+        self.kv_moved = 0
+
+    def push(self, t: float, kind: _Ev, name: str = "", idx: int = 0) -> None:
+        self.seq += 1
+        heapq.heappush(self.heap, (t, int(kind), self.seq, name, idx))
+
+    def execute(
+        self,
+        scripts: Sequence[SessionScript],
+        policy: str,
+        on_call_done: Callable[[int], None] | None,
+    ) -> SimResult:
+        for i, script in enumerate(scripts):
+            if script.session_id in self.session_index:
+                raise SimulationError(f"session id {script.session_id!r} appears twice")
+            self.session_index[script.session_id] = i
+            self.sessions.append(_SessionRun(script))
+            if script.calls:
+                self.push(script.start_s, _Ev.ARRIVE, "", i)
+        events = 0
+        while self.heap:
+            t, kind, _, name, idx = heapq.heappop(self.heap)
+            self.now = t
+            events += 1
+            if events > MAX_EVENTS:
+                raise SimulationError(f"more than {MAX_EVENTS} events: a scheduling livelock")
+            self._dispatch(_Ev(kind), name, idx, on_call_done)
+        return self._result(scripts, policy)
+
+    def _dispatch(
+        self, kind: _Ev, name: str, idx: int, on_call_done: Callable[[int], None] | None
+    ) -> None:
+        if kind is _Ev.ARRIVE:
+            self._arrive(idx)
+        elif kind is _Ev.READY:
+            self._ready(name, on_call_done)
+        elif kind is _Ev.STAGE_DONE:
+            model = self.core.instances[name].arena.staging_in_progress
+            if model is not None:
+                self.core.instances[name].stage_done(model)
+            self._kick(name)
+        else:
+            self.polling.discard(name)
+            self._kick(name)
+
+    # ------------------------------------------------------------------ sessions
+    def _arrive(self, sidx: int) -> None:
+        srun = self.sessions[sidx]
+        script = srun.script
+        sc = script.calls[srun.next_call]
+        call = Call(
+            script.session_id,
+            srun.next_call,
+            script.model,
+            sc.prompt,
+            sc.max_new_tokens,
+            sc.output_tokens,
+            script.tenant,
+            self.now,
+        )
+        inst, _req, _ = self.core.place(call, sc.output_tokens, sc.history, self.now)
+        self._kick(inst.spec.name)
+
+    def _call_done(self, req: Request) -> None:
+        sidx = self._session_index(req.call.session_id)
+        srun = self.sessions[sidx]
+        self.core.on_finished(req)
+        self.records.append(_record(req, self._instance_of(req)))
+        sc = srun.script.calls[srun.next_call]
+        srun.next_call += 1
+        if srun.next_call < len(srun.script.calls):
+            self.core.event(srun.script.session_id, EventKind.TOOL_START, sc.hint_s, self.now)
+            srun.tool_s += sc.tool_seconds
+            self.push(self.now + sc.tool_seconds, _Ev.ARRIVE, "", sidx)
+        else:
+            srun.end_s = self.now
+            self.core.event(srun.script.session_id, EventKind.END, None, self.now)
+
+    def _session_index(self, session_id: str) -> int:
+        return self.session_index[session_id]
+
+    def _instance_of(self, req: Request) -> str:
+        info = self.core.sessions[req.call.session_id]
+        return info.last_instance or ""
+
+    # ------------------------------------------------------------------ instances
+    def _moves_s(self, est: Estimator, moves: Sequence[MovePlan]) -> float:
+        total = 0.0
+        for m in moves:
+            self.kv_moved += m.nbytes
+            total += est.copy_s(m.nbytes, m.link)
+        return total
+
+    def _kick(self, name: str) -> None:
+        if self.busy[name] is not None:
+            return
+        inst = self.core.instances[name]
+        est = inst.estimator
+        sched = inst.schedule(self.now)
+        moves_s = self._moves_s(est, sched.kv_moves)
+        if sched.stage is not None:
+            stage_s = sum(est.copy_s(s.nbytes, s.link) for s in sched.stage.steps)
+            self.push(self.now + stage_s, _Ev.STAGE_DONE, name)
+        if sched.switch is not None:
+            switch_s = sum(est.copy_s(s.nbytes, s.link) for s in sched.switch.steps)
+            self.busy[name] = _Busy(switch_model=sched.switch.model)
+            self.push(self.now + moves_s + switch_s, _Ev.READY, name)
+        elif sched.step is not None:
+            step = sched.step
+            repeat = self._repeat(inst, step)
+            dur = self._moves_s(est, step.kv_moves) + self._step_s(est, step, repeat)
+            self.busy[name] = _Busy(step=step, repeat=repeat)
+            self.push(self.now + moves_s + dur, _Ev.READY, name)
+        elif moves_s > 0:
+            self.busy[name] = _Busy()
+            self.push(self.now + moves_s, _Ev.READY, name)
+        elif self._has_work(inst) and name not in self.polling and not sched.waiting_for_stage:
+            self.polling.add(name)
+            self.push(self.now + IDLE_POLL_S, _Ev.WAKE, name)
+
+    @staticmethod
+    def _has_work(inst: InstanceCore) -> bool:
+        return any(inst.waiting.values()) or bool(inst.running)
+
+    def _step_s(self, est: Estimator, step: StepPlan, repeat: int) -> float:
+        n = len(step.decode)
+        ctx = step.decode_context_tokens + n * (repeat - 1) / 2
+        one = est.step_s(step.model, step.prefill_tokens, step.prefill_attn_tokens, n, int(ctx))
+        return one * repeat
+
+    def _repeat(self, inst: InstanceCore, step: StepPlan) -> int:
+        if step.repeat <= 1:
+            return 1
+        one = self._step_s(inst.estimator, step, 1)
+        if not self.heap or one <= 0:
+            return step.repeat
+        until = self.heap[0][0] - self.now
+        return max(1, min(step.repeat, math.ceil(until / one)))
+
+    def _ready(self, name: str, on_call_done: Callable[[int], None] | None) -> None:
+        busy = self.busy[name]
+        self.busy[name] = None
+        inst = self.core.instances[name]
+        if busy is not None and busy.switch_model is not None:
+            inst.switch_done(busy.switch_model, self.now)
+        elif busy is not None and busy.step is not None:
+            for req in inst.complete_step(busy.step, self.now, busy.repeat):
+                self._call_done(req)
+                if on_call_done is not None:
+                    on_call_done(len(self.records))
+        self._kick(name)
+
+    # ------------------------------------------------------------------ results
+    def _result(self, scripts: Sequence[SessionScript], policy: str) -> SimResult:
+        expected = sum(len(s.calls) for s in scripts)
+        if len(self.records) != expected:
+            raise SimulationError(f"{len(self.records)} calls answered, {expected} sent")
+        keys = {(r.session_id, r.index) for r in self.records}
+        if len(keys) != expected:
+            raise SimulationError("a call was answered twice")
+        self.core.check_integrity()
+        for name, inst in self.core.instances.items():
+            if inst.running or any(inst.waiting.values()):
+                raise SimulationError(f"instance {name} ended with calls in flight")
+            if inst.kv.device_blocks != inst.kv.device_free + inst.kv.device_evictable:
+                raise SimulationError(f"instance {name} leaked KV blocks (held after the end)")
+        sessions = tuple(
+            SessionRecord(
+                s.script.session_id,
+                s.script.model,
+                s.script.start_s,
+                s.end_s if s.end_s is not None else s.script.start_s,
+                len(s.script.calls),
+                s.tool_s,
+            )
+            for s in self.sessions
+        )
+        return SimResult(policy, tuple(self.records), sessions, self._counters(), self.now)
+
+    def _counters(self) -> dict[str, int]:
+        out: dict[str, int] = {"kv_bytes_moved": self.kv_moved}
+        for inst in self.core.instances.values():
+            c = attrs.asdict(inst.counters)
+            for k, v in c.items():
+                out[k] = out.get(k, 0) + int(v)
+            kv = attrs.asdict(inst.kv.counters)
+            for k, v in kv.items():
+                out[f"kv_{k}"] = out.get(f"kv_{k}", 0) + int(v)
+            out["reservations_made"] = (
+                out.get("reservations_made", 0) + inst.admission.reservations_made
+            )
+        out["kv_bytes_moved"] = self.kv_moved
+        return out
+
+
+def _record(req: Request, instance: str) -> CallRecord:
+    call = req.call
+    return CallRecord(
+        call.session_id,
+        call.index,
+        call.model,
+        instance,
+        call.arrival_s,
+        req.admitted_s if req.admitted_s is not None else call.arrival_s,
+        req.first_token_s if req.first_token_s is not None else call.arrival_s,
+        req.finished_s if req.finished_s is not None else call.arrival_s,
+        req.prompt_len,
+        req.generated,
+        req.reused_tokens,
+        req.restored_tokens,
+        req.recomputed_tokens,
+        req.sp_admitted,
+    )
