@@ -64,4 +64,5 @@ class OutOfBlocks(TalariaError, RuntimeError):
 class TraceError(TalariaError, ValueError):
     """A trace file is malformed; the message names the file, line and field at fault."""
 
+    http_status = 400
     code = "invalid_trace"

@@ -1,0 +1,145 @@
+"""The replay driver: turn a replay set into session scripts and run them on a substrate.
+
+Each session sends its calls in order, waits for the answer, runs its tool gap (the trace's
+``tool_seconds``, times ``gap_scale``), tells the server what a client would know about the
+gap (``tool_start`` with the tool kind's typical duration: a client predicts, it does not
+know the future), and ends with an ``end`` event. The simulator executes the scripts in
+virtual time against the real policy and memory code.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import attrs
+
+from swebench_replay.metrics import add_ratios, check_conservation, policy_summary
+from swebench_replay.traces import ToolTimeTable
+from swebench_replay.workload import ReplaySet
+from talaria.config import ClusterConfig, PolicyConfig
+from talaria.errors import ConfigError
+from talaria.runtime.costs import CostModelEstimator, Estimator
+from talaria.sim.catalog import paper_cluster
+from talaria.sim.cost_model import CostModel
+from talaria.sim.hardware import profile
+from talaria.sim.simulator import SimResult, Simulator
+from talaria.types import ScriptedCall, SessionScript
+
+
+class Substrate(enum.Enum):
+    SIM = "sim"
+
+
+@attrs.frozen
+class ReplayOptions:
+    """How to replay: where, on how many instances, which policies, gap scaling."""
+
+    policies: tuple[PolicyConfig, ...]
+    hardware: str = "h200-tp8"
+    n_instances: int = 1
+    gap_scale: float = 1.0
+    hints: bool = True
+    substrate: Substrate = Substrate.SIM
+
+    def __attrs_post_init__(self) -> None:
+        if not self.policies:
+            raise ConfigError("name at least one policy to replay")
+        if not self.gap_scale > 0:
+            raise ConfigError(f"gap_scale must be positive, got {self.gap_scale}")
+
+
+def to_scripts(
+    replay: ReplaySet, tool_table: ToolTimeTable, gap_scale: float = 1.0, hints: bool = True
+) -> list[SessionScript]:
+    """The replay set as session scripts (tool gaps scaled by ``gap_scale``)."""
+    scripts = []
+    for s in replay.sessions:
+        calls = tuple(
+            ScriptedCall(
+                prompt=c.prompt,
+                history=c.history,
+                output_tokens=c.output_tokens,
+                max_new_tokens=c.output_tokens,
+                tool_seconds=c.tool_seconds * gap_scale,
+                tool_kind=c.tool_kind.value,
+                hint_s=tool_table.dist(c.tool_kind).median if hints else None,
+            )
+            for c in s.calls
+        )
+        scripts.append(SessionScript(s.session_id, s.model, s.start_s, calls))
+    return scripts
+
+
+def cluster_for(hardware: str, n_instances: int) -> ClusterConfig:
+    """The cluster a replay runs on: the paper-scale catalog on ``h200-tp8``."""
+    if hardware != "h200-tp8":
+        raise ConfigError(
+            f"the simulated replay runs on hardware 'h200-tp8' (the paper-scale catalog); "
+            f"got {hardware!r}"
+        )
+    return paper_cluster(n_instances)
+
+
+def estimators_for(cluster: ClusterConfig) -> dict[str, Estimator]:
+    out: dict[str, Estimator] = {}
+    for spec in cluster.instances:
+        cost = CostModel(profile(spec.hardware), spec.n_devices)
+        out[spec.name] = CostModelEstimator(cost, cluster.models_on(spec))
+    return out
+
+
+def simulate(
+    replay: ReplaySet,
+    scripts: Sequence[SessionScript],
+    policy: PolicyConfig,
+    cluster: ClusterConfig,
+    on_call_done: Callable[[int], None] | None = None,
+) -> SimResult:
+    """One policy through the simulator, with the conservation checks of the issue."""
+    result = Simulator(cluster, policy, estimators_for(cluster)).run(scripts, on_call_done)
+    tool_s = {s.session_id: sum(c.tool_seconds for c in s.calls) for s in scripts}
+    check_conservation(result, replay.n_calls, tool_s)
+    return result
+
+
+def run_replay(
+    replay: ReplaySet,
+    options: ReplayOptions,
+    tool_table: ToolTimeTable,
+    on_progress: Callable[[str, int], None] | None = None,
+) -> dict[str, Any]:
+    """Every policy of ``options`` on ``replay``: the ``results.json`` document."""
+    cluster = cluster_for(options.hardware, options.n_instances)
+    scripts = to_scripts(replay, tool_table, options.gap_scale, options.hints)
+    policies: dict[str, dict[str, Any]] = {}
+    for policy in options.policies:
+
+        def tick(n: int, name: str = policy.name) -> None:
+            if on_progress is not None:
+                on_progress(name, n)
+
+        result = simulate(replay, scripts, policy, cluster, tick)
+        policies[policy.name] = policy_summary(result)
+    add_ratios(policies)
+    return {
+        "substrate": options.substrate.value,
+        "hardware": options.hardware,
+        "instances": [
+            {"name": i.name, "devices": i.n_devices, "device_memory_bytes": i.device_memory_bytes}
+            for i in cluster.instances
+        ],
+        "workload": {
+            "trace": replay.trace,
+            "sessions": len(replay.sessions),
+            "calls": replay.n_calls,
+            "models": list(replay.models),
+            "seed": replay.seed,
+            "arrival": replay.arrival.describe(),
+            "tool_times_filled": replay.tool_times_filled,
+            "gap_scale": options.gap_scale,
+            "hints": options.hints,
+        },
+        "policies": policies,
+    }

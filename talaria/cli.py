@@ -1,0 +1,205 @@
+"""``talaria``: the command line.
+
+``talaria replay`` replays SWE-bench agent sessions through every policy and reports session
+completion time; ``talaria sweep`` varies the number of sessions and the tool-gap scale.
+Run any subcommand with ``--help``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from talaria.errors import TalariaError
+from talaria.policy.baselines import POLICIES, parse_policies
+
+DEFAULT_OUT = Path("runs")
+
+
+def _common_workload_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--trace",
+        type=Path,
+        default=None,
+        help="a talaria-trace/1 file or a folder of them (default: $TALARIA_TRACES, else "
+        "../shared/traces beside the checkout; with none, sessions are synthesized)",
+    )
+    p.add_argument(
+        "--synthetic",
+        action="store_true",
+        help="ignore any traces and synthesize sessions from the published statistics",
+    )
+    p.add_argument("--seed", type=int, default=0, help="selection, token and arrival seed")
+    p.add_argument(
+        "--arrival",
+        default="all",
+        help="session start times: 'all' (at once), 'staggered:SECONDS' or 'poisson:RATE_PER_S'",
+    )
+    p.add_argument(
+        "--hardware", default="h200-tp8", help="hardware profile to simulate (default h200-tp8)"
+    )
+    p.add_argument(
+        "--instances",
+        type=int,
+        default=1,
+        help="tensor-parallel instances the server is split into (1 = one TP8 instance)",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="talaria",
+        description="Serve several LLMs to tool-using agents and finish their sessions sooner. "
+        "These commands replay real SWE-bench agent sessions and compare Talaria with its "
+        "baselines.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    rp = sub.add_parser(
+        "replay",
+        help="replay SWE-bench sessions through every policy and report SCT",
+        description="Replay agent sessions (30 sessions, about 960 calls, three >100B models "
+        "by default) through each policy and report session completion time (SCT), time to "
+        "first token and what each mechanism did. Writes results.json, sct_cdf.png and a "
+        "table.",
+    )
+    _common_workload_args(rp)
+    rp.add_argument(
+        "--substrate",
+        choices=["sim"],
+        default="sim",
+        help="sim: the discrete-event simulator running the real policy and memory code",
+    )
+    rp.add_argument(
+        "--policies",
+        default="all",
+        help=f"comma-separated policies or 'all' (known: {', '.join(POLICIES)})",
+    )
+    rp.add_argument("--sessions", type=int, default=30, help="sessions to replay (default 30)")
+    rp.add_argument("--calls", type=int, default=960, help="calls in all, about (default 960)")
+    rp.add_argument(
+        "--gap-scale", type=float, default=1.0, help="multiply every tool gap (default 1.0)"
+    )
+    rp.add_argument("--no-hints", action="store_true", help="clients send no tool-gap hints")
+    rp.add_argument(
+        "--out", type=Path, default=None, help="output folder (default runs/replay-SUBSTRATE)"
+    )
+
+    sw = sub.add_parser(
+        "sweep",
+        help="speedup over round as sessions and tool-gap scale vary",
+        description="Sensitivity sweep: replay with 10..120 sessions (gap scale 1) and with "
+        "tool-gap scales 0.5x..4x (30 sessions), and report each policy's SCT speedup over "
+        "round as a table and a plot.",
+    )
+    _common_workload_args(sw)
+    sw.add_argument("--sessions", default="10,30,60,120", help="session counts to try")
+    sw.add_argument("--gap-scales", default="0.5,1,2,4", help="tool-gap scales to try")
+    sw.add_argument(
+        "--calls-per-session", type=int, default=32, help="calls per session (default 32)"
+    )
+    sw.add_argument(
+        "--policies", default="talaria,round", help="policies to compare (round is added)"
+    )
+    sw.add_argument("--out", type=Path, default=DEFAULT_OUT / "sweep", help="output folder")
+    return parser
+
+
+def _progress(console: Console) -> Progress:
+    return Progress(
+        TextColumn("[bold]{task.description:<20}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=False,
+    )
+
+
+def _cmd_replay(args: argparse.Namespace, console: Console) -> int:
+    from swebench_replay.driver import ReplayOptions, run_replay
+    from swebench_replay.report import mechanism_table, plot_sct_cdf, policy_table
+    from swebench_replay.setup import load_workload
+
+    policies = parse_policies(args.policies)
+    workload = load_workload(
+        trace=args.trace,
+        synthetic=args.synthetic,
+        n_sessions=args.sessions,
+        target_calls=args.calls,
+        seed=args.seed,
+        arrival=args.arrival,
+    )
+    console.print(f"[bold]workload[/]: {workload.replay.trace}")
+    options = ReplayOptions(
+        policies,
+        hardware=args.hardware,
+        n_instances=args.instances,
+        gap_scale=args.gap_scale,
+        hints=not args.no_hints,
+    )
+    out = args.out or DEFAULT_OUT / f"replay-{args.substrate}"
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    with _progress(console) as progress:
+        tasks = {p.name: progress.add_task(p.name, total=workload.replay.n_calls) for p in policies}
+
+        def on_progress(name: str, n: int) -> None:
+            progress.update(tasks[name], completed=n)
+
+        results = run_replay(workload.replay, options, workload.tool_table, on_progress)
+    results["workload"]["source"] = workload.source
+    results["wall_s"] = time.perf_counter() - started
+    (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    plot = plot_sct_cdf(results, out / "sct_cdf.png")
+    console.print(policy_table(results))
+    console.print(mechanism_table(results))
+    console.print(f"wrote {out / 'results.json'} and {plot}")
+    return 0
+
+
+def _cmd_sweep(args: argparse.Namespace, console: Console) -> int:
+    from swebench_replay.report import plot_sweep, sweep_table
+    from swebench_replay.sweep import run_sweep
+
+    names = [p.name for p in parse_policies(args.policies)]
+    if "round" not in names:
+        names.append("round")
+    counts = [int(x) for x in args.sessions.split(",") if x.strip()]
+    scales = [float(x) for x in args.gap_scales.split(",") if x.strip()]
+    args.out.mkdir(parents=True, exist_ok=True)
+    with _progress(console) as progress:
+        rows = run_sweep(args, names, counts, scales, progress)
+    doc: dict[str, Any] = {"policies": names, "rows": rows}
+    (args.out / "sweep.json").write_text(json.dumps(doc, indent=1) + "\n")
+    plot = plot_sweep(rows, names, args.out / "sweep.png")
+    console.print(sweep_table(rows, names))
+    console.print(f"wrote {args.out / 'sweep.json'} and {plot}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    console = Console(width=None if sys.stdout.isatty() else 120)
+    commands = {"replay": _cmd_replay, "sweep": _cmd_sweep}
+    try:
+        return commands[args.command](args, console)
+    except TalariaError as exc:
+        console.print(f"[red]error[/]: {exc}")
+        return 2
+    except KeyboardInterrupt:
+        console.print("interrupted")
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
