@@ -39,6 +39,9 @@ from talaria.policy.router import InstanceView
 from talaria.runtime.costs import Estimator
 from talaria.types import Call, Link, Residency, SessionId, TokenSeq
 
+MIN_KV_SHARE = 0.05  # of usable device memory; below it a staging area is not worth its cost
+HOST_WEIGHT_SHARE = 0.65  # of host memory, at most, for weight copies when not all fit
+
 
 @attrs.define(eq=False)
 class Request:
@@ -156,9 +159,9 @@ class InstanceCore:
         self.models = {m.name: m for m in models}
         self.arena = WeightArena(
             models,
-            staging=policy.weight_staging,
-            host_weight_bytes=spec.host_memory_bytes,
-            initially_on_host=[m.name for m in models],
+            staging=policy.weight_staging and self._staging_fits(spec, models),
+            host_weight_bytes=self._host_weight_bytes(spec, models),
+            initially_on_host=self._preloaded(spec, models),
         )
         self.kv = self._make_kv(models)
         self.rounds = RoundScheduler([m.name for m in models], policy)
@@ -173,14 +176,42 @@ class InstanceCore:
         self._in_gap: dict[SessionId, _Gap] = {}
         self._opening_pass = False
 
+    @staticmethod
+    def _host_weight_bytes(spec: InstanceSpec, models: Sequence[ModelSpec]) -> int:
+        """Host memory kept for weight copies: all models if they fit in
+        ``HOST_WEIGHT_SHARE`` of host memory, else that share (the rest is the host KV tier)."""
+        largest = max(m.weight_bytes for m in models)
+        budget = max(largest, int(spec.host_memory_bytes * HOST_WEIGHT_SHARE))
+        return min(sum(m.weight_bytes for m in models), budget)
+
+    @classmethod
+    def _preloaded(cls, spec: InstanceSpec, models: Sequence[ModelSpec]) -> list[str]:
+        """Models whose weights start in host memory (in catalog order, while they fit)."""
+        room = cls._host_weight_bytes(spec, models)
+        out = []
+        for m in models:
+            if m.weight_bytes <= room:
+                out.append(m.name)
+                room -= m.weight_bytes
+        return out
+
+    @staticmethod
+    def _staging_fits(spec: InstanceSpec, models: Sequence[ModelSpec]) -> bool:
+        """A staging area (one more region of the largest model) is laid out only if the KV
+        pool keeps at least ``MIN_KV_SHARE`` of usable device memory; else staging is off."""
+        if len(models) < 2:
+            return False
+        region = max(m.weight_bytes for m in models)
+        return spec.usable_device_bytes - 2 * region >= MIN_KV_SHARE * spec.usable_device_bytes
+
     def _make_kv(self, models: Sequence[ModelSpec]) -> KVManager:
         spec = self.spec
         n = spec.n_devices
         widest = max(m.kv_bytes_per_token_on(n) for m in models)
         block_bytes = widest * spec.block_size
         kv_device = spec.usable_device_bytes - self.arena.arena_bytes
-        host_weights = sum(m.weight_bytes for m in models)
-        kv_host = max(0, spec.host_memory_bytes - host_weights) if self.policy.host_kv else 0
+        kv_host = spec.host_memory_bytes - self.arena.host_weight_bytes
+        kv_host = kv_host if self.policy.host_kv else 0
         device_blocks = int(kv_device * self.policy.admission_budget_fraction) // block_bytes
         if device_blocks <= 0:
             raise ContextTooLong(
