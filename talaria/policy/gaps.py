@@ -42,16 +42,21 @@ class GapModel:
         m = max(expected_s if expected_s is not None else self.default_gap_s, 1e-6)
         return _phi((math.log(t) - math.log(m)) / self.sigma)
 
+    def survival(self, t: float, expected_s: float | None) -> float:
+        """P(gap > t), computed with ``erfc`` so that it stays accurate far into the tail."""
+        if t <= 0:
+            return 1.0
+        m = max(expected_s if expected_s is not None else self.default_gap_s, 1e-6)
+        return 0.5 * math.erfc((math.log(t) - math.log(m)) / (self.sigma * math.sqrt(2.0)))
+
     def prob_back_within(
         self, elapsed_s: float, horizon_s: float, expected_s: float | None
     ) -> float:
         """P(the session returns within ``horizon_s`` from now | it has been away ``elapsed_s``)."""
-        survive = 1.0 - self.cdf(elapsed_s, expected_s)
-        if survive <= 1e-12:
-            return 1.0
-        return (
-            self.cdf(elapsed_s + horizon_s, expected_s) - self.cdf(elapsed_s, expected_s)
-        ) / survive
+        survive = self.survival(elapsed_s, expected_s)
+        if survive <= 0.0:
+            return 0.0  # beyond float range: the log-normal hazard tends to zero
+        return (survive - self.survival(elapsed_s + horizon_s, expected_s)) / survive
 
     def expected_remaining_s(self, elapsed_s: float, expected_s: float | None) -> float:
         """Median remaining gap given ``elapsed_s`` already spent (seconds, >= 0)."""

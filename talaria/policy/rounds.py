@@ -86,6 +86,11 @@ class RoundScheduler:
         if slot is None:
             return True
         mine = demand.get(slot.model, SlotDemand())
+        if not slot.admitting and mine.running == 0 and mine.waiting:
+            # the slot stopped admitting and drained: end the round even if no other model
+            # waits, so the next one reopens this model for the calls that arrived meanwhile
+            slot.closing = True
+            return True
         others_wait = any(d.waiting for m, d in demand.items() if m != slot.model)
         if not others_wait:
             return False  # nobody else needs the device: keep the model (no switch cost)

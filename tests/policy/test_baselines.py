@@ -1,0 +1,127 @@
+"""Baselines and ablations: the names DESIGN.md uses, and what each one turns off."""
+
+from __future__ import annotations
+
+import attrs
+import pytest
+
+from talaria.config import Eviction, PolicyConfig, Routing
+from talaria.errors import ConfigError
+from talaria.policy.baselines import (
+    ABLATIONS,
+    BASELINES,
+    POLICIES,
+    TALARIA,
+    parse_policies,
+    policy,
+)
+
+DESIGN_NAMES = (
+    "talaria",
+    "round",
+    "talaria-no-sp",
+    "talaria-no-hostkv",
+    "talaria-no-staging",
+    "talaria-no-reserve",
+    "least-loaded",
+    "sticky",
+    "ttl-pin",
+    "cache-affinity",
+)
+
+
+def differences(p: PolicyConfig, base: PolicyConfig = TALARIA) -> dict[str, object]:
+    """Fields of ``p`` that differ from ``base`` (its name aside), with ``p``'s values."""
+    mine, theirs = attrs.asdict(p, recurse=False), attrs.asdict(base, recurse=False)
+    return {k: v for k, v in mine.items() if k != "name" and v != theirs[k]}
+
+
+def test_every_design_name_is_a_policy_and_nothing_else() -> None:
+    assert tuple(POLICIES) == DESIGN_NAMES
+    assert all(POLICIES[n].name == n for n in POLICIES)
+    assert set(ABLATIONS) | set(BASELINES) | {"talaria"} == set(DESIGN_NAMES)
+    assert POLICIES["talaria"] is TALARIA
+
+
+def test_talaria_has_every_mechanism_on() -> None:
+    t = TALARIA
+    assert t.routing is Routing.EXPECTED_COMPLETION and t.eviction is Eviction.VALUE
+    assert t.session_prefill and t.host_kv and t.weight_staging and t.soft_reservations
+    assert t.kv_pin_ttl_s == 0.0
+
+
+def test_round_is_the_paper_baseline() -> None:
+    r = POLICIES["round"]
+    assert not r.session_prefill and not r.host_kv and not r.weight_staging
+    assert not r.soft_reservations and r.kv_pin_ttl_s == 0.0
+    # a per-request server with a prefix cache: sessions stay where their KV is, LRU cache,
+    # and the slot ends when its batch drains
+    assert r.routing is Routing.STICKY and r.eviction is Eviction.LRU
+    assert r.slot_linger_s == 0.0
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("talaria-no-sp", {"session_prefill": False}),
+        ("talaria-no-hostkv", {"host_kv": False}),
+        ("talaria-no-staging", {"weight_staging": False}),
+        # lingering exists to keep a slot for reserved sessions expected back: it goes too
+        ("talaria-no-reserve", {"soft_reservations": False, "slot_linger_s": 0.0}),
+    ],
+)
+def test_each_ablation_differs_from_talaria_in_its_mechanism_only(
+    name: str, expected: dict[str, object]
+) -> None:
+    assert differences(POLICIES[name]) == expected
+
+
+def test_per_request_baselines_route_by_their_idea_without_talarias_mechanisms() -> None:
+    routing = {
+        "least-loaded": Routing.LEAST_LOADED,
+        "sticky": Routing.STICKY,
+        "ttl-pin": Routing.STICKY,
+        "cache-affinity": Routing.CACHE_AFFINITY,
+    }
+    for name, how in routing.items():
+        p = POLICIES[name]
+        assert p.routing is how, name
+        assert not p.host_kv and not p.weight_staging and not p.soft_reservations, name
+        assert p.eviction is Eviction.LRU and p.slot_linger_s == 0.0, name
+    assert POLICIES["ttl-pin"].kv_pin_ttl_s == 2.0
+    assert all(POLICIES[n].kv_pin_ttl_s == 0.0 for n in POLICIES if n != "ttl-pin")
+
+
+def test_policy_by_name() -> None:
+    assert policy("round") is POLICIES["round"]
+    with pytest.raises(ConfigError) as err:
+        policy("talaria-fast")
+    message = str(err.value)
+    assert "talaria-fast" in message
+    assert all(name in message for name in DESIGN_NAMES)
+
+
+def test_parse_policies() -> None:
+    assert parse_policies("all") == tuple(POLICIES.values())
+    assert parse_policies(" all ") == tuple(POLICIES.values())
+    assert parse_policies("round") == (POLICIES["round"],)
+    assert parse_policies(" talaria , round,,ttl-pin ") == (
+        POLICIES["talaria"],
+        POLICIES["round"],
+        POLICIES["ttl-pin"],
+    )
+
+
+@pytest.mark.parametrize(("spec", "bad"), [("talaria,nope", "nope"), ("All", "All")])
+def test_parse_policies_names_the_unknown_one_and_the_known_ones(spec: str, bad: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_policies(spec)
+    message = str(err.value)
+    assert repr(bad) in message
+    assert all(name in message for name in DESIGN_NAMES)
+
+
+@pytest.mark.parametrize("spec", ["", " , "])
+def test_parse_policies_rejects_an_empty_list(spec: str) -> None:
+    with pytest.raises(ConfigError, match="no policy named"):
+        parse_policies(spec)

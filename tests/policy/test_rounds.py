@@ -1,0 +1,159 @@
+"""Slot scheduler: SP admission window, when a slot closes, round-robin order, staging guess."""
+
+from __future__ import annotations
+
+import pytest
+
+from talaria.config import PolicyConfig
+from talaria.errors import ConfigError, UnknownModel
+from talaria.policy.rounds import RoundScheduler, SlotDemand
+
+SP = PolicyConfig(name="sp", slot_max_s=30.0, slot_linger_s=2.0)
+NO_SP = PolicyConfig(name="no-sp", session_prefill=False, slot_max_s=30.0, slot_linger_s=2.0)
+WAITING = SlotDemand(waiting=1)
+
+
+def rounds(policy: PolicyConfig = SP, models: tuple[str, ...] = ("a", "b", "c")) -> RoundScheduler:
+    return RoundScheduler(models, policy)
+
+
+def test_needs_models() -> None:
+    with pytest.raises(ConfigError):
+        RoundScheduler((), SP)
+
+
+def test_may_admit_only_the_open_slots_model() -> None:
+    r = rounds()
+    assert r.current is None and not r.may_admit("a")
+    slot = r.open("a", now=5.0)
+    assert (slot.model, slot.opened_s) == ("a", 5.0)
+    assert r.current == "a" and r.slots_opened == 1
+    assert r.may_admit("a") and not r.may_admit("b")
+
+
+def test_with_sp_the_slot_keeps_admitting_after_the_opening_pass() -> None:
+    r = rounds(SP)
+    r.open("a", 0.0)
+    r.end_opening_pass()
+    assert r.may_admit("a")
+
+
+def test_without_sp_admission_closes_after_the_opening_pass() -> None:
+    r = rounds(NO_SP)
+    r.open("a", 0.0)
+    assert r.may_admit("a")
+    r.end_opening_pass()
+    assert not r.may_admit("a")
+    r.open("a", 1.0)  # the next round admits again
+    assert r.may_admit("a")
+
+
+def test_should_close_without_a_slot() -> None:
+    assert rounds().should_close(0.0, {})
+
+
+def test_nobody_else_waiting_keeps_the_slot_open_past_the_quantum() -> None:
+    r = rounds()
+    r.open("a", 0.0)
+    idle = {"a": SlotDemand(), "b": SlotDemand(running=0, expected_back_s=0.1)}
+    assert not r.should_close(1000.0, idle)
+    assert r.may_admit("a")
+
+
+def test_quantum_closes_a_busy_slot_when_others_wait() -> None:
+    r = rounds()
+    r.open("a", 10.0)
+    demand = {"a": SlotDemand(waiting=3, running=4), "b": WAITING}
+    assert not r.should_close(39.9, demand)
+    assert r.should_close(40.0, demand)
+    assert r.slot is not None and r.slot.closing
+    assert not r.may_admit("a")  # closing: drain, admit nothing more
+
+
+def test_linger_keeps_an_idle_slot_for_a_session_expected_back() -> None:
+    r = rounds()
+    r.open("a", 0.0)
+    soon = {"a": SlotDemand(expected_back_s=2.0), "b": WAITING}
+    assert not r.should_close(1.0, soon)  # back within slot_linger_s (2 s)
+    late = {"a": SlotDemand(expected_back_s=2.5), "b": WAITING}
+    assert r.should_close(1.0, late)
+
+
+def test_idle_slot_with_no_session_expected_closes_when_others_wait() -> None:
+    r = rounds()
+    r.open("a", 0.0)
+    assert r.should_close(0.1, {"a": SlotDemand(), "b": WAITING})
+
+
+def test_linger_does_not_apply_without_sp() -> None:
+    r = rounds(NO_SP)
+    r.open("a", 0.0)
+    r.end_opening_pass()
+    demand = {"a": SlotDemand(running=1), "b": WAITING}
+    assert not r.should_close(1.0, demand)  # its batch still runs
+    drained = {"a": SlotDemand(expected_back_s=0.1), "b": WAITING}
+    assert r.should_close(1.0, drained)
+
+
+def test_no_linger_policy_closes_as_soon_as_the_batch_drains() -> None:
+    r = rounds(PolicyConfig(name="work-conserving", slot_linger_s=0.0))
+    r.open("a", 0.0)
+    assert not r.should_close(0.5, {"a": SlotDemand(running=2), "b": WAITING})
+    assert r.should_close(0.5, {"a": SlotDemand(expected_back_s=0.01), "b": WAITING})
+
+
+def test_without_sp_a_drained_slot_ends_the_round_for_its_own_late_arrivals() -> None:
+    # a continuation queued after the opening pass must get a new round even when no other
+    # model has work (otherwise it would wait forever)
+    r = rounds(NO_SP)
+    r.open("a", 0.0)
+    r.end_opening_pass()
+    assert not r.should_close(1.0, {"a": SlotDemand(waiting=1, running=1)})
+    assert r.should_close(1.0, {"a": SlotDemand(waiting=1)})
+    assert r.next_model({"a": SlotDemand(waiting=1)}) == "a"
+
+
+def test_next_model_is_round_robin_after_the_current_one() -> None:
+    r = rounds()
+    r.open("b", 0.0)
+    assert r.next_model({"a": WAITING, "c": WAITING}) == "c"
+    assert r.next_model({"a": WAITING, "b": WAITING}) == "a"
+    assert r.next_model({"b": WAITING}) == "b"  # only the current one: itself again
+    assert r.next_model({"a": SlotDemand(running=3, expected_back_s=0.1)}) is None
+    assert r.next_model({}) is None
+
+
+def test_next_model_before_any_slot_starts_from_the_first() -> None:
+    r = rounds()
+    assert r.next_model({"a": WAITING, "c": WAITING}) == "a"
+    assert r.next_model({"c": WAITING}) == "c"
+
+
+def test_predict_next_prefers_waiting_work_then_soonest_return() -> None:
+    r = rounds()
+    r.open("a", 0.0)
+    assert r.predict_next({"a": WAITING, "c": WAITING}) == "c"
+    assert r.predict_next({"b": WAITING, "c": WAITING}) == "b"
+    returns = {
+        "a": SlotDemand(expected_back_s=0.01),  # the current model is never predicted
+        "b": SlotDemand(expected_back_s=5.0),
+        "c": SlotDemand(expected_back_s=1.0),
+    }
+    assert r.predict_next(returns) == "c"
+    assert r.predict_next({"a": WAITING}) is None
+    assert r.predict_next({}) is None
+
+
+def test_models_ahead_in_round_robin_order() -> None:
+    r = rounds()
+    assert r.models_ahead("c") == ("a", "b")  # no slot yet: from the first model
+    assert r.models_ahead("a") == ()
+    r.open("a", 0.0)
+    assert r.models_ahead("b") == ()
+    assert r.models_ahead("c") == ("b",)
+    assert r.models_ahead("a") == ("b", "c")  # its own next slot is a whole round away
+    with pytest.raises(UnknownModel):
+        r.models_ahead("zzz")
+    with pytest.raises(UnknownModel):
+        r.open("zzz", 0.0)
+    assert r.current == "a"  # the refused open changed nothing

@@ -1,0 +1,197 @@
+"""Router: the expected-completion breakdown by hand, and each routing rule's choice.
+
+Rates are round numbers (prefill 1000 tok/s, restore 10000 tok/s, decode step 0.01 s) so
+every expected value below is computable on paper.
+"""
+
+from __future__ import annotations
+
+import attrs
+import pytest
+
+from talaria.config import Routing
+from talaria.errors import Overloaded
+from talaria.memory.kv import PrefixMatch
+from talaria.policy.router import InstanceView, estimate, route
+from talaria.types import Residency
+
+PROMPT = 10_000  # tokens of the call's prompt in every view below
+
+
+def view(
+    name: str,
+    *,
+    device: int = 0,
+    host: int = 0,
+    residency: Residency = Residency.ACTIVE,
+    slot_wait_s: float = 0.0,
+    switch_s: float = 0.0,
+    queue_s: float = 0.0,
+    load: int = 0,
+    served_last: bool = False,
+) -> InstanceView:
+    return InstanceView(
+        name=name,
+        residency=residency,
+        slot_wait_s=slot_wait_s,
+        switch_s=switch_s,
+        queue_s=queue_s,
+        match=PrefixMatch(PROMPT, device, host, 16),
+        prefill_tok_s=1000.0,
+        restore_tok_s=10_000.0,
+        decode_step_s=0.01,
+        load_tokens=load,
+        served_last=served_last,
+    )
+
+
+# ---------------------------------------------------------------------------- estimate
+
+
+def test_estimate_breakdown_matches_the_formula() -> None:
+    v = view("a", device=4000, host=2000, slot_wait_s=1.5, switch_s=0.5, queue_s=0.25)
+    e = estimate(v, known_tokens=8000, expected_output=100)
+    # had 8000, 6000 still there -> 2000 recomputed; the last 2000 prompt tokens are new
+    assert (e.reused_tokens, e.restore_tokens, e.recompute_tokens, e.new_tokens) == (
+        4000,
+        2000,
+        2000,
+        2000,
+    )
+    assert e.slot_wait_s == 1.5
+    assert e.switch_s == 0.5
+    assert e.queue_s == 0.25
+    assert e.kv_prep_s == pytest.approx(2000 / 10_000 + 2000 / 1000)  # restore + recompute
+    assert e.service_s == pytest.approx(2000 / 1000 + 100 * 0.01)  # new prefill + answer
+    assert e.total_s == pytest.approx(1.5 + 0.5 + 2.2 + 0.25 + 3.0)
+    assert e.instance == "a"
+
+
+def test_estimate_cold_session_is_all_new_tokens() -> None:
+    e = estimate(view("a"), known_tokens=0, expected_output=10)
+    assert (e.reused_tokens, e.restore_tokens, e.recompute_tokens, e.new_tokens) == (
+        0,
+        0,
+        0,
+        PROMPT,
+    )
+    assert e.kv_prep_s == 0.0
+    assert e.service_s == pytest.approx(10.0 + 0.1)
+
+
+def test_estimate_known_tokens_beyond_the_prompt_are_capped() -> None:
+    # a session that knew more than this prompt (e.g. a shorter retry): all gone is recompute
+    e = estimate(view("a", device=1000), known_tokens=50_000, expected_output=0)
+    assert (e.recompute_tokens, e.new_tokens) == (PROMPT - 1000, 0)
+    assert e.kv_prep_s == pytest.approx(9.0)
+    assert e.service_s == 0.0
+
+
+def test_estimate_cached_beyond_known_is_not_recompute() -> None:
+    # another session's shared prefix can cover more than this session computed itself
+    e = estimate(view("a", device=6000), known_tokens=3000, expected_output=0)
+    assert (e.reused_tokens, e.recompute_tokens, e.new_tokens) == (6000, 0, 4000)
+
+
+# ---------------------------------------------------------------------------- routing
+
+
+def test_expected_completion_prefers_active_model_with_device_prefix() -> None:
+    known = 8000
+    views = [
+        view("d-gone", slot_wait_s=0.0),  # active, prefix gone: 8 s recompute
+        view("c-host", host=8000),  # active, prefix on host: 0.8 s restore
+        view("b-weights-on-host", device=8000, switch_s=3.0, slot_wait_s=2.0),
+        view("a-best", device=8000),
+    ]
+    decision = route(views, Routing.EXPECTED_COMPLETION, known, expected_output=100)
+    assert decision.instance == "a-best"
+    assert decision.routing is Routing.EXPECTED_COMPLETION
+    totals = {e.instance: e.total_s for e in decision.estimates}
+    # new prefill 2 s + answer 1 s everywhere; the rest is what differs
+    assert totals == pytest.approx(
+        {"a-best": 3.0, "c-host": 3.8, "b-weights-on-host": 8.0, "d-gone": 11.0}
+    )
+    assert decision.chosen.instance == "a-best"
+    assert decision.chosen.reused_tokens == 8000
+
+
+def test_expected_completion_weighs_residency_against_locality() -> None:
+    # a cheap staged switch beats recomputing the whole history elsewhere
+    views = [
+        view("gone-but-active"),
+        view("staged", device=8000, residency=Residency.STAGED, switch_s=0.1),
+    ]
+    assert route(views, Routing.EXPECTED_COMPLETION, 8000, 100).instance == "staged"
+
+
+def test_expected_completion_ties_break_by_name() -> None:
+    views = [view("b", device=5000), view("a", device=5000), view("c", device=5000)]
+    assert route(views, Routing.EXPECTED_COMPLETION, 5000, 10).instance == "a"
+
+
+def test_every_routing_reports_the_same_breakdown() -> None:
+    views = [view("a", device=8000, load=9000), view("b", host=8000, load=10)]
+    expected = route(views, Routing.EXPECTED_COMPLETION, 8000, 10).estimates
+    for routing in Routing:
+        assert route(views, routing, 8000, 10).estimates == expected
+
+
+def test_least_loaded_ignores_locality_and_breaks_ties_by_name() -> None:
+    views = [view("a", device=9000, load=500), view("c", load=100), view("b", load=100)]
+    assert route(views, Routing.LEAST_LOADED, 9000, 10).instance == "b"
+
+
+def test_sticky_keeps_the_last_instance_even_when_loaded() -> None:
+    views = [view("a", load=0), view("b", load=10_000, served_last=True)]
+    assert route(views, Routing.STICKY, 0, 10).instance == "b"
+
+
+def test_sticky_without_history_is_least_loaded() -> None:
+    views = [view("a", load=300), view("b", load=200), view("c", load=200)]
+    assert route(views, Routing.STICKY, 0, 10).instance == "b"
+
+
+def test_cache_affinity_takes_longest_device_prefix_under_the_cap() -> None:
+    views = [
+        view("a", device=2000, load=100),
+        view("b", device=6000, load=150, host=0),
+        view("c", host=9000, load=100),  # host tokens do not count as affinity
+    ]
+    assert route(views, Routing.CACHE_AFFINITY, 9000, 10, load_cap=2.0).instance == "b"
+
+
+def test_cache_affinity_at_the_cap_stays_and_over_it_goes_least_loaded() -> None:
+    at_cap = [view("a", device=6000, load=200), view("b", load=100)]
+    assert route(at_cap, Routing.CACHE_AFFINITY, 6000, 10, load_cap=2.0).instance == "a"
+    over = [view("a", device=6000, load=201), view("b", load=100)]
+    assert route(over, Routing.CACHE_AFFINITY, 6000, 10, load_cap=2.0).instance == "b"
+
+
+def test_cache_affinity_equal_prefixes_prefer_the_lighter_instance() -> None:
+    views = [view("a", device=6000, load=150), view("b", device=6000, load=100)]
+    assert route(views, Routing.CACHE_AFFINITY, 6000, 10).instance == "b"
+
+
+def test_cache_affinity_without_any_device_prefix_is_least_loaded() -> None:
+    views = [view("a", host=9000, load=50), view("b", load=40)]
+    assert route(views, Routing.CACHE_AFFINITY, 9000, 10).instance == "b"
+
+
+def test_single_view_is_chosen_by_every_routing() -> None:
+    for routing in Routing:
+        assert route([view("only", load=10**9)], routing, 0, 10).instance == "only"
+
+
+@pytest.mark.parametrize("routing", list(Routing))
+def test_no_view_raises_overloaded(routing: Routing) -> None:
+    with pytest.raises(Overloaded):
+        route([], routing, 0, 10)
+
+
+def test_decision_is_plain_data() -> None:
+    views = [view("a", device=8000), view("b")]
+    d1 = route(views, Routing.EXPECTED_COMPLETION, 8000, 10)
+    d2 = route(list(reversed(views)), Routing.EXPECTED_COMPLETION, 8000, 10)
+    assert d1.instance == d2.instance == "a"
+    assert attrs.asdict(d1.chosen) == attrs.asdict(d2.chosen)

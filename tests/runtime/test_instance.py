@@ -1,0 +1,404 @@
+"""Instance and cluster cores on hand-sized instances, driven step by step.
+
+Every model here has 32 bytes of KV per token (1 layer, 1 KV head of 8 dims, 2-byte KV) and
+1000 bytes of weights; instances use 4-token blocks (128 bytes) and are sized so that the
+KV pool holds exactly ``device_blocks`` blocks. The estimator has round numbers: prefill
+1000 tok/s, restore 10000 tok/s, decode step 0.01 s, copies at 1e9 B/s.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import attrs
+import pytest
+
+from talaria.config import ClusterConfig, InstanceSpec, ModelSpec, PolicyConfig
+from talaria.errors import ContextTooLong, UnknownModel, UnknownSession
+from talaria.memory.kv import SessionKV
+from talaria.policy.baselines import POLICIES
+from talaria.runtime.cluster import ClusterCore
+from talaria.runtime.instance import InstanceCore, Request, Schedule
+from talaria.types import Call, EventKind, Link, TokenSeq
+
+WEIGHT_BYTES = 1000
+BLOCK_BYTES = 128  # 4 tokens x 32 bytes
+TALARIA = POLICIES["talaria"]
+ROUND = POLICIES["round"]
+
+
+class FakeEstimator:
+    """Round-number costs: prefill 1000 tok/s, decode step 0.01 s, copies at 1e9 B/s."""
+
+    def step_s(
+        self, model: str, prefill_tokens: int, attn: float, decode_seqs: int, ctx: int
+    ) -> float:
+        return prefill_tokens / 1000 + (0.01 if decode_seqs else 0.0)
+
+    def copy_s(self, nbytes: int, link: Link) -> float:
+        return nbytes / 1e9
+
+    def prefill_tok_s(self, model: str) -> float:
+        return 1000.0
+
+    def restore_tok_s(self, model: str) -> float:
+        return 10_000.0
+
+    def decode_step_s(self, model: str, batch: int, context_tokens: int) -> float:
+        return 0.01
+
+
+def model(name: str, max_context: int = 131072) -> ModelSpec:
+    return ModelSpec(
+        name=name,
+        n_layers=1,
+        hidden_size=8,
+        n_heads=1,
+        n_kv_heads=1,
+        head_dim=8,
+        vocab_size=16,
+        total_params=WEIGHT_BYTES,
+        active_params=WEIGHT_BYTES,
+        dtype_bytes=1,
+        max_context=max_context,
+    )
+
+
+def instance_spec(
+    policy: PolicyConfig, n_models: int, device_blocks: int, host_blocks: int, name: str = "i0"
+) -> InstanceSpec:
+    """An instance whose KV pool is exactly ``device_blocks`` (and ``host_blocks``) blocks."""
+    # one weight region, plus a staging area when staging is on and there is a model to stage
+    staging = policy.weight_staging and n_models > 1
+    arena = (1 + staging) * WEIGHT_BYTES
+    return InstanceSpec(
+        name=name,
+        hardware="fake",
+        device_memory_bytes=arena + device_blocks * BLOCK_BYTES,
+        host_memory_bytes=n_models * WEIGHT_BYTES + host_blocks * BLOCK_BYTES,
+        block_size=4,
+        memory_utilization=1.0,
+    )
+
+
+def core(
+    policy: PolicyConfig,
+    models: tuple[str, ...] = ("A",),
+    device_blocks: int = 10,
+    host_blocks: int = 16,
+) -> InstanceCore:
+    spec = instance_spec(policy, len(models), device_blocks, host_blocks)
+    inst = InstanceCore(spec, [model(m) for m in models], policy, FakeEstimator())
+    assert inst.kv.device_blocks == device_blocks
+    assert inst.kv.host_blocks == (host_blocks if policy.host_kv else 0)
+    return inst
+
+
+_fresh = itertools.count(1000)
+
+
+def tokens(n: int) -> tuple[int, ...]:
+    """``n`` token ids never used before in this module (sessions never share blocks)."""
+    return tuple(next(_fresh) for _ in range(n))
+
+
+def next_prompt(req: Request, new_tokens: int) -> TokenSeq:
+    """The session's next prompt: ``req``'s history plus ``new_tokens`` fresh tokens."""
+    assert req.history is not None
+    return req.history.extend(tokens(new_tokens))
+
+
+class Driver:
+    """Runs an instance core the way a substrate does, with a clock that moves 0.1 s a call.
+
+    With several models, a session's model is the first letter of its id ("A1" uses "A").
+    """
+
+    def __init__(self, inst: InstanceCore, now: float = 0.0) -> None:
+        self.inst = inst
+        self.now = now
+
+    def submit(
+        self, session: str, index: int, prompt: TokenSeq, out: int, known: int = 0
+    ) -> Request:
+        model = next(iter(self.inst.models)) if len(self.inst.models) == 1 else session[0]
+        call = Call(session, index, model, prompt, out, out, arrival_s=self.now)
+        history = prompt.extend(tokens(out))
+        req = Request(call, history, out, self.now, known_tokens=known)
+        self.inst.submit(req)
+        return req
+
+    def step(self) -> Schedule:
+        """One ``schedule``; a switch or stage completes at once, a step runs once."""
+        inst = self.inst
+        sched = inst.schedule(self.now)
+        if sched.stage is not None:
+            inst.stage_done(sched.stage.model)
+        if sched.switch is not None:
+            inst.switch_done(sched.switch.model, self.now)
+        elif sched.step is not None:
+            inst.complete_step(sched.step, self.now, 1)
+        inst.check_integrity()
+        self.now = round(self.now + 0.1, 6)
+        return sched
+
+    def run(self) -> list[Schedule]:
+        """Step until the instance has nothing to do now."""
+        done = []
+        for _ in range(200):
+            sched = self.step()
+            done.append(sched)
+            if sched.idle:
+                return done
+        raise AssertionError("the instance never went idle")
+
+
+# ---------------------------------------------------------------------------- KV budget
+
+
+def test_a_call_that_does_not_fit_the_budget_waits_for_room() -> None:
+    inst = core(PolicyConfig(name="no-reserve", soft_reservations=False), device_blocks=10)
+    d = Driver(inst)
+    first = d.submit("s1", 0, TokenSeq(tokens(20)), out=4)  # 24 tokens: 6 blocks
+    second = d.submit("s2", 0, TokenSeq(tokens(16)), out=4)  # 20 tokens: 5 blocks
+    switch = d.step().switch
+    assert switch is not None and switch.model == "A"
+    sched = d.step()
+    assert sched.step is not None
+    assert sched.step.prefill == ((("s1", 0), 20, 0),)
+    assert first.admitted_s == 0.1 and second.admitted_s is None
+    assert inst.kv.device_free == 4 and list(inst.waiting["A"]) == [second]
+    d.run()
+    assert first.finished_s is not None
+    assert second.admitted_s is not None and second.admitted_s > first.finished_s - 1e-9
+    assert second.finished_s is not None
+    assert inst.counters.calls_finished == 2
+
+
+def test_a_call_larger_than_the_pool_is_refused_at_submit() -> None:
+    inst = core(TALARIA, device_blocks=10)
+    d = Driver(inst)
+    with pytest.raises(ContextTooLong, match="11 KV blocks"):
+        d.submit("s1", 0, TokenSeq(tokens(40)), out=4)  # 44 tokens: 11 blocks of 10
+    assert not inst.waiting["A"]
+    d.submit("s2", 0, TokenSeq(tokens(36)), out=4)  # exactly the pool fits
+    d.run()
+    assert inst.counters.calls_finished == 1
+
+
+def test_check_fits_knows_the_model_and_its_context() -> None:
+    spec = instance_spec(TALARIA, 1, 100, 0)
+    inst = InstanceCore(spec, [model("A", max_context=30)], TALARIA, FakeEstimator())
+    prompt = TokenSeq(tokens(28))
+    with pytest.raises(ContextTooLong, match="context of 30"):
+        inst.check_fits(Call("s", 0, "A", prompt, 4), 4)
+    inst.check_fits(Call("s", 0, "A", prompt, 2), 2)
+    with pytest.raises(UnknownModel):
+        inst.check_fits(Call("s", 0, "B", prompt, 2), 2)
+
+
+# ---------------------------------------------------------------------------- reservations
+
+
+def finish_first_call(d: Driver, session: str, prompt_tokens: int, out: int) -> Request:
+    req = d.submit(session, 0, TokenSeq(tokens(prompt_tokens)), out)
+    d.run()
+    assert req.finished_s is not None
+    return req
+
+
+def test_reservation_holds_kv_until_the_waiter_may_reclaim_then_demotes_it() -> None:
+    inst = core(TALARIA, device_blocks=10, host_blocks=16)
+    d = Driver(inst)
+    s1 = finish_first_call(d, "s1", 16, 4)  # history 20 tokens: 5 blocks
+    assert "s1" in inst.admission.held and inst.kv.is_pinned("s1")
+    assert inst.kv.session_kv("s1") == SessionKV(20, 0, 20)
+
+    d.now = 10.0
+    s2 = d.submit("s2", 0, TokenSeq(tokens(20)), out=4)  # 6 blocks; 5 free, 5 reserved
+    for t in (10.0, 10.25, 10.499):
+        d.now = t
+        assert d.step().idle
+        assert s2.admitted_s is None
+        assert inst.kv.session_kv("s1") == SessionKV(20, 0, 20)  # honoured
+    d.now = 10.5  # waited reclaim_after_wait_s
+    sched = d.step()
+    assert s2.admitted_s == 10.5
+    assert sched.step is not None
+    demoted = [m for m in sched.step.kv_moves if m.link is Link.DEVICE_TO_HOST]
+    assert [len(m) for m in demoted] == [5]
+    assert inst.counters.reclaims == 1 and inst.admission.reservations_reclaimed == 1
+    assert not inst.kv.is_pinned("s1") and "s1" not in inst.admission.held
+    assert inst.kv.session_kv("s1") == SessionKV(0, 20, 20)  # demoted, nothing lost
+    assert inst.kv.dropped_tokens("s1") == 0
+    d.run()
+    assert s2.finished_s is not None
+
+    d.inst.end_session("s2")  # its KV becomes evictable
+    again = d.submit("s1", 1, next_prompt(s1, 4), out=4, known=20)
+    d.run()
+    assert (again.reused_tokens, again.restored_tokens, again.recomputed_tokens) == (0, 20, 0)
+    assert again.finished_s is not None
+    assert inst.kv.dropped_tokens("s1") == 0
+
+
+def test_reservation_expires_after_its_hold_and_then_costs_nothing() -> None:
+    inst = core(TALARIA, device_blocks=10, host_blocks=16)
+    d = Driver(inst)
+    s1 = finish_first_call(d, "s1", 16, 4)
+    assert s1.finished_s is not None
+    d.now = s1.finished_s + 119.9  # reservation_max_hold_s is 120 s
+    d.step()
+    assert inst.kv.is_pinned("s1")
+    d.now = s1.finished_s + 120.0
+    d.step()
+    assert not inst.kv.is_pinned("s1") and inst.admission.reservations_expired == 1
+    assert inst.kv.session_kv("s1") == SessionKV(20, 0, 20)  # still cached
+    s2 = d.submit("s2", 0, TokenSeq(tokens(20)), out=4)
+    d.step()
+    assert s2.admitted_s == s2.queued_s  # no reclaim wait: the KV was no longer reserved
+    assert inst.counters.reclaims == 0
+    assert inst.kv.session_kv("s1").host_tokens > 0 and inst.kv.dropped_tokens("s1") == 0
+
+
+def test_a_returning_session_reuses_its_reserved_kv() -> None:
+    inst = core(TALARIA, device_blocks=10, host_blocks=16)
+    d = Driver(inst)
+    s1 = finish_first_call(d, "s1", 16, 4)
+    d.now = 0.5
+    again = d.submit("s1", 1, next_prompt(s1, 4), out=4, known=20)
+    d.run()
+    assert (again.reused_tokens, again.restored_tokens, again.recomputed_tokens) == (20, 0, 0)
+    assert "s1" in inst.admission.held  # a new reservation for the next gap
+
+
+# ---------------------------------------------------------------------------- session-prefill
+
+
+def sp_scenario(policy: PolicyConfig) -> tuple[Driver, Request, Request]:
+    """Two models. A's slot opens with s1 (short answer) and s3 (long answer); B's session
+    waits. s1 finishes and its continuation arrives while s3 still runs in A's slot."""
+    inst = core(policy, models=("A", "B"), device_blocks=32, host_blocks=32)
+    d = Driver(inst)
+    a1 = d.submit("A1", 0, TokenSeq(tokens(8)), out=2)
+    d.submit("A3", 0, TokenSeq(tokens(8)), out=10)
+    b2 = d.submit("B2", 0, TokenSeq(tokens(8)), out=2)
+    assert d.step().switch is not None  # A's weights from host
+    d.step()  # opening pass: A1 and A3 prefill
+    d.step()  # one decode: A1 answered
+    assert a1.finished_s is not None and b2.admitted_s is None
+    cont = d.submit("A1", 1, next_prompt(a1, 2), out=2, known=10)
+    d.step()
+    return d, cont, b2
+
+
+def test_with_sp_a_continuation_joins_its_models_open_slot() -> None:
+    d, cont, b2 = sp_scenario(TALARIA)
+    inst = d.inst
+    assert cont.admitted_s == cont.queued_s and cont.sp_admitted
+    assert inst.counters.sp_admissions == 1
+    assert cont.reused_tokens == 8  # the two full blocks of its 10-token history
+    d.run()
+    assert cont.finished_s is not None and b2.admitted_s is None  # A lingers for A1, A3
+    inst.end_session("A1")
+    inst.end_session("A3")
+    switch = d.step().switch  # nobody expected back: B's turn, from the staging area
+    assert switch is not None and switch.model == "B"
+    assert [s.link for s in switch.steps] == [Link.DEVICE_TO_DEVICE]
+    assert inst.counters.staged_switches == 1 and inst.counters.model_switches == 2
+    d.run()
+    assert b2.finished_s is not None
+    assert not b2.sp_admitted and inst.counters.sp_admissions == 1
+
+
+def test_without_sp_a_continuation_waits_for_the_next_round() -> None:
+    d, cont, b2 = sp_scenario(ROUND)
+    inst = d.inst
+    assert cont.admitted_s is None
+    d.run()
+    assert b2.finished_s is not None and cont.finished_s is not None
+    assert cont.admitted_s is not None and cont.admitted_s > b2.finished_s
+    assert not cont.sp_admitted and inst.counters.sp_admissions == 0
+    assert inst.counters.model_switches == 3  # A, B, A again
+    assert inst.counters.staged_switches == 0
+
+
+def test_without_sp_a_lone_model_still_serves_late_arrivals() -> None:
+    inst = core(ROUND, models=("A", "B"), device_blocks=32, host_blocks=0)
+    d = Driver(inst)
+    a1 = d.submit("A1", 0, TokenSeq(tokens(8)), out=2)
+    d.submit("A3", 0, TokenSeq(tokens(8)), out=6)
+    d.step()
+    d.step()
+    d.step()
+    assert a1.finished_s is not None
+    cont = d.submit("A1", 1, next_prompt(a1, 2), out=2, known=10)
+    d.run()
+    assert cont.finished_s is not None  # a new round of A, though B never had work
+    assert inst.counters.model_switches == 1 and inst.rounds.slots_opened == 2
+
+
+# ---------------------------------------------------------------------------- cluster core
+
+
+def cluster_core(policy: PolicyConfig = TALARIA, n_instances: int = 2) -> ClusterCore:
+    specs = [instance_spec(policy, 2, 10, 16, name=f"i{k}") for k in range(n_instances)]
+    config = ClusterConfig(models=(model("A"), model("B")), instances=specs)
+    return ClusterCore(config, policy, {s.name: FakeEstimator() for s in specs})
+
+
+def snapshot(cc: ClusterCore) -> tuple[object, ...]:
+    sessions = {sid: attrs.asdict(info) for sid, info in cc.sessions.items()}
+    queues = {
+        (name, m): tuple(q) for name, inst in cc.instances.items() for m, q in inst.waiting.items()
+    }
+    return (sessions, cc.decisions, queues)
+
+
+def test_cluster_refuses_bad_input_without_changing_state() -> None:
+    cc = cluster_core()
+    cc.place(Call("s", 0, "A", TokenSeq(tokens(4)), 2), 2, None, 0.0)
+    before = snapshot(cc)
+    with pytest.raises(UnknownModel):
+        cc.place(Call("s", 1, "nope", TokenSeq(tokens(4)), 2), 2, None, 0.0)
+    with pytest.raises(ContextTooLong):
+        cc.place(Call("s", 1, "A", TokenSeq(tokens(40)), 8), 8, None, 0.0)  # 12 of 10 blocks
+    with pytest.raises(UnknownSession):
+        cc.event("never-seen", EventKind.TOOL_START, 1.0, 0.0)
+    assert snapshot(cc) == before
+    cc.check_integrity()
+
+
+def test_cluster_routes_continuations_home_and_end_releases_the_reservation() -> None:
+    cc = cluster_core()
+    prompt = TokenSeq(tokens(8))
+    history = prompt.extend(tokens(4))
+    inst, req, decision = cc.place(Call("s", 0, "A", prompt, 4), 4, history, 0.0)
+    assert decision.instance == "i0" == inst.spec.name  # identical instances: by name
+    assert {e.instance for e in decision.estimates} == {"i0", "i1"}
+    Driver(inst, 0.0).run()
+    assert req.finished_s is not None
+    cc.on_finished(req)
+    assert cc.sessions["s"].known_tokens == 12 and cc.sessions["s"].last_output == 4
+    assert "s" in inst.admission.held and inst.kv.is_pinned("s")
+
+    cc.event("s", EventKind.TOOL_START, 100.0, 1.0)  # a long tool: unlikely back soon
+    assert inst.admission.held["s"].probability < 0.05
+
+    prompt = history.extend(tokens(4))
+    _, again, decision = cc.place(Call("s", 1, "A", prompt, 4), 4, prompt.extend(tokens(4)), 2.0)
+    assert decision.instance == "i0"  # its KV is there
+    assert decision.chosen.reused_tokens == 12
+    assert again.known_tokens == 12
+    Driver(inst, 2.0).run()
+    cc.on_finished(again)
+    assert "s" in inst.admission.held
+
+    cc.event("s", EventKind.END, None, 3.0)
+    assert inst.admission.held == {} and not inst.kv.is_pinned("s")
+    assert "s" not in inst.kv.sessions and cc.sessions["s"].ended
+    with pytest.raises(UnknownSession):
+        cc.event("s", EventKind.TOOL_START, 1.0, 3.0)
+    cc.check_integrity()
+    kv = inst.kv
+    assert kv.device_free + kv.device_evictable == kv.device_blocks

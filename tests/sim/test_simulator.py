@@ -1,0 +1,290 @@
+"""The simulator on small workloads: deterministic, conservative, and every policy finishes.
+
+Two workloads: six 5-call sessions on two tiny models sharing one small instance (the
+models must take turns, and the KV pool holds about two sessions' histories), with
+round-number costs; and the paper's testbed (three >100B models on one 8 x H200 server,
+priced by the roofline cost model) with a few short sessions.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+from collections.abc import Mapping, Sequence
+
+import attrs
+import pytest
+
+from talaria.config import ClusterConfig, InstanceSpec, ModelSpec, PolicyConfig
+from talaria.policy.baselines import POLICIES
+from talaria.runtime.cluster import ClusterCore
+from talaria.runtime.costs import CostModelEstimator, Estimator
+from talaria.sim import simulator
+from talaria.sim.catalog import paper_cluster
+from talaria.sim.cost_model import CostModel
+from talaria.sim.hardware import profile
+from talaria.sim.simulator import SimResult, Simulator, _Run
+from talaria.types import Link, ScriptedCall, SessionScript, TokenSeq
+
+WEIGHT_BYTES = 1000
+BLOCK_BYTES = 128  # 4 tokens of 32 bytes
+
+
+class FakeEstimator:
+    """Round-number costs: prefill 1000 tok/s, decode step 0.01 s, copies at 1e9 B/s."""
+
+    def step_s(
+        self, model: str, prefill_tokens: int, attn: float, decode_seqs: int, ctx: int
+    ) -> float:
+        return prefill_tokens / 1000 + (0.01 if decode_seqs else 0.0)
+
+    def copy_s(self, nbytes: int, link: Link) -> float:
+        return nbytes / 1e9
+
+    def prefill_tok_s(self, model: str) -> float:
+        return 1000.0
+
+    def restore_tok_s(self, model: str) -> float:
+        return 10_000.0
+
+    def decode_step_s(self, model: str, batch: int, context_tokens: int) -> float:
+        return 0.01
+
+
+def tiny_model(name: str) -> ModelSpec:
+    """1000 bytes of weights, 32 bytes of KV per token."""
+    return ModelSpec(
+        name=name,
+        n_layers=1,
+        hidden_size=8,
+        n_heads=1,
+        n_kv_heads=1,
+        head_dim=8,
+        vocab_size=16,
+        total_params=WEIGHT_BYTES,
+        active_params=WEIGHT_BYTES,
+        dtype_bytes=1,
+    )
+
+
+def tiny_cluster(kv_blocks: int = 96, host_kv_blocks: int = 128) -> ClusterConfig:
+    """Two tiny models on one instance with room for one model's weights plus staging."""
+    spec = InstanceSpec(
+        name="tiny",
+        hardware="fake",
+        device_memory_bytes=2 * WEIGHT_BYTES + kv_blocks * BLOCK_BYTES,
+        host_memory_bytes=2 * WEIGHT_BYTES + host_kv_blocks * BLOCK_BYTES,
+        block_size=4,
+        memory_utilization=1.0,
+    )
+    return ClusterConfig(models=(tiny_model("A"), tiny_model("B")), instances=(spec,))
+
+
+def script(
+    session: str,
+    model: str,
+    start_s: float,
+    n_calls: int,
+    *,
+    first: int,
+    growth: int,
+    out: int,
+    tool_s: float,
+    hint_s: float | None = None,
+) -> SessionScript:
+    """A session whose prompts grow: each prompt is the previous history plus ``growth``
+    new tokens. Token ids are unique per session, so sessions share no KV blocks."""
+    fresh = itertools.count(1_000_000 * (1 + sum(map(ord, session))))
+    prompt = TokenSeq(next(fresh) for _ in range(first))
+    calls = []
+    for i in range(n_calls):
+        history = prompt.extend(next(fresh) for _ in range(out))
+        tool = tool_s if i < n_calls - 1 else 0.0
+        calls.append(ScriptedCall(prompt, history, out, 2 * out, tool, "bash", hint_s))
+        prompt = history.extend(next(fresh) for _ in range(growth))
+    return SessionScript(session, model, start_s, tuple(calls))
+
+
+def tiny_workload() -> list[SessionScript]:
+    """Six sessions of five calls, three per model, arriving 0.1 s apart; tools 0.3 s."""
+    return [
+        script(f"s{k}", "AB"[k % 2], 0.1 * k, 5, first=64, growth=16, out=8, tool_s=0.3)
+        for k in range(6)
+    ]
+
+
+TINY = tiny_cluster()
+TINY_ESTIMATORS: Mapping[str, Estimator] = {"tiny": FakeEstimator()}
+
+
+def simulate(
+    cluster: ClusterConfig,
+    policy: PolicyConfig,
+    estimators: Mapping[str, Estimator],
+    scripts: Sequence[SessionScript],
+) -> tuple[SimResult, ClusterCore]:
+    """``Simulator.run``, keeping the cluster core so the test can inspect it afterwards."""
+    core = ClusterCore(cluster, policy, estimators)
+    return _Run(core).execute(scripts, policy.name, None), core
+
+
+@functools.cache
+def tiny_run(name: str) -> tuple[SimResult, ClusterCore]:
+    return simulate(TINY, POLICIES[name], TINY_ESTIMATORS, tiny_workload())
+
+
+def check_conservation(
+    result: SimResult, core: ClusterCore, scripts: Sequence[SessionScript]
+) -> None:
+    """Every call answered once, in order, with its own output; sessions add up; no KV held."""
+    sent = {(s.session_id, i): c for s in scripts for i, c in enumerate(s.calls)}
+    answered = [(r.session_id, r.index) for r in result.calls]
+    assert len(answered) == len(set(answered)) == len(sent)
+    assert set(answered) == set(sent)
+    for r in result.calls:
+        sc = sent[(r.session_id, r.index)]
+        assert r.output_tokens == sc.output_tokens and r.prompt_tokens == len(sc.prompt)
+        assert r.arrival_s <= r.admitted_s <= r.first_token_s <= r.finish_s
+        assert r.instance in core.instances
+    by_session = {s.session_id: s for s in scripts}
+    for rec in result.sessions:
+        s = by_session[rec.session_id]
+        tool = sum(c.tool_seconds for c in s.calls)
+        assert rec.tool_s == pytest.approx(tool)
+        assert rec.sct_s >= tool
+        # calls are sequential: the SCT is exactly the calls' latencies plus the tool gaps
+        latencies = sum(r.latency_s for r in result.calls if r.session_id == rec.session_id)
+        assert rec.sct_s == pytest.approx(latencies + tool)
+    for inst in core.instances.values():
+        kv = inst.kv
+        assert kv.device_free + kv.device_evictable == kv.device_blocks
+        assert not any(kv.is_pinned(sid) for sid in kv.sessions)
+        assert inst.admission.held == {}
+        assert not inst.running and not any(inst.waiting.values())
+    core.check_integrity()
+
+
+@pytest.fixture(autouse=True)
+def _fail_fast_on_a_livelock(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These runs take a few hundred events: a scheduling livelock fails in a second."""
+    monkeypatch.setattr(simulator, "MAX_EVENTS", 20_000)
+
+
+# ---------------------------------------------------------------------------- tiny workload
+
+
+def test_simulation_is_deterministic() -> None:
+    for name in ("talaria", "round"):
+        runs = [
+            Simulator(TINY, POLICIES[name], TINY_ESTIMATORS).run(tiny_workload()) for _ in (1, 2)
+        ]
+        assert attrs.asdict(runs[0]) == attrs.asdict(runs[1])
+        assert repr(runs[0]) == repr(runs[1])
+        assert attrs.asdict(runs[0]) == attrs.asdict(tiny_run(name)[0])
+
+
+@pytest.mark.parametrize("name", list(POLICIES))
+def test_every_policy_completes_the_tiny_workload(name: str) -> None:
+    result, core = tiny_run(name)
+    check_conservation(result, core, tiny_workload())
+    assert result.policy == name
+    assert result.counters["calls_finished"] == 30
+    assert result.counters["model_switches"] >= 2  # both models ran on the one region
+    assert result.end_s == max(r.finish_s for r in result.calls)
+
+
+@pytest.mark.parametrize("name", list(POLICIES))
+def test_every_policy_completes_when_only_one_model_has_work(name: str) -> None:
+    # continuations arrive after their slot's opening pass and no other model ever waits
+    scripts = [
+        script(f"a{k}", "A", 0.05 * k, 3, first=32, growth=8, out=6, tool_s=0.2) for k in range(3)
+    ]
+    result, core = simulate(TINY, POLICIES[name], TINY_ESTIMATORS, scripts)
+    check_conservation(result, core, scripts)
+    assert result.counters["model_switches"] == 1
+
+
+def test_talaria_admits_continuations_into_open_slots_and_round_does_not() -> None:
+    talaria, _ = tiny_run("talaria")
+    round_, _ = tiny_run("round")
+    assert talaria.counters["sp_admissions"] > 0
+    assert talaria.counters["sp_admissions"] == sum(r.sp_admitted for r in talaria.calls)
+    assert round_.counters["sp_admissions"] == 0
+    assert not any(r.sp_admitted for r in round_.calls)
+    assert round_.counters["staged_switches"] == 0 and talaria.counters["staged_switches"] > 0
+
+
+def test_host_kv_is_used_by_talaria_and_never_without_it() -> None:
+    talaria, _ = tiny_run("talaria")
+    assert talaria.counters["kv_restored_blocks"] > 0  # the workload does exercise the tier
+    for name in ("talaria-no-hostkv", "round"):
+        result, _ = tiny_run(name)
+        assert result.counters["kv_restored_blocks"] == 0
+        assert result.counters["kv_demoted_blocks"] == 0
+        assert all(r.restored_tokens == 0 for r in result.calls)
+
+
+def test_counters_are_consistent_with_the_records() -> None:
+    for name in ("talaria", "round", "ttl-pin"):
+        result, _ = tiny_run(name)
+        c = result.counters
+        assert c["kv_bytes_moved"] == BLOCK_BYTES * (
+            c["kv_demoted_blocks"] + c["kv_restored_blocks"]
+        )
+        restored = sum(r.restored_tokens for r in result.calls)
+        assert restored <= 4 * c["kv_restored_blocks"]  # a restore always brings whole blocks
+
+
+# ---------------------------------------------------------------------------- paper testbed
+
+
+def paper_estimators(cluster: ClusterConfig) -> dict[str, Estimator]:
+    return {
+        spec.name: CostModelEstimator(
+            CostModel(profile(spec.hardware), spec.n_devices), cluster.models_on(spec)
+        )
+        for spec in cluster.instances
+    }
+
+
+def paper_workload(cluster: ClusterConfig) -> list[SessionScript]:
+    """Two sessions per model, three calls each, 4K-token prompts growing by 300."""
+    models = [m.name for m in cluster.models]
+    return [
+        script(
+            f"p{k}",
+            models[k % 3],
+            0.5 * k,
+            3,
+            first=4096,
+            growth=300,
+            out=64,
+            tool_s=0.5,
+            hint_s=0.5 if k % 2 else None,
+        )
+        for k in range(6)
+    ]
+
+
+PAPER = paper_cluster()
+
+
+@functools.cache
+def paper_run(name: str) -> tuple[SimResult, ClusterCore]:
+    return simulate(PAPER, POLICIES[name], paper_estimators(PAPER), paper_workload(PAPER))
+
+
+@pytest.mark.parametrize("name", list(POLICIES))
+def test_every_policy_completes_on_the_paper_testbed(name: str) -> None:
+    result, core = paper_run(name)
+    check_conservation(result, core, paper_workload(PAPER))
+    assert result.counters["model_switches"] >= 3  # three models take turns on one server
+    again = Simulator(PAPER, POLICIES[name], paper_estimators(PAPER)).run(paper_workload(PAPER))
+    assert attrs.asdict(again) == attrs.asdict(result)
+
+
+def test_paper_testbed_sp_and_staging_only_where_enabled() -> None:
+    talaria, _ = paper_run("talaria")
+    round_, _ = paper_run("round")
+    assert talaria.counters["sp_admissions"] > 0 and talaria.counters["staged_switches"] > 0
+    assert round_.counters["sp_admissions"] == 0 and round_.counters["staged_switches"] == 0
