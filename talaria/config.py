@@ -177,15 +177,16 @@ class PolicyConfig:
     soft_reservations: bool = True
     eviction: Eviction = Eviction.VALUE
     kv_pin_ttl_s: float = attrs.field(default=0.0, validator=_non_negative)
-    reservation_horizon_s: float = attrs.field(default=10.0, validator=_positive)
+    reservation_horizon_s: float = attrs.field(default=2.0, validator=_positive)
     reservation_min_probability: float = attrs.field(default=0.05, validator=_fraction)
-    reservation_max_hold_s: float = attrs.field(default=120.0, validator=_positive)
+    reservation_max_hold_s: float = attrs.field(default=60.0, validator=_positive)
     reclaim_after_wait_s: float = attrs.field(default=0.5, validator=_non_negative)
     slot_max_s: float = attrs.field(default=30.0, validator=_positive)
     slot_linger_s: float = attrs.field(default=2.0, validator=_non_negative)
     max_batch_tokens: int = attrs.field(default=8192, validator=_positive_int)
     max_running: int = attrs.field(default=256, validator=_positive_int)
     cache_affinity_load_cap: float = attrs.field(default=2.0, validator=_positive)
+    cache_affinity_abs_tokens: int = attrs.field(default=8192, validator=_positive_int)
     admission_budget_fraction: float = attrs.field(default=1.0, validator=_fraction)
 
     def __attrs_post_init__(self) -> None:

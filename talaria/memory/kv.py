@@ -17,7 +17,11 @@ Model of the memory
 * Eviction demotes device blocks to host before anything is dropped. Victims are chosen by
   value: orphan blocks (no session lists them) first, then the session whose return is least
   likely soon (``set_priority``) and least recent, each session tail-first so what stays on
-  device is still a prefix. With ``Eviction.LRU`` the priority is ignored.
+  device is still a prefix. With ``Eviction.LRU`` the priority is ignored. When host is full
+  the least valuable of the victims and the host blocks are dropped (tail-first again), so
+  demoting a cheap block never displaces a more valuable host block.
+* A session table lists hashes, present or not: a dropped block stays listed (its tokens are
+  charged to the session) and counts again if the same content is computed later.
 * Nothing is lost silently: every dropped block is counted, per session too.
 
 Not thread-safe: the owning instance serializes all calls.
@@ -35,6 +39,9 @@ from talaria.errors import BadRequest, OutOfBlocks, TalariaError
 from talaria.types import Link, SessionId, TokenSeq, salt_for
 
 CallKey = tuple[SessionId, int]
+_Rank = tuple[int, float, float]  # eviction order of a candidate block; lower goes first
+_ORPHAN: _Rank = (0, 0.0, 0.0)
+_HELD: _Rank = (2, 0.0, 0.0)  # listed only by running or pinned sessions
 
 
 class KVIntegrityError(TalariaError, RuntimeError):
@@ -95,7 +102,8 @@ class Allocation:
     ``reused_tokens`` were on device, ``restored_tokens`` come back from host by the
     ``restore`` plan, ``computed_tokens`` of the prompt must be prefilled. ``evicted`` is what
     was demoted or dropped to make room; a substrate executes ``evicted.demoted`` before
-    ``restore`` (block ids may be reused).
+    ``restore`` (block ids may be reused). ``device_blocks`` is the call's block table in token
+    order: block ``i`` holds tokens ``[i * tpb, (i + 1) * tpb)`` of the prompt then the output.
     """
 
     key: CallKey
@@ -123,14 +131,13 @@ class SessionKV:
 class _Block:
     """One hashed block. ``bid`` indexes the tier given by ``on_device``."""
 
-    __slots__ = ("bid", "computed", "last_used", "on_device", "pin", "ref", "tabs")
+    __slots__ = ("bid", "computed", "last_used", "on_device", "pin", "ref")
 
     def __init__(self, bid: int, on_device: bool, now: float) -> None:
         self.bid = bid
         self.on_device = on_device
         self.ref = 0  # running calls (or an in-flight restore) using it
         self.pin = 0  # reservations pinning it
-        self.tabs = 0  # session tables listing it
         self.last_used = now
         self.computed = True
 
@@ -139,9 +146,15 @@ class _Block:
 class _CallState:
     session: SessionId
     model: str
+    hashes: tuple[int, ...]  # hashes of the prompt's full blocks
     prompt_hashes: tuple[int, ...]  # hashed prompt blocks this call references
-    private: list[int]  # other device blocks it holds (prompt tail, output, shadow copies)
-    n_full_prompt: int  # full blocks in the prompt
+    shadows: list[int]  # private copies of prompt blocks indexed elsewhere (being computed)
+    tail: list[int]  # blocks after the full prompt blocks (partial tail, output), in order
+
+    @property
+    def private(self) -> list[int]:
+        """Device blocks the call holds that the prefix index does not name."""
+        return self.shadows + self.tail
 
 
 @attrs.define
@@ -154,6 +167,9 @@ class _SessionState:
     pinned: tuple[int, ...] = ()
     dropped_tokens: int = 0
     running: bool = False
+
+
+_Victim = tuple[_Rank, int, _Block, _SessionState | None]
 
 
 @attrs.define
@@ -200,7 +216,8 @@ class KVManager:
         self._dev_free: list[int] = list(range(device_blocks - 1, -1, -1))
         self._host_free: list[int] = list(range(host_blocks - 1, -1, -1))
         self._blocks: dict[int, _Block] = {}
-        self._orphans: dict[int, None] = {}  # hashes no table lists, oldest first
+        self._orphans: dict[int, None] = {}  # live hashes no table lists, oldest first
+        self._tabs: dict[int, int] = {}  # hash -> session tables listing it (live or not)
         self._dev_held = 0  # device blocks (hashed or private) that may not be evicted
         self._calls: dict[CallKey, _CallState] = {}
         self._sessions: dict[SessionId, _SessionState] = {}
@@ -334,23 +351,25 @@ class KVManager:
         evicted = self._make_room(n_total - dev - len(self._dev_free))
         restore = self._restore_blocks(hashes[dev : dev + host])
         prompt_hashes = list(hashes[: dev + host])
-        private: list[int] = []
+        device_ids = [self._blocks[h].bid for h in prompt_hashes]
+        shadows: list[int] = []
         for h in hashes[dev + host :]:
             bid = self._take_device()
-            if h in self._blocks:  # being computed by another call: keep ours private
-                private.append(bid)
+            device_ids.append(bid)
+            if h in self._blocks:  # indexed elsewhere (being computed, or past a gap): private
+                shadows.append(bid)
                 continue
             blk = self._new_block(h, bid, now)
             blk.computed = False
             self._ref(blk, now)
             prompt_hashes.append(h)
-        private.extend(self._take_device() for _ in range(n_total - len(hashes)))
-        self._dev_held += len(private)
+        tail = [self._take_device() for _ in range(n_total - len(hashes))]
+        device_ids.extend(tail)
+        self._dev_held += len(shadows) + len(tail)
         self.counters.allocated_blocks += n_total - dev
-        self._calls[key] = _CallState(session, model, tuple(prompt_hashes), private, len(hashes))
+        self._calls[key] = _CallState(session, model, hashes, tuple(prompt_hashes), shadows, tail)
         computed = len(tokens) - (dev + host) * tpb
-        device_ids = tuple(self._blocks[h].bid for h in prompt_hashes) + tuple(private)
-        return Allocation(key, dev * tpb, host * tpb, computed, restore, evicted, device_ids)
+        return Allocation(key, dev * tpb, host * tpb, computed, restore, evicted, tuple(device_ids))
 
     def mark_computed(self, key: CallKey) -> None:
         """The call's prompt KV is computed: its new full blocks become matchable."""
@@ -361,43 +380,54 @@ class KVManager:
     def finish(self, key: CallKey, history: TokenSeq, now: float) -> None:
         """The call answered; ``history`` is its prompt plus its output.
 
-        The full blocks of ``history`` become the session's table (output blocks are hashed
-        and indexed); the partial tail and unused blocks are freed; references are dropped.
+        The full output blocks of ``history`` are hashed and indexed in the blocks that hold
+        them; the session's table becomes the leading run of ``history``'s full blocks that are
+        indexed and computed; the partial tail, shadow copies and unused blocks are freed;
+        references are dropped. Raises ``BadRequest`` if ``history`` does not start with the
+        call's prompt.
         """
         call = self._call(key)
         st = self._sessions[call.session]
         hashes = self.hashes(call.model, st.tenant, history)
+        if hashes[: len(call.hashes)] != call.hashes:
+            raise BadRequest(f"the history of call {key} does not start with its prompt")
         self.mark_computed(key)
         kept = list(call.prompt_hashes)
-        private = call.private
-        for h in hashes[call.n_full_prompt :]:
-            if not private or h in self._blocks:
+        n_out = 0
+        for h in hashes[len(call.hashes) :]:
+            if n_out == len(call.tail) or h in self._blocks:
                 break
-            blk = self._new_block(h, private.pop(), now)
+            blk = self._new_block(h, call.tail[n_out], now)
             self._dev_held -= 1  # it leaves the private set; _ref counts it again
             self._ref(blk, now)
             kept.append(h)
-        for bid in private:
+            n_out += 1
+        for bid in call.shadows + call.tail[n_out:]:
             self._free_private(bid)
         del self._calls[key]
-        n_present = 0
+        n_table = 0
         for h in hashes:
-            if h not in self._blocks:
+            blk_or_none = self._blocks.get(h)
+            if blk_or_none is None or not blk_or_none.computed:
                 break
-            n_present += 1
-        self._set_table(st, hashes[:n_present])
+            n_table += 1
+        self._set_table(st, hashes[:n_table])
         for h in kept:
             self._unref(self._blocks[h])
         st.running = False
         st.last_used = now
 
     def abort(self, key: CallKey) -> None:
-        """Release a call without keeping what it computed (uncomputed blocks are freed)."""
+        """Release a call without keeping what it computed (uncomputed blocks are freed).
+
+        Only the call that creates a block references it until it is computed, and pins take
+        computed blocks only, so its uncomputed blocks are free once it lets go.
+        """
         call = self._call(key)
         for h in call.prompt_hashes:
             blk = self._blocks[h]
             self._unref(blk)
-            if not blk.computed and blk.ref == 0 and blk.tabs == 0 and blk.pin == 0:
+            if not blk.computed and blk.ref == 0 and blk.pin == 0:
                 del self._blocks[h]
                 self._orphans.pop(h, None)
                 self._dev_free.append(blk.bid)
@@ -414,11 +444,12 @@ class KVManager:
             st.priority = value
 
     def pin(self, session: SessionId) -> int:
-        """Pin the session's present blocks (a reservation). Returns device blocks pinned."""
+        """Pin the session's present (computed) blocks, a reservation: they are not evicted
+        until ``unpin``. Returns the device blocks pinned (0 if already pinned)."""
         st = self._session(session)
         if st.pinned:
             return 0
-        st.pinned = tuple(h for h in st.table if h in self._blocks)
+        st.pinned = tuple(h for h in st.table if (b := self._blocks.get(h)) and b.computed)
         n_dev = 0
         for h in st.pinned:
             blk = self._blocks[h]
@@ -447,11 +478,12 @@ class KVManager:
         Called when a reservation is reclaimed: the session's KV stays restorable.
         """
         st = self._session(session)
+        rank = self._rank(st)
         victims = []
         for h in reversed(st.table):
             blk = self._blocks.get(h)
             if blk is not None and blk.on_device and not blk.ref and not blk.pin:
-                victims.append((h, blk, st))
+                victims.append((rank, h, blk, st))
         return self._demote_all(victims)
 
     def restore_blocks_needed(self, session: SessionId) -> int:
@@ -459,21 +491,27 @@ class KVManager:
         return self._runs(st.table)[1]
 
     def can_restore(self, session: SessionId) -> bool:
-        need = self.restore_blocks_needed(session)
-        return need <= self.device_available
-
-    def restore(self, session: SessionId, now: float) -> tuple[MovePlan, EvictionResult]:
-        """Bring the session's host run back to device ahead of its next call (prefetch)."""
         st = self._session(session)
         dev, host = self._runs(st.table)
-        if host > self.device_available:
-            raise OutOfBlocks(f"restoring {session!r} needs {host} blocks")
-        run = st.table[dev : dev + host]
-        for h in run:
+        return host <= self._available_besides(st.table[:dev])
+
+    def restore(self, session: SessionId, now: float) -> tuple[MovePlan, EvictionResult]:
+        """Bring the session's host run back to device ahead of its next call (prefetch).
+
+        The session's device run is kept (never evicted to make room for its own restore).
+        Raises ``OutOfBlocks`` (state unchanged) when ``can_restore`` would have said no.
+        """
+        st = self._session(session)
+        dev, host = self._runs(st.table)
+        available = self._available_besides(st.table[:dev])
+        if host > available:
+            raise OutOfBlocks(f"restoring {session!r} needs {host} blocks, {available} free")
+        prefix = st.table[: dev + host]
+        for h in prefix:
             self._ref(self._blocks[h], now)
         evicted = self._make_room(host - len(self._dev_free))
-        plan = self._restore_blocks(run)
-        for h in run:
+        plan = self._restore_blocks(prefix[dev:])
+        for h in prefix:
             self._unref(self._blocks[h])
         return plan, evicted
 
@@ -527,20 +565,27 @@ class KVManager:
 
     def _new_block(self, h: int, bid: int, now: float) -> _Block:
         blk = self._blocks[h] = _Block(bid, True, now)
-        self._orphans[h] = None
+        if h not in self._tabs:
+            self._orphans[h] = None
         return blk
 
     def _set_table(self, st: _SessionState, table: tuple[int, ...]) -> None:
+        """Make ``table`` the session's table, keeping per-hash table counts and orphans.
+
+        Blocks the old table leaves orphaned queue tail-first, so a prefix (which another
+        session of the tenant may share, e.g. a system prompt) is evicted last.
+        """
         for h in table:
-            blk = self._blocks[h]
-            blk.tabs += 1
+            self._tabs[h] = self._tabs.get(h, 0) + 1
             self._orphans.pop(h, None)
-        for h in st.table:
-            blk_or_none = self._blocks.get(h)
-            if blk_or_none is not None:
-                blk_or_none.tabs -= 1
-                if blk_or_none.tabs == 0:
-                    self._orphans[h] = None
+        for h in reversed(st.table):
+            n = self._tabs[h] - 1
+            if n:
+                self._tabs[h] = n
+                continue
+            del self._tabs[h]
+            if h in self._blocks:
+                self._orphans[h] = None
         st.table = table
 
     def _restore_blocks(self, run: tuple[int, ...]) -> MovePlan:
@@ -557,51 +602,50 @@ class KVManager:
         self.counters.restored_blocks += len(moves)
         return MovePlan(Link.HOST_TO_DEVICE, tuple(moves), self.block_bytes)
 
-    def _demote(self, h: int, blk: _Block, owner: _SessionState | None) -> tuple[int, int] | None:
-        """Move one unheld device block to host, or drop it when host has no free block."""
+    def _demote(self, blk: _Block) -> tuple[int, int]:
+        """Move one unheld device block to a free host block."""
         src = blk.bid
         self._dev_free.append(src)
-        if not self._host_free:
-            self._drop(h, owner)
-            return None
         blk.bid = self._host_free.pop()
         blk.on_device = False
         self.counters.demoted_blocks += 1
         return (src, blk.bid)
 
     def _drop(self, h: int, owner: _SessionState | None) -> None:
-        """Forget a block for good, charging the sessions whose tables list it."""
+        """Forget an unheld block for good, charging the sessions whose tables list it."""
         blk = self._blocks.pop(h)
         self._orphans.pop(h, None)
-        if not blk.on_device:
-            self._host_free.append(blk.bid)
+        (self._dev_free if blk.on_device else self._host_free).append(blk.bid)
         self.counters.dropped_blocks += 1
-        if blk.tabs == 1 and owner is not None:
+        n_tabs = self._tabs.get(h, 0)
+        if n_tabs == 1 and owner is not None:
             owner.dropped_tokens += self.tokens_per_block[owner.model]
-        elif blk.tabs:
+        elif n_tabs:
             for st in self._sessions.values():
                 if h in st.table:
                     st.dropped_tokens += self.tokens_per_block[st.model]
 
-    def _demote_all(
-        self, victims: Sequence[tuple[int, _Block, _SessionState | None]]
-    ) -> EvictionResult:
-        """Demote ``victims`` to host, first dropping the least valuable host blocks for room."""
+    def _demote_all(self, victims: Sequence[_Victim]) -> EvictionResult:
+        """Demote device ``victims`` (least valuable first) to host. When host is short, the
+        least valuable of the victims and of the host blocks are dropped; on equal value host
+        blocks go first (they are the session's tail)."""
+        n_drop = n_host = 0
         short = len(victims) - len(self._host_free)
-        if short > 0 and self.host_blocks:
-            for h, _blk, owner in list(self._victims(on_device=False, limit=short)):
+        if short > 0:
+            host = list(self._victims(on_device=False, limit=short)) if self.host_blocks else []
+            while n_drop + n_host < short:
+                if n_host < len(host) and (
+                    n_drop == len(victims) or host[n_host][0] <= victims[n_drop][0]
+                ):
+                    n_host += 1
+                else:
+                    n_drop += 1
+            for _rank, h, _blk, owner in host[:n_host]:
                 self._drop(h, owner)
-        moves: list[tuple[int, int]] = []
-        dropped = 0
-        for h, blk, owner in victims:
-            move = self._demote(h, blk, owner)
-            if move is None:
-                dropped += 1
-            else:
-                moves.append(move)
-        return EvictionResult(
-            MovePlan(Link.DEVICE_TO_HOST, tuple(moves), self.block_bytes), dropped
-        )
+        for _rank, h, _blk, owner in victims[:n_drop]:
+            self._drop(h, owner)
+        moves = tuple(self._demote(blk) for _rank, _h, blk, _owner in victims[n_drop:])
+        return EvictionResult(MovePlan(Link.DEVICE_TO_HOST, moves, self.block_bytes), n_drop)
 
     def _make_room(self, n: int) -> EvictionResult:
         """Free ``n`` device blocks by demoting (or dropping) the least valuable ones."""
@@ -612,47 +656,64 @@ class KVManager:
             raise KVIntegrityError(f"eviction found {len(victims)} of {n} evictable blocks")
         return self._demote_all(victims)
 
-    def _victims(
-        self, on_device: bool, limit: int
-    ) -> Iterator[tuple[int, _Block, _SessionState | None]]:
+    def _victims(self, on_device: bool, limit: int) -> Iterator[_Victim]:
         """Up to ``limit`` distinct evictable blocks of one tier, least valuable first:
         orphans oldest first, then sessions by value, each tail-first."""
         seen: set[int] = set()
-        for h, owner in self._candidates(on_device):
+        for victim in self._candidates(on_device):
             if len(seen) >= limit:
                 return
-            blk = self._blocks[h]
-            if h in seen or blk.on_device != on_device or blk.ref or blk.pin:
-                continue
-            seen.add(h)
-            yield h, blk, owner
+            if victim[1] not in seen:
+                seen.add(victim[1])
+                yield victim
 
-    def _candidates(self, on_device: bool) -> Iterator[tuple[int, _SessionState | None]]:
+    def _candidates(self, on_device: bool) -> Iterator[_Victim]:
+        """Evictable blocks of one tier in eviction order, with their rank (lower goes first);
+        a block listed by several sessions may come more than once."""
+        blocks = self._blocks
         for h in self._orphans:
-            yield h, None
+            b = blocks[h]
+            if b.on_device is on_device and not b.ref and not b.pin:
+                yield _ORPHAN, h, b, None
         order = sorted(
             (s for s in self._sessions.values() if not s.running and not s.pinned),
             key=self._value,
         )
         for st in order:
+            rank = self._rank(st)
             for h in reversed(st.table):
-                if h in self._blocks:
-                    yield h, st
-        for h in self._blocks:  # blocks listed only by running or pinned sessions' stale runs
-            yield h, None
+                b_or_none = blocks.get(h)
+                if (
+                    b_or_none is not None
+                    and b_or_none.on_device is on_device
+                    and not b_or_none.ref
+                    and not b_or_none.pin
+                ):
+                    yield rank, h, b_or_none, st
+        for h, b in blocks.items():  # listed only by running or pinned sessions' stale runs
+            if b.on_device is on_device and not b.ref and not b.pin:
+                yield _HELD, h, b, None
 
     def _value(self, st: _SessionState) -> tuple[float, float]:
         if self.eviction is Eviction.LRU:
             return (0.0, st.last_used)
         return (st.priority, st.last_used)
 
+    def _rank(self, st: _SessionState) -> _Rank:
+        """Eviction rank of a session's blocks: by value, after orphans, before held ones."""
+        if st.running or st.pinned:
+            return _HELD
+        return (1, *self._value(st))
+
     # ------------------------------------------------------------------ integrity
     def check_integrity(self) -> None:
         """Raise ``KVIntegrityError`` if any invariant is broken.
 
         Device: free + private + hashed-on-device == total, no block id owned twice. Host:
-        free + hashed-on-host == total. Held count matches references and pins. Tables,
-        pins and call states only name live blocks.
+        free + hashed-on-host == total. Held count matches references and pins. Per-hash
+        table counts match the tables; orphans are exactly the live blocks no table lists.
+        Pins and call states only name live blocks; an uncomputed block is referenced; a
+        session is running exactly while it has a call.
         """
         dev_owned: list[int] = list(self._dev_free)
         host_owned: list[int] = list(self._host_free)
@@ -674,9 +735,12 @@ class KVManager:
         for h, b in self._blocks.items():
             (dev_owned if b.on_device else host_owned).append(b.bid)
             held += b.on_device and (b.ref > 0 or b.pin > 0)
-            self._expect(b.tabs == tabs.get(h, 0), f"block {h}: tabs {b.tabs}")
+            self._expect((h in self._orphans) == (h not in tabs), f"block {h}: orphan flag")
             self._expect(b.pin == pins.get(h, 0), f"block {h}: pin {b.pin}")
             self._expect(b.ref == refs.get(h, 0), f"block {h}: ref {b.ref}")
+            self._expect(b.computed or b.ref > 0, f"block {h}: uncomputed and unreferenced")
+        self._expect(tabs == self._tabs, "table counts do not match the session tables")
+        self._expect(all(h in self._blocks for h in self._orphans), "a dead block is an orphan")
         self._check_ids(dev_owned, self.device_blocks, "device")
         self._check_ids(host_owned, self.host_blocks, "host")
         self._expect(held == self._dev_held, f"held {held} != counter {self._dev_held}")
@@ -686,6 +750,10 @@ class KVManager:
         for call in self._calls.values():
             for h in call.prompt_hashes:
                 self._expect(h in self._blocks, f"call block {h} is not live")
+        running = {sid for sid, st in self._sessions.items() if st.running}
+        callers = [call.session for call in self._calls.values()]
+        self._expect(len(callers) == len(set(callers)), "a session runs two calls")
+        self._expect(running == set(callers), "running flags do not match the calls")
 
     def _check_ids(self, owned: list[int], total: int, tier: str) -> None:
         self._expect(len(owned) == total, f"{tier}: {len(owned)} blocks accounted of {total}")

@@ -40,6 +40,7 @@ class SlotDemand:
     oldest_wait_s: float = 0.0  # how long the oldest of them has waited
     running: int = 0  # calls of the model in the running batch
     expected_back_s: float | None = None  # soonest expected return of one of its sessions
+    returning: int = 0  # its sessions expected back within the linger window
 
 
 class RoundScheduler:
@@ -98,11 +99,25 @@ class RoundScheduler:
             slot.closing = True
         if not slot.admitting and mine.running == 0:
             slot.closing = True
-        if slot.admitting and mine.running == 0 and mine.waiting == 0:
-            back = mine.expected_back_s
-            if back is None or back > self.policy.slot_linger_s:
-                slot.closing = True
+        if (
+            slot.admitting
+            and mine.running == 0
+            and mine.waiting == 0
+            and not self._linger(mine, demand)
+        ):
+            slot.closing = True
         return slot.closing
+
+    def _linger(self, mine: SlotDemand, demand: Mapping[str, SlotDemand]) -> bool:
+        """Keep an idle slot open for sessions about to return? Only while the wait imposed on
+        the other models' queued calls (``back`` seconds each) stays within what the
+        returning sessions save (a round trip, counted as ``slot_linger_s`` each)."""
+        back = mine.expected_back_s
+        linger = self.policy.slot_linger_s
+        if back is None or back > linger:
+            return False
+        queued = sum(d.waiting for m, d in demand.items() if self.slot and m != self.slot.model)
+        return back * queued <= linger * max(1, mine.returning)
 
     def next_model(self, demand: Mapping[str, SlotDemand]) -> str | None:
         """The next model with waiting work, round-robin after the current one."""

@@ -109,13 +109,15 @@ def route(
     known_tokens: int,
     expected_output: int,
     load_cap: float = 2.0,
+    load_abs_tokens: int = 8192,
 ) -> Decision:
     """Pick an instance. Ties break by name so decisions are deterministic.
 
     ``EXPECTED_COMPLETION`` takes the minimum estimate; ``LEAST_LOADED`` the fewest tokens
     queued and running; ``STICKY`` the instance that served the session last, else least
     loaded; ``CACHE_AFFINITY`` the longest device prefix unless that instance's load exceeds
-    ``load_cap`` times the lightest load (then least loaded).
+    ``load_cap`` times the lightest load *and* the lightest load by ``load_abs_tokens``
+    (SGLang router's relative and absolute balance thresholds; then least loaded).
     """
     if not views:
         raise Overloaded("no instance can serve this model now")
@@ -132,8 +134,8 @@ def route(
         last = [v.name for v in views if v.served_last]
         chosen = last[0] if last else least_loaded()
     else:
-        best = max(views, key=lambda v: (v.match.device_tokens, -v.load_tokens, v.name))
+        best = min(views, key=lambda v: (-v.match.device_tokens, v.load_tokens, v.name))
         floor = min(v.load_tokens for v in views)
-        over = best.load_tokens > load_cap * max(floor, 1)
+        over = best.load_tokens > load_cap * floor and best.load_tokens - floor > load_abs_tokens
         chosen = least_loaded() if over or best.match.device_tokens == 0 else best.name
     return Decision(chosen, ests, routing)

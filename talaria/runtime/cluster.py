@@ -87,6 +87,7 @@ class ClusterCore:
             info.known_tokens,
             info.last_output,
             self.policy.cache_affinity_load_cap,
+            self.policy.cache_affinity_abs_tokens,
         )
         chosen = self.instances[decision.instance]
         if info.last_instance is not None and info.last_instance != decision.instance:

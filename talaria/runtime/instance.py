@@ -271,13 +271,18 @@ class InstanceCore:
     def demand(self, now: float) -> dict[str, SlotDemand]:
         running: dict[str, int] = collections.Counter(r.call.model for r in self.running.values())
         soonest: dict[str, float] = {}
+        returning: dict[str, int] = collections.Counter()
+        linger = self.policy.slot_linger_s
         for gap in self._in_gap.values():
             left = self.gaps.expected_remaining_s(now - gap.since_s, gap.expected_s)
             soonest[gap.model] = min(left, soonest.get(gap.model, math.inf))
+            returning[gap.model] += left <= linger
         out = {}
         for m, queue in self.waiting.items():
             oldest = now - queue[0].queued_s if queue else 0.0
-            out[m] = SlotDemand(len(queue), oldest, running.get(m, 0), soonest.get(m))
+            out[m] = SlotDemand(
+                len(queue), oldest, running.get(m, 0), soonest.get(m), returning.get(m, 0)
+            )
         return out
 
     def switch_s(self, model: str) -> float:

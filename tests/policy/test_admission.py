@@ -20,6 +20,8 @@ P_MEDIAN_100S = 0.5 * (1 + math.erf(math.log(0.1) / math.sqrt(2)))  # 0.01065
 
 
 def admission(**knobs: object) -> Admission:
+    """An Admission with the horizon and hold these tests' numbers were computed for."""
+    knobs = {"reservation_horizon_s": 10.0, "reservation_max_hold_s": 120.0, **knobs}
     return Admission(PolicyConfig(name="t", **knobs))  # type: ignore[arg-type]
 
 

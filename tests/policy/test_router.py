@@ -163,9 +163,16 @@ def test_cache_affinity_takes_longest_device_prefix_under_the_cap() -> None:
 
 def test_cache_affinity_at_the_cap_stays_and_over_it_goes_least_loaded() -> None:
     at_cap = [view("a", device=6000, load=200), view("b", load=100)]
-    assert route(at_cap, Routing.CACHE_AFFINITY, 6000, 10, load_cap=2.0).instance == "a"
+    assert route(at_cap, Routing.CACHE_AFFINITY, 6000, 10, 2.0, 0).instance == "a"
     over = [view("a", device=6000, load=201), view("b", load=100)]
-    assert route(over, Routing.CACHE_AFFINITY, 6000, 10, load_cap=2.0).instance == "b"
+    assert route(over, Routing.CACHE_AFFINITY, 6000, 10, 2.0, 0).instance == "b"
+
+
+def test_cache_affinity_needs_both_relative_and_absolute_imbalance() -> None:
+    small = [view("a", device=6000, load=300), view("b", load=100)]  # 3x but only 200 apart
+    assert route(small, Routing.CACHE_AFFINITY, 6000, 10, 2.0, 200).instance == "a"
+    large = [view("a", device=6000, load=301), view("b", load=100)]
+    assert route(large, Routing.CACHE_AFFINITY, 6000, 10, 2.0, 200).instance == "b"
 
 
 def test_cache_affinity_equal_prefixes_prefer_the_lighter_instance() -> None:

@@ -243,7 +243,8 @@ def test_reservation_holds_kv_until_the_waiter_may_reclaim_then_demotes_it() -> 
 
 
 def test_reservation_expires_after_its_hold_and_then_costs_nothing() -> None:
-    inst = core(TALARIA, device_blocks=10, host_blocks=16)
+    slow_decay = attrs.evolve(TALARIA, reservation_horizon_s=10.0, reservation_max_hold_s=120.0)
+    inst = core(slow_decay, device_blocks=10, host_blocks=16)
     d = Driver(inst)
     s1 = finish_first_call(d, "s1", 16, 4)
     assert s1.finished_s is not None
