@@ -167,9 +167,10 @@ class _SessionState:
     pinned: tuple[int, ...] = ()
     dropped_tokens: int = 0
     running: bool = False
+    n_device: int = 0  # table entries whose block is on device (lets eviction skip the rest)
 
 
-_Victim = tuple[_Rank, int, _Block, _SessionState | None]
+_Victim = tuple[_Rank, int, _Block]
 
 
 @attrs.define
@@ -217,9 +218,10 @@ class KVManager:
         self._host_free: list[int] = list(range(host_blocks - 1, -1, -1))
         self._blocks: dict[int, _Block] = {}
         self._orphans: dict[int, None] = {}  # live hashes no table lists, oldest first
-        self._tabs: dict[int, int] = {}  # hash -> session tables listing it (live or not)
+        self._listers: dict[int, list[_SessionState]] = {}  # hash -> tables listing it
         self._dev_held = 0  # device blocks (hashed or private) that may not be evicted
         self._calls: dict[CallKey, _CallState] = {}
+        self._lent: list[int] = []  # free device blocks lent out (weight staging)
         self._sessions: dict[SessionId, _SessionState] = {}
 
     # ------------------------------------------------------------------ queries
@@ -234,7 +236,7 @@ class KVManager:
     @property
     def device_evictable(self) -> int:
         """Device blocks that eviction may take (cached, unpinned, unreferenced)."""
-        return self.device_blocks - len(self._dev_free) - self._dev_held
+        return self.device_blocks - len(self._dev_free) - self._dev_held - len(self._lent)
 
     @property
     def device_available(self) -> int:
@@ -289,7 +291,7 @@ class KVManager:
         st = self._sessions.get(session)
         if st is None:
             return 0
-        return sum(1 for h in st.table if (b := self._blocks.get(h)) and b.on_device)
+        return st.n_device
 
     def dropped_tokens(self, session: SessionId) -> int:
         st = self._sessions.get(session)
@@ -431,6 +433,7 @@ class KVManager:
                 del self._blocks[h]
                 self._orphans.pop(h, None)
                 self._dev_free.append(blk.bid)
+                self._count_device(h, -1)
         for bid in call.private:
             self._free_private(bid)
         del self._calls[key]
@@ -483,7 +486,7 @@ class KVManager:
         for h in reversed(st.table):
             blk = self._blocks.get(h)
             if blk is not None and blk.on_device and not blk.ref and not blk.pin:
-                victims.append((rank, h, blk, st))
+                victims.append((rank, h, blk))
         return self._demote_all(victims)
 
     def restore_blocks_needed(self, session: SessionId) -> int:
@@ -514,6 +517,26 @@ class KVManager:
         for h in prefix:
             self._unref(self._blocks[h])
         return plan, evicted
+
+    @property
+    def lent_blocks(self) -> int:
+        return len(self._lent)
+
+    def lend(self, n: int) -> tuple[int, ...]:
+        """Lend ``n`` free device blocks (nothing is evicted for a loan), e.g. as a staging
+        area for the next model's weights. Raises ``OutOfBlocks`` if fewer are free."""
+        if n < 0 or n > len(self._dev_free):
+            raise OutOfBlocks(f"cannot lend {n} blocks: {len(self._dev_free)} are free")
+        ids = [self._dev_free.pop() for _ in range(n)]
+        self._lent.extend(ids)
+        return tuple(ids)
+
+    def return_lent(self) -> int:
+        """Take back every lent block; returns how many."""
+        n = len(self._lent)
+        self._dev_free.extend(reversed(self._lent))
+        self._lent.clear()
+        return n
 
     def end_session(self, session: SessionId) -> bool:
         """Forget the session's table; its blocks become orphans (evicted first).
@@ -565,9 +588,16 @@ class KVManager:
 
     def _new_block(self, h: int, bid: int, now: float) -> _Block:
         blk = self._blocks[h] = _Block(bid, True, now)
-        if h not in self._tabs:
+        if h in self._listers:
+            self._count_device(h, 1)
+        else:
             self._orphans[h] = None
         return blk
+
+    def _count_device(self, h: int, delta: int) -> None:
+        """Block ``h`` came to (+1) or left (-1) the device: tell the tables listing it."""
+        for st in self._listers.get(h, ()):
+            st.n_device += delta
 
     def _set_table(self, st: _SessionState, table: tuple[int, ...]) -> None:
         """Make ``table`` the session's table, keeping per-hash table counts and orphans.
@@ -575,18 +605,19 @@ class KVManager:
         Blocks the old table leaves orphaned queue tail-first, so a prefix (which another
         session of the tenant may share, e.g. a system prompt) is evicted last.
         """
+        blocks = self._blocks
         for h in table:
-            self._tabs[h] = self._tabs.get(h, 0) + 1
+            self._listers.setdefault(h, []).append(st)
             self._orphans.pop(h, None)
         for h in reversed(st.table):
-            n = self._tabs[h] - 1
-            if n:
-                self._tabs[h] = n
-                continue
-            del self._tabs[h]
-            if h in self._blocks:
-                self._orphans[h] = None
+            listers = self._listers[h]
+            listers.remove(st)
+            if not listers:
+                del self._listers[h]
+                if h in blocks:
+                    self._orphans[h] = None
         st.table = table
+        st.n_device = sum(1 for h in table if (b := blocks.get(h)) and b.on_device)
 
     def _restore_blocks(self, run: tuple[int, ...]) -> MovePlan:
         moves: list[tuple[int, int]] = []
@@ -597,33 +628,34 @@ class KVManager:
             self._host_free.append(blk.bid)
             blk.bid = dst
             blk.on_device = True
+            self._count_device(h, 1)
             if blk.ref or blk.pin:
                 self._dev_held += 1
         self.counters.restored_blocks += len(moves)
         return MovePlan(Link.HOST_TO_DEVICE, tuple(moves), self.block_bytes)
 
-    def _demote(self, blk: _Block) -> tuple[int, int]:
+    def _demote(self, h: int, blk: _Block) -> tuple[int, int]:
         """Move one unheld device block to a free host block."""
         src = blk.bid
         self._dev_free.append(src)
         blk.bid = self._host_free.pop()
         blk.on_device = False
+        self._count_device(h, -1)
         self.counters.demoted_blocks += 1
         return (src, blk.bid)
 
-    def _drop(self, h: int, owner: _SessionState | None) -> None:
+    def _drop(self, h: int) -> None:
         """Forget an unheld block for good, charging the sessions whose tables list it."""
         blk = self._blocks.pop(h)
         self._orphans.pop(h, None)
-        (self._dev_free if blk.on_device else self._host_free).append(blk.bid)
+        if blk.on_device:
+            self._dev_free.append(blk.bid)
+            self._count_device(h, -1)
+        else:
+            self._host_free.append(blk.bid)
         self.counters.dropped_blocks += 1
-        n_tabs = self._tabs.get(h, 0)
-        if n_tabs == 1 and owner is not None:
-            owner.dropped_tokens += self.tokens_per_block[owner.model]
-        elif n_tabs:
-            for st in self._sessions.values():
-                if h in st.table:
-                    st.dropped_tokens += self.tokens_per_block[st.model]
+        for st in self._listers.get(h, ()):
+            st.dropped_tokens += self.tokens_per_block[st.model]
 
     def _demote_all(self, victims: Sequence[_Victim]) -> EvictionResult:
         """Demote device ``victims`` (least valuable first) to host. When host is short, the
@@ -640,11 +672,11 @@ class KVManager:
                     n_host += 1
                 else:
                     n_drop += 1
-            for _rank, h, _blk, owner in host[:n_host]:
-                self._drop(h, owner)
-        for _rank, h, _blk, owner in victims[:n_drop]:
-            self._drop(h, owner)
-        moves = tuple(self._demote(blk) for _rank, _h, blk, _owner in victims[n_drop:])
+            for _rank, h, _blk in host[:n_host]:
+                self._drop(h)
+        for _rank, h, _blk in victims[:n_drop]:
+            self._drop(h)
+        moves = tuple(self._demote(h, blk) for _rank, h, blk in victims[n_drop:])
         return EvictionResult(MovePlan(Link.DEVICE_TO_HOST, moves, self.block_bytes), n_drop)
 
     def _make_room(self, n: int) -> EvictionResult:
@@ -674,14 +706,14 @@ class KVManager:
         for h in self._orphans:
             b = blocks[h]
             if b.on_device is on_device and not b.ref and not b.pin:
-                yield _ORPHAN, h, b, None
+                yield _ORPHAN, h, b
         order = sorted(
             (s for s in self._sessions.values() if not s.running and not s.pinned),
             key=self._value,
         )
         for st in order:
             rank = self._rank(st)
-            for h in reversed(st.table):
+            for h in self._tail_first(st, on_device):
                 b_or_none = blocks.get(h)
                 if (
                     b_or_none is not None
@@ -689,10 +721,28 @@ class KVManager:
                     and not b_or_none.ref
                     and not b_or_none.pin
                 ):
-                    yield rank, h, b_or_none, st
+                    yield rank, h, b_or_none
         for h, b in blocks.items():  # listed only by running or pinned sessions' stale runs
             if b.on_device is on_device and not b.ref and not b.pin:
-                yield _HELD, h, b, None
+                yield _HELD, h, b
+
+    def _tail_first(self, st: _SessionState, on_device: bool) -> Iterator[int]:
+        """The session's table from the tail, skipping what cannot hold a block of the tier.
+
+        A device scan usually needs only the leading device run: a session with no device
+        block costs nothing, one whose device blocks are all in the run costs the run.
+        """
+        if not on_device:
+            return reversed(st.table)
+        if not st.n_device:
+            return iter(())
+        run = 0
+        for h in st.table:
+            b = self._blocks.get(h)
+            if b is None or not b.on_device:
+                break
+            run += 1
+        return reversed(st.table[:run] if run == st.n_device else st.table)
 
     def _value(self, st: _SessionState) -> tuple[float, float]:
         if self.eviction is Eviction.LRU:
@@ -710,36 +760,43 @@ class KVManager:
         """Raise ``KVIntegrityError`` if any invariant is broken.
 
         Device: free + private + hashed-on-device == total, no block id owned twice. Host:
-        free + hashed-on-host == total. Held count matches references and pins. Per-hash
-        table counts match the tables; orphans are exactly the live blocks no table lists.
+        free + hashed-on-host == total. Held count matches references and pins. The lister
+        index and device counts match the tables; orphans are exactly the live blocks no
+        table lists.
         Pins and call states only name live blocks; an uncomputed block is referenced; a
         session is running exactly while it has a call.
         """
-        dev_owned: list[int] = list(self._dev_free)
+        dev_owned: list[int] = list(self._dev_free) + self._lent
         host_owned: list[int] = list(self._host_free)
         held = 0
         for call in self._calls.values():
             dev_owned.extend(call.private)
             held += len(call.private)
-        tabs: dict[int, int] = {}
+        tabs: dict[int, list[int]] = {}
         pins: dict[int, int] = {}
         for st in self._sessions.values():
             for h in st.table:
-                tabs[h] = tabs.get(h, 0) + 1
+                tabs.setdefault(h, []).append(id(st))
+            n_device = sum(1 for h in st.table if (b := self._blocks.get(h)) and b.on_device)
+            self._expect(st.n_device == n_device, f"device count {st.n_device} != {n_device}")
             for h in st.pinned:
                 pins[h] = pins.get(h, 0) + 1
         refs: dict[int, int] = {}
         for call in self._calls.values():
             for h in call.prompt_hashes:
                 refs[h] = refs.get(h, 0) + 1
-        for h, b in self._blocks.items():
-            (dev_owned if b.on_device else host_owned).append(b.bid)
-            held += b.on_device and (b.ref > 0 or b.pin > 0)
+        for h, blk in self._blocks.items():
+            (dev_owned if blk.on_device else host_owned).append(blk.bid)
+            held += blk.on_device and (blk.ref > 0 or blk.pin > 0)
             self._expect((h in self._orphans) == (h not in tabs), f"block {h}: orphan flag")
-            self._expect(b.pin == pins.get(h, 0), f"block {h}: pin {b.pin}")
-            self._expect(b.ref == refs.get(h, 0), f"block {h}: ref {b.ref}")
-            self._expect(b.computed or b.ref > 0, f"block {h}: uncomputed and unreferenced")
-        self._expect(tabs == self._tabs, "table counts do not match the session tables")
+            self._expect(blk.pin == pins.get(h, 0), f"block {h}: pin {blk.pin}")
+            self._expect(blk.ref == refs.get(h, 0), f"block {h}: ref {blk.ref}")
+            self._expect(blk.computed or blk.ref > 0, f"block {h}: uncomputed, unreferenced")
+        self._expect(
+            {h: sorted(map(id, sts)) for h, sts in self._listers.items()}
+            == {h: sorted(ids) for h, ids in tabs.items()},
+            "table listers do not match the session tables",
+        )
         self._expect(all(h in self._blocks for h in self._orphans), "a dead block is an orphan")
         self._check_ids(dev_owned, self.device_blocks, "device")
         self._check_ids(host_owned, self.host_blocks, "host")

@@ -2,10 +2,16 @@
 
 Pure accounting: no torch, no I/O, no clock. Device memory for weights is reserved once,
 as ``n_regions`` execution regions of ``region_bytes`` (the largest model's weights) at fixed
-offsets, followed by one staging area of the same size when staging is on::
+offsets::
 
     0              region_bytes        ...   n_regions * region_bytes
-    | region 0     | region 1          ...   | staging area         |
+    | region 0     | region 1          ...   |
+
+Staging reserves nothing: the next model's weights are copied (host -> device) into device
+memory the KV pool lends while it is free, as much of the model as the loan holds
+(``start_stage(model, nbytes)``). The switch then copies the staged part device -> device
+into the model's region and only the rest from host. A staging area that took a whole
+region of its own would cost the KV pool more than it saves when slots are long.
 
 A model loaded into region ``i`` always starts at ``region_offset(i)``, so a real engine that
 maps each region to one slice of a preallocated tensor sees stable data pointers. Behind the
@@ -154,6 +160,7 @@ class WeightArena:
         self._active: str | None = None
         self._staged: str | None = None  # occupant of the staging area
         self._stage_ready = False
+        self._staged_bytes = 0
         self._host = host
         # Distinct negative starting values: never-used models are LRU in the order given.
         self._last_used = {name: i - len(self._specs) for i, name in enumerate(self._specs)}
@@ -175,21 +182,20 @@ class WeightArena:
 
     @property
     def arena_bytes(self) -> int:
-        """Device bytes reserved: the execution regions plus the staging area if any."""
-        return (self.n_regions + self.staging) * self.region_bytes
+        """Device bytes reserved for weights: the execution regions (staging is borrowed)."""
+        return self.n_regions * self.region_bytes
 
     @property
-    def staging_offset(self) -> int | None:
-        """Byte offset of the staging area in the arena; None when staging is disabled."""
-        return self.n_regions * self.region_bytes if self.staging else None
+    def staged_bytes(self) -> int:
+        """Bytes of the staged (or staging) model copied into borrowed device memory."""
+        return self._staged_bytes if self._staged is not None else 0
 
     def region_offset(self, region: int) -> int:
-        """Byte offset of ``region`` (``n_regions`` names the staging area, if enabled)."""
+        """Byte offset of execution region ``region``."""
         if isinstance(region, bool) or not isinstance(region, int):
             raise BadRequest(f"region must be an integer, got {region!r}")
-        if not 0 <= region < self.n_regions + self.staging:
-            last = self.n_regions - (not self.staging)
-            raise BadRequest(f"region {region} is out of range 0..{last}")
+        if not 0 <= region < self.n_regions:
+            raise BadRequest(f"region {region} is out of range 0..{self.n_regions - 1}")
         return region * self.region_bytes
 
     @property
@@ -265,13 +271,14 @@ class WeightArena:
             return False
         return True
 
-    def plan_stage(self, model: str) -> SwitchPlan:
-        """Copies that put ``model`` in the staging area; raises ``ArenaRefused`` if refused.
+    def plan_stage(self, model: str, nbytes: int | None = None) -> SwitchPlan:
+        """Copies that stage ``nbytes`` of ``model`` (all of it by default) into borrowed
+        device memory; raises ``ArenaRefused`` if refused.
 
         Refused when staging is disabled, the model is in a region, or it already occupies
         the staging area. The previous occupant of the staging area is displaced (``evicts``).
         """
-        self.spec(model)
+        size = self._stage_size(model, nbytes)
         if not self.staging:
             raise ArenaRefused("staging is disabled on this arena")
         if model in self._region_of:
@@ -279,27 +286,45 @@ class WeightArena:
         if model == self._staged:
             raise ArenaRefused(f"{model} already occupies the staging area")
         drops = self._host_drops(model, protected=None)
-        steps = self._load_steps(model, from_staging=False)
+        steps = self._load_steps(model, from_staging=False, nbytes=size)
         previous = self._staged
         return SwitchPlan(
             model, steps, self.n_regions, previous, self._fate(previous, drops), drops
         )
 
-    def can_stage(self, model: str) -> bool:
+    def _stage_size(self, model: str, nbytes: int | None) -> int:
+        full = self.spec(model).weight_bytes
+        if nbytes is None:
+            return full
+        if isinstance(nbytes, bool) or not isinstance(nbytes, int) or not 0 < nbytes <= full:
+            raise BadRequest(f"stage bytes must be in 1..{full} for {model}, got {nbytes!r}")
+        return nbytes
+
+    def can_stage(self, model: str, nbytes: int | None = None) -> bool:
         try:
-            self.plan_stage(model)
+            self.plan_stage(model, nbytes)
         except ArenaRefused:
             return False
         return True
 
-    def _load_steps(self, model: str, from_staging: bool) -> tuple[CopyStep, ...]:
-        nbytes = self._specs[model].weight_bytes
+    def _load_steps(
+        self, model: str, from_staging: bool, nbytes: int | None = None
+    ) -> tuple[CopyStep, ...]:
+        """Copies to bring ``nbytes`` (default: all) of ``model`` onto the device. From
+        staging: the staged part device -> device, the rest host -> device."""
+        full = self._specs[model].weight_bytes
         if from_staging:
-            return (CopyStep(model, Link.DEVICE_TO_DEVICE, nbytes),)
-        to_device = CopyStep(model, Link.HOST_TO_DEVICE, nbytes)
+            staged = self._staged_bytes
+            d2d = CopyStep(model, Link.DEVICE_TO_DEVICE, staged)
+            return (
+                (d2d,)
+                if staged >= full
+                else (d2d, CopyStep(model, Link.HOST_TO_DEVICE, full - staged))
+            )
+        to_device = CopyStep(model, Link.HOST_TO_DEVICE, full if nbytes is None else nbytes)
         if model in self._host:
             return (to_device,)
-        return (CopyStep(model, Link.DISK_TO_HOST, nbytes), to_device)
+        return (CopyStep(model, Link.DISK_TO_HOST, full), to_device)
 
     def _host_drops(self, model: str, protected: str | None) -> tuple[str, ...]:
         """Host copies to evict, LRU first, so that a copy of ``model`` fits."""
@@ -358,15 +383,17 @@ class WeightArena:
         """The active model, if any, becomes RESIDENT (its slot ended); no-op otherwise."""
         self._active = None
 
-    def start_stage(self, model: str) -> SwitchPlan:
-        """Start copying ``model`` into the staging area; commits and returns ``plan_stage``.
+    def start_stage(self, model: str, nbytes: int | None = None) -> SwitchPlan:
+        """Start copying ``nbytes`` of ``model`` (default all) into borrowed device memory;
+        commits and returns ``plan_stage``.
 
         The previous occupant of the staging area is dropped from it. Until ``finish_stage``
         the model is ``staging_in_progress`` and its host copy is pinned.
         """
-        plan = self.plan_stage(model)
+        plan = self.plan_stage(model, nbytes)
         self._apply_host(plan)
         self._staged, self._stage_ready = model, False
+        self._staged_bytes = self._stage_size(model, nbytes)
         self._touch(model)
         return plan
 
@@ -381,7 +408,7 @@ class WeightArena:
 
     def cancel_stage(self) -> None:
         """Empty the staging area, abandoning a copy in progress; no-op if it is empty."""
-        self._staged, self._stage_ready = None, False
+        self._staged, self._stage_ready, self._staged_bytes = None, False, 0
 
     def _apply_host(self, plan: SwitchPlan) -> None:
         self._host.difference_update(plan.host_drops)
@@ -404,7 +431,7 @@ class WeightArena:
         problems: list[str] = []
         spans = sorted(
             (self.region_offset(r), self.region_offset(r) + self.region_bytes)
-            for r in range(self.n_regions + self.staging)
+            for r in range(self.n_regions)
         )
         for (_, end), (start, _) in pairwise(spans):
             if start < end:

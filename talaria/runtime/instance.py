@@ -39,7 +39,8 @@ from talaria.policy.router import InstanceView
 from talaria.runtime.costs import Estimator
 from talaria.types import Call, Link, Residency, SessionId, TokenSeq
 
-MIN_KV_SHARE = 0.05  # of usable device memory; below it a staging area is not worth its cost
+STAGE_HEADROOM = 0.05  # of the KV pool kept free when lending blocks to weight staging
+MIN_STAGE_SHARE = 0.1  # of a model's weights: a smaller partial stage is not started
 HOST_WEIGHT_SHARE = 0.65  # of host memory, at most, for weight copies when not all fit
 
 
@@ -159,7 +160,7 @@ class InstanceCore:
         self.models = {m.name: m for m in models}
         self.arena = WeightArena(
             models,
-            staging=policy.weight_staging and self._staging_fits(spec, models),
+            staging=policy.weight_staging and len(models) > 1,
             host_weight_bytes=self._host_weight_bytes(spec, models),
             initially_on_host=self._preloaded(spec, models),
         )
@@ -194,15 +195,6 @@ class InstanceCore:
                 out.append(m.name)
                 room -= m.weight_bytes
         return out
-
-    @staticmethod
-    def _staging_fits(spec: InstanceSpec, models: Sequence[ModelSpec]) -> bool:
-        """A staging area (one more region of the largest model) is laid out only if the KV
-        pool keeps at least ``MIN_KV_SHARE`` of usable device memory; else staging is off."""
-        if len(models) < 2:
-            return False
-        region = max(m.weight_bytes for m in models)
-        return spec.usable_device_bytes - 2 * region >= MIN_KV_SHARE * spec.usable_device_bytes
 
     def _make_kv(self, models: Sequence[ModelSpec]) -> KVManager:
         spec = self.spec
@@ -366,10 +358,10 @@ class InstanceCore:
         arena = self.arena
         if arena.staging_in_progress == model:
             return Schedule(kv_moves=moves, waiting_for_stage=True)
-        if arena.staging_in_progress is not None:
-            arena.cancel_stage()
-        self._release_model_reservations(self.rounds.current)
         staged = arena.staged_model == model
+        if not staged:
+            self._cancel_stage()
+        self._release_model_reservations(self.rounds.current)
         plan = arena.switch(model)
         self.rounds.slot = None
         self.counters.model_switches += 1
@@ -378,7 +370,9 @@ class InstanceCore:
         return Schedule(switch=plan, kv_moves=moves)
 
     def switch_done(self, model: str, now: float) -> None:
-        """The substrate finished copying ``model``'s weights: its slot opens."""
+        """The substrate finished copying ``model``'s weights: its slot opens, and the KV
+        blocks lent to staging (already copied from) go back to the pool."""
+        self.kv.return_lent()
         self._open(model, now)
 
     def stage_done(self, model: str) -> None:
@@ -400,6 +394,8 @@ class InstanceCore:
                 self.kv.unpin(sid)
 
     def _maybe_stage(self, demand: Mapping[str, SlotDemand]) -> SwitchPlan | None:
+        """Stage the predicted next model into free KV blocks lent for the purpose (all of
+        it if they suffice, else a part), keeping headroom for the open slot's queue."""
         arena = self.arena
         if not self.policy.weight_staging or arena.staging_in_progress is not None:
             return None
@@ -408,9 +404,33 @@ class InstanceCore:
             return None
         if arena.residency(nxt) in (Residency.ACTIVE, Residency.RESIDENT):
             return None
-        plan = arena.start_stage(nxt)
+        want = self.models[nxt].weight_bytes
+        blocks = min(math.ceil(want / self.kv.block_bytes), self._spare_blocks())
+        nbytes = min(want, blocks * self.kv.block_bytes)
+        if nbytes < MIN_STAGE_SHARE * want:
+            return None
+        self._cancel_stage()
+        self.kv.lend(blocks)
+        plan = arena.start_stage(nxt, nbytes)
         self.counters.weight_bytes_moved += plan.total_bytes
         return plan
+
+    def _spare_blocks(self) -> int:
+        """Free device blocks not needed by the open slot's queue, less the headroom."""
+        model = self.rounds.current
+        queued = 0
+        if model is not None:
+            tpb = self.kv.tpb(model)
+            queued = sum(
+                math.ceil((r.prompt_len + r.target_output) / tpb) for r in self.waiting[model]
+            )
+        headroom = math.ceil(STAGE_HEADROOM * self.kv.device_blocks)
+        return max(0, self.kv.device_free - queued - headroom)
+
+    def _cancel_stage(self) -> None:
+        """Abandon staging and give its lent blocks back to the KV pool."""
+        self.arena.cancel_stage()
+        self.kv.return_lent()
 
     def _expire(self, now: float) -> tuple[MovePlan, ...]:
         for res in self.admission.expire(now):
@@ -432,6 +452,10 @@ class InstanceCore:
             call = req.call
             if self.admission.release(call.session_id) is not None:
                 self.kv.unpin(call.session_id)
+            if self.kv.lent_blocks and not self.kv.can_allocate(
+                model, call.tenant, call.prompt, req.target_output
+            ):
+                self._cancel_stage()  # KV for a waiting call comes before staged weights
             if not self.kv.can_allocate(model, call.tenant, call.prompt, req.target_output):
                 moves.extend(self._reclaim_for(req, now))
                 if not self.kv.can_allocate(model, call.tenant, call.prompt, req.target_output):

@@ -58,12 +58,27 @@ def snapshot(w: WeightArena) -> tuple[object, ...]:
 
 def test_layout_offsets_and_sizes() -> None:
     w = arena(n_regions=2)
-    assert (w.region_bytes, w.arena_bytes, w.staging_offset) == (100, 300, 200)
-    assert [w.region_offset(r) for r in range(3)] == [0, 100, 200]
+    assert (w.region_bytes, w.arena_bytes, w.staged_bytes) == (100, 200, 0)
+    assert [w.region_offset(r) for r in range(2)] == [0, 100]
     flat = arena(n_regions=2, staging=False)
-    assert (flat.arena_bytes, flat.staging_offset) == (200, None)
+    assert flat.arena_bytes == 200  # staging borrows KV memory: it reserves nothing
     with pytest.raises(BadRequest, match=r"out of range 0\.\.1"):
         flat.region_offset(2)
+
+
+def test_partial_stage_switches_the_rest_from_host() -> None:
+    w = arena(n_regions=1, initially_on_host=["a", "b", "c"])
+    w.switch("a")
+    plan = w.start_stage("b", 45)
+    assert plan.steps == (CopyStep("b", H2D, 45),)
+    assert w.staged_bytes == 45
+    w.finish_stage("b")
+    switch = w.switch("b")
+    assert switch.steps == (CopyStep("b", D2D, 45), CopyStep("b", H2D, 15))
+    assert w.staged_bytes == 0 and w.staged_model is None
+    with pytest.raises(BadRequest):
+        w.plan_stage("c", 81)  # more than the model
+    w.check_integrity()
     assert w.models == ("a", "b", "c")
     w.check_integrity()
 

@@ -68,9 +68,8 @@ def instance_spec(
     policy: PolicyConfig, n_models: int, device_blocks: int, host_blocks: int, name: str = "i0"
 ) -> InstanceSpec:
     """An instance whose KV pool is exactly ``device_blocks`` (and ``host_blocks``) blocks."""
-    # one weight region, plus a staging area when staging is on and there is a model to stage
-    staging = policy.weight_staging and n_models > 1
-    arena = (1 + staging) * WEIGHT_BYTES
+    # one weight region; staging borrows free KV blocks and reserves nothing
+    arena = WEIGHT_BYTES
     return InstanceSpec(
         name=name,
         hardware="fake",
