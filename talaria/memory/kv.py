@@ -600,24 +600,38 @@ class KVManager:
             st.n_device += delta
 
     def _set_table(self, st: _SessionState, table: tuple[int, ...]) -> None:
-        """Make ``table`` the session's table, keeping per-hash table counts and orphans.
+        """Make ``table`` the session's table, keeping the lister index, device counts and
+        orphans. Only what follows the common prefix of the two tables is touched.
 
         Blocks the old table leaves orphaned queue tail-first, so a prefix (which another
         session of the tenant may share, e.g. a system prompt) is evicted last.
         """
         blocks = self._blocks
-        for h in table:
-            self._listers.setdefault(h, []).append(st)
-            self._orphans.pop(h, None)
-        for h in reversed(st.table):
+        old = st.table
+        same = 0
+        for h_new, h_old in zip(table, old, strict=False):
+            if h_new != h_old:
+                break
+            same += 1
+        for h in table[same:]:
+            listers = self._listers.get(h)
+            if listers is None:
+                self._listers[h] = [st]
+                self._orphans.pop(h, None)
+            else:
+                listers.append(st)
+            if (b := blocks.get(h)) and b.on_device:
+                st.n_device += 1
+        for h in reversed(old[same:]):
             listers = self._listers[h]
             listers.remove(st)
+            if (b := blocks.get(h)) and b.on_device:
+                st.n_device -= 1
             if not listers:
                 del self._listers[h]
-                if h in blocks:
+                if b:
                     self._orphans[h] = None
         st.table = table
-        st.n_device = sum(1 for h in table if (b := blocks.get(h)) and b.on_device)
 
     def _restore_blocks(self, run: tuple[int, ...]) -> MovePlan:
         moves: list[tuple[int, int]] = []
@@ -628,7 +642,8 @@ class KVManager:
             self._host_free.append(blk.bid)
             blk.bid = dst
             blk.on_device = True
-            self._count_device(h, 1)
+            for st in self._listers.get(h, ()):
+                st.n_device += 1
             if blk.ref or blk.pin:
                 self._dev_held += 1
         self.counters.restored_blocks += len(moves)
@@ -640,7 +655,8 @@ class KVManager:
         self._dev_free.append(src)
         blk.bid = self._host_free.pop()
         blk.on_device = False
-        self._count_device(h, -1)
+        for st in self._listers.get(h, ()):
+            st.n_device -= 1
         self.counters.demoted_blocks += 1
         return (src, blk.bid)
 

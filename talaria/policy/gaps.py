@@ -11,11 +11,13 @@ the body (returns are predicted less sharply than they are) and not blind to the
 from __future__ import annotations
 
 import math
+from statistics import NormalDist
 
 import attrs
 
 from talaria.errors import ConfigError
 
+_STD_NORMAL = NormalDist()
 DEFAULT_SIGMA = 1.0
 DEFAULT_GAP_S = 0.264  # all-kinds median tool time in the SWE-bench traces
 
@@ -59,17 +61,33 @@ class GapModel:
         return (survive - self.survival(elapsed_s + horizon_s, expected_s)) / survive
 
     def expected_remaining_s(self, elapsed_s: float, expected_s: float | None) -> float:
-        """Median remaining gap given ``elapsed_s`` already spent (seconds, >= 0)."""
+        """Median remaining gap given ``elapsed_s`` already spent (seconds, >= 0).
+
+        Closed form: the conditional median ``t`` solves S(t) = S(elapsed) / 2 for the
+        log-normal survival S, so ln t = ln m + sigma * Phi^-1(1 - S(elapsed) / 2).
+        """
         m = max(expected_s if expected_s is not None else self.default_gap_s, 1e-6)
         if elapsed_s <= 0:
             return m
-        # conditional median: solve S(t) = S(elapsed)/2 for the log-normal survival S
-        target = 1.0 - (1.0 - self.cdf(elapsed_s, expected_s)) / 2.0
-        lo, hi = elapsed_s, max(elapsed_s * 2, m) * 64
-        for _ in range(50):
+        half = self.survival(elapsed_s, expected_s) / 2.0
+        if half <= 0.0:
+            return elapsed_s  # beyond float range: as long again as it has lasted, at least
+        t = math.exp(math.log(m) + self.sigma * _STD_NORMAL.inv_cdf(1.0 - half))
+        return max(0.0, t - elapsed_s)
+
+    def decays_below_s(self, p_min: float, horizon_s: float, expected_s: float | None) -> float:
+        """Elapsed gap after which ``prob_back_within(.., horizon_s, ..)`` stays below
+        ``p_min`` (seconds; bisection on a log scale, the probability falls monotonically
+        past the median). Returns 0 when it starts below."""
+        if self.prob_back_within(0.0, horizon_s, expected_s) < p_min:
+            return 0.0
+        lo, hi = 1e-3, 1e6
+        if self.prob_back_within(hi, horizon_s, expected_s) >= p_min:
+            return hi
+        for _ in range(48):
             mid = math.sqrt(lo * hi)
-            if self.cdf(mid, expected_s) < target:
+            if self.prob_back_within(mid, horizon_s, expected_s) >= p_min:
                 lo = mid
             else:
                 hi = mid
-        return max(0.0, hi - elapsed_s)
+        return hi
