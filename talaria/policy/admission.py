@@ -21,6 +21,8 @@ decisions (``kv.pin`` / ``kv.unpin`` / ``kv.offload``). Mutates only its own tab
 
 from __future__ import annotations
 
+import heapq
+import math
 from collections.abc import Iterable
 
 import attrs
@@ -40,6 +42,7 @@ class Reservation:
     expires_s: float
     probability: float  # of returning within the horizon, when last evaluated
     hard: bool = False  # a TTL pin: not reclaimable
+    deadline_s: float = 0.0  # when it expires: hold runs out or the return becomes unlikely
 
     def value(self, now: float, gaps: GapModel, horizon_s: float) -> float:
         """Expected benefit per pinned block: P(back within horizon) per unit of KV."""
@@ -56,6 +59,9 @@ class Admission:
         self.policy = policy
         self.gaps = gaps or GapModel()
         self._held: dict[SessionId, Reservation] = {}
+        self._deadlines: list[tuple[float, int, SessionId]] = []  # heap, stale entries skipped
+        self._seq = 0
+        self._decay_cache: dict[float | None, float] = {}
         self.reservations_made = 0
         self.reservations_reclaimed = 0
         self.reservations_expired = 0
@@ -120,8 +126,28 @@ class Admission:
         else:
             return None
         self._held[session] = res
+        self._schedule_expiry(res)
         self.reservations_made += 1
         return res
+
+    def _decay_s(self, expected_gap_s: float | None) -> float:
+        """Gap length after which a return within the horizon is below the minimum
+        probability (memoized per expected gap: hints take few distinct values)."""
+        cached = self._decay_cache.get(expected_gap_s)
+        if cached is None:
+            p = self.policy
+            cached = self.gaps.decays_below_s(
+                p.reservation_min_probability, p.reservation_horizon_s, expected_gap_s
+            )
+            if len(self._decay_cache) < 4096:
+                self._decay_cache[expected_gap_s] = cached
+        return cached
+
+    def _schedule_expiry(self, res: Reservation) -> None:
+        decay = math.inf if res.hard else res.since_s + self._decay_s(res.expected_gap_s)
+        res.deadline_s = min(res.expires_s, decay)
+        self._seq += 1
+        heapq.heappush(self._deadlines, (res.deadline_s, self._seq, res.session))
 
     def update_hint(self, session: SessionId, expected_gap_s: float | None, now: float) -> None:
         """A client's tool-start hint arrived after the reservation was made."""
@@ -129,21 +155,23 @@ class Admission:
         if res is not None and not res.hard:
             res.expected_gap_s = expected_gap_s
             res.probability = self.probability(res.since_s, now, expected_gap_s)
+            self._schedule_expiry(res)
 
     def release(self, session: SessionId) -> Reservation | None:
         """The session came back (or ended): drop its reservation. Caller unpins."""
         return self._held.pop(session, None)
 
     def expire(self, now: float) -> list[Reservation]:
-        """Reservations whose hold ran out or whose return became unlikely. Caller unpins;
-        the KV stays cached (evictable by value), so an expiry costs nothing by itself."""
+        """Reservations whose hold ran out or whose return became unlikely (below
+        ``reservation_min_probability`` within the horizon). Caller unpins; the KV stays
+        cached (evictable by value), so an expiry costs nothing by itself. O(log n) each:
+        deadlines are computed when a reservation is made or its hint changes."""
         out = []
-        for sid, res in list(self._held.items()):
-            late = now >= res.expires_s
-            if not late and not res.hard:
-                res.probability = self.probability(res.since_s, now, res.expected_gap_s)
-                late = res.probability < self.policy.reservation_min_probability
-            if late:
+        heap = self._deadlines
+        while heap and heap[0][0] <= now:
+            deadline, _, sid = heapq.heappop(heap)
+            res = self._held.get(sid)
+            if res is not None and res.deadline_s == deadline:
                 out.append(self._held.pop(sid))
         self.reservations_expired += len(out)
         return out

@@ -8,14 +8,15 @@ and the chosen instance's queue; raises typed errors (``UnknownModel``, ``Contex
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 import attrs
 
-from talaria.config import ClusterConfig, PolicyConfig
+from talaria.config import ClusterConfig, PolicyConfig, Routing
 from talaria.errors import ContextTooLong, UnknownSession
 from talaria.policy.gaps import GapModel
-from talaria.policy.router import Decision, route
+from talaria.policy.router import Decision, InstanceView, estimate, route
 from talaria.runtime.costs import Estimator
 from talaria.runtime.instance import InstanceCore, Request
 from talaria.types import Call, EventKind, SessionId, TokenSeq
@@ -69,26 +70,16 @@ class ClusterCore:
         errors = []
         for spec in self.cluster.instances_for(call.model):
             inst = self.instances[spec.name]
+            if inst.fits(call, target_output):
+                candidates.append(inst)
+                continue
             try:
                 inst.check_fits(call, target_output)
             except ContextTooLong as exc:
                 errors.append(str(exc))
-                continue
-            candidates.append(inst)
         if not candidates:
             raise ContextTooLong("; ".join(errors))
-        views = [
-            inst.view(call, now, served_last=inst.spec.name == info.last_instance)
-            for inst in candidates
-        ]
-        decision = route(
-            views,
-            self.policy.routing,
-            info.known_tokens,
-            info.last_output,
-            self.policy.cache_affinity_load_cap,
-            self.policy.cache_affinity_abs_tokens,
-        )
+        decision = self._route(call, info, candidates, now)
         chosen = self.instances[decision.instance]
         if info.last_instance is not None and info.last_instance != decision.instance:
             self.instances[info.last_instance].forget_session(call.session_id, ended=False)
@@ -99,6 +90,38 @@ class ClusterCore:
         self.sessions[call.session_id] = info
         self.decisions += 1
         return chosen, req, decision
+
+    def _route(
+        self, call: Call, info: SessionInfo, candidates: list[InstanceCore], now: float
+    ) -> Decision:
+        """Rank the candidates. Expected-completion routing first ranks every instance by a
+        lower bound (the whole prompt cached on device), then computes exact estimates in
+        that order until the next lower bound cannot beat the best exact one."""
+        policy = self.policy
+        last = info.last_instance
+        if policy.routing is not Routing.EXPECTED_COMPLETION:
+            views = [inst.view(call, now, inst.spec.name == last) for inst in candidates]
+            return route(
+                views,
+                policy.routing,
+                info.known_tokens,
+                info.last_output,
+                policy.cache_affinity_load_cap,
+                policy.cache_affinity_abs_tokens,
+            )
+        n, out = call.prompt_tokens, info.last_output
+        bounds = sorted(
+            (inst.bound_s(call.model, n, out), inst.spec.name, inst) for inst in candidates
+        )
+        exact: list[InstanceView] = []
+        best = math.inf
+        for bound, _, inst in bounds:
+            if bound >= best:
+                break
+            view = inst.view(call, now, inst.spec.name == last)
+            exact.append(view)
+            best = min(best, estimate(view, info.known_tokens, info.last_output).total_s)
+        return route(exact, policy.routing, info.known_tokens, info.last_output)
 
     def on_finished(self, req: Request) -> None:
         info = self.sessions.get(req.call.session_id)

@@ -19,6 +19,8 @@ from talaria.types import Link
 # Typical shape used to turn step costs into per-token rates for routing estimates.
 _RATE_CHUNK_TOKENS = 2048
 _RATE_CONTEXT_TOKENS = 16384
+_DECODE_BUCKET = 1024
+_MEMO_LIMIT = 1 << 16
 
 
 class Estimator(Protocol):
@@ -49,6 +51,8 @@ class CostModelEstimator:
         self.cost = cost
         self._models: Mapping[str, ModelSpec] = {m.name: m for m in models}
         self._prefill_rate = {m.name: self._rate(m) for m in models}
+        self._restore_rate = {m.name: self._restore(m) for m in models}
+        self._decode_memo: dict[tuple[str, int, int], float] = {}
 
     def spec(self, model: str) -> ModelSpec:
         try:
@@ -83,10 +87,21 @@ class CostModelEstimator:
     def prefill_tok_s(self, model: str) -> float:
         return self._prefill_rate[self.spec(model).name]
 
-    def restore_tok_s(self, model: str) -> float:
-        per_token = self.cost.kv_bytes_per_token(self.spec(model))
+    def _restore(self, m: ModelSpec) -> float:
         n = 1 << 20
-        return n / self.cost.copy_s(int(per_token * n), Link.HOST_TO_DEVICE)
+        return n / self.cost.copy_s(int(self.cost.kv_bytes_per_token(m) * n), Link.HOST_TO_DEVICE)
+
+    def restore_tok_s(self, model: str) -> float:
+        return self._restore_rate[self.spec(model).name]
 
     def decode_step_s(self, model: str, batch: int, context_tokens: int) -> float:
-        return self.cost.step_s(self.spec(model), 0, 0.0, max(1, batch), context_tokens)
+        """One decode step (memoized with the context rounded up to 1,024 tokens: this is a
+        routing estimate; the simulator prices real steps with ``step_s``)."""
+        bucket = -(-context_tokens // _DECODE_BUCKET) * _DECODE_BUCKET
+        key = (model, max(1, batch), bucket)
+        cached = self._decode_memo.get(key)
+        if cached is None:
+            cached = self.cost.step_s(self.spec(model), 0, 0.0, key[1], bucket)
+            if len(self._decode_memo) < _MEMO_LIMIT:
+                self._decode_memo[key] = cached
+        return cached

@@ -24,13 +24,13 @@ from __future__ import annotations
 
 import collections
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Sequence
 
 import attrs
 
 from talaria.config import InstanceSpec, ModelSpec, PolicyConfig
 from talaria.errors import ContextTooLong, UnknownModel
-from talaria.memory.kv import Allocation, CallKey, KVManager, MovePlan
+from talaria.memory.kv import Allocation, CallKey, KVManager, MovePlan, PrefixMatch
 from talaria.memory.weights import SwitchPlan, WeightArena
 from talaria.policy.admission import Admission
 from talaria.policy.gaps import GapModel
@@ -175,6 +175,13 @@ class InstanceCore:
         self.finished: list[Request] = []
         self.counters = InstanceCounters()
         self._in_gap: dict[SessionId, _Gap] = {}
+        self._gaps_of: dict[str, dict[SessionId, _Gap]] = {m: {} for m in self.models}
+        self._running_of: dict[str, int] = dict.fromkeys(self.models, 0)
+        self._queued_tokens: dict[str, int] = dict.fromkeys(self.models, 0)
+        self._load_tokens = 0  # prompt + answer tokens of calls queued or running
+        self._switch_memo: dict[str, float] = {}
+        self._bounds: dict[str, tuple[float, float]] = {}  # cleared whenever state changes
+        self._max_tokens = {m.name: self._token_limit(m) for m in models}
         self._opening_pass = False
 
     @staticmethod
@@ -216,6 +223,27 @@ class InstanceCore:
         )
 
     # ------------------------------------------------------------------ intake
+    def _token_limit(self, model: ModelSpec) -> int:
+        return min(model.max_context, self.kv.device_blocks * self.kv.tpb(model.name))
+
+    def fits(self, call: Call, extra_tokens: int) -> bool:
+        """Whether the call could ever fit here (the fast form of ``check_fits``)."""
+        limit = self._max_tokens.get(call.model)
+        return limit is not None and call.prompt_tokens + extra_tokens <= limit
+
+    def bound_s(self, model: str, prompt_tokens: int, expected_output: int) -> float:
+        """A lower bound of the router's estimate for a call of ``model`` here: as if its
+        whole prompt were cached on device. Memoized until this instance's state changes."""
+        cached = self._bounds.get(model)
+        if cached is None:
+            est = self.estimator
+            batch = self._running_of[model] + 1
+            base = self._slot_wait_s(model) + self.switch_s(model)
+            base += (self._queued_tokens[model] + 1) / est.prefill_tok_s(model)
+            cached = (base, est.decode_step_s(model, batch, 0))
+            self._bounds[model] = cached
+        return cached[0] + expected_output * cached[1]
+
     def check_fits(self, call: Call, extra_tokens: int) -> None:
         """Raise ``ContextTooLong`` if the call could never fit this instance's KV pool."""
         model = self.models.get(call.model)
@@ -237,13 +265,16 @@ class InstanceCore:
     def submit(self, req: Request) -> None:
         """Queue a call (after ``check_fits``). Its session's reservation is kept until
         admission, where its blocks are reused."""
+        self._bounds.clear()
         self.check_fits(req.call, req.target_output)
-        self._in_gap.pop(req.call.session_id, None)
+        self._gap_pop(req.call.session_id)
         self.waiting[req.call.model].append(req)
+        self._queued_tokens[req.call.model] += req.prompt_len
+        self._load_tokens += req.prompt_len + req.target_output
 
     def forget_session(self, session: SessionId, ended: bool) -> None:
         """The session went elsewhere (or ended): release what this instance holds for it."""
-        self._in_gap.pop(session, None)
+        self._gap_pop(session)
         if self.admission.release(session) is not None:
             self.kv.unpin(session)
         if ended:
@@ -260,57 +291,79 @@ class InstanceCore:
         self.kv.set_priority(session, p)
 
     # ------------------------------------------------------------------ views
-    def demand(self, now: float) -> dict[str, SlotDemand]:
-        running: dict[str, int] = collections.Counter(r.call.model for r in self.running.values())
-        soonest: dict[str, float] = {}
-        returning: dict[str, int] = collections.Counter()
+    def _gap_add(self, session: SessionId, gap: _Gap) -> None:
+        self._gap_pop(session)
+        self._in_gap[session] = gap
+        self._gaps_of[gap.model][session] = gap
+
+    def _gap_pop(self, session: SessionId) -> None:
+        gap = self._in_gap.pop(session, None)
+        if gap is not None:
+            del self._gaps_of[gap.model][session]
+
+    def demand(self, now: float, returns_for: Iterable[str] = ()) -> dict[str, SlotDemand]:
+        """Per-model work. Expected returns (a scan of the model's sessions in tool gaps) are
+        computed only for the models in ``returns_for``; the rest report None."""
+        want = set(returns_for)
         linger = self.policy.slot_linger_s
-        for gap in self._in_gap.values():
-            left = self.gaps.expected_remaining_s(now - gap.since_s, gap.expected_s)
-            soonest[gap.model] = min(left, soonest.get(gap.model, math.inf))
-            returning[gap.model] += left <= linger
         out = {}
         for m, queue in self.waiting.items():
+            soonest: float | None = None
+            returning = 0
+            if m in want:
+                for gap in self._gaps_of[m].values():
+                    left = self.gaps.expected_remaining_s(now - gap.since_s, gap.expected_s)
+                    soonest = left if soonest is None else min(soonest, left)
+                    returning += left <= linger
             oldest = now - queue[0].queued_s if queue else 0.0
-            out[m] = SlotDemand(
-                len(queue), oldest, running.get(m, 0), soonest.get(m), returning.get(m, 0)
-            )
+            out[m] = SlotDemand(len(queue), oldest, self._running_of[m], soonest, returning)
         return out
 
     def switch_s(self, model: str) -> float:
+        """Seconds to make ``model`` active from its residency (memoized until the arena
+        changes: every arena mutation goes through this class and clears the memo)."""
+        cached = self._switch_memo.get(model)
+        if cached is not None:
+            return cached
         if self.arena.active_model == model:
-            return 0.0
-        if self.arena.staging_in_progress == model:
-            return self.estimator.copy_s(self.models[model].weight_bytes, Link.DEVICE_TO_DEVICE)
-        plan = self.arena.plan_switch(model)
-        return sum(self.estimator.copy_s(s.nbytes, s.link) for s in plan.steps)
+            value = 0.0
+        elif self.arena.staging_in_progress == model:
+            value = self.estimator.copy_s(self.models[model].weight_bytes, Link.DEVICE_TO_DEVICE)
+        else:
+            plan = self.arena.plan_switch(model)
+            value = sum(self.estimator.copy_s(s.nbytes, s.link) for s in plan.steps)
+        self._switch_memo[model] = value
+        return value
 
-    def view(self, call: Call, now: float, served_last: bool) -> InstanceView:
-        """What the router needs to rank this instance for ``call`` (no mutation)."""
+    def view(self, call: Call, now: float, served_last: bool, exact: bool = True) -> InstanceView:
+        """What the router needs to rank this instance for ``call`` (no mutation).
+
+        ``exact=False`` skips the prefix lookup and reports the whole prompt as cached on
+        device: the estimate is then a lower bound, which the router uses to prune.
+        """
         model = call.model
-        demand = self.demand(now)
         est = self.estimator
-        queued = sum(r.prompt_len for r in self.waiting[model])
-        load = sum(r.prompt_len + r.target_output for q in self.waiting.values() for r in q)
-        load += sum(
-            r.prompt_len - r.computed + r.target_output - r.generated for r in self.running.values()
-        )
-        batch = sum(1 for r in self.running.values() if r.call.model == model) + 1
+        batch = self._running_of[model] + 1
+        if exact:
+            match = self.kv.match(model, call.tenant, call.prompt)
+        else:
+            n = call.prompt_tokens
+            match = PrefixMatch(n, n, 0, self.kv.tpb(model))
         return InstanceView(
             name=self.spec.name,
             residency=self.arena.residency(model),
-            slot_wait_s=self._slot_wait_s(model, demand),
+            slot_wait_s=self._slot_wait_s(model),
             switch_s=self.switch_s(model),
-            queue_s=queued / est.prefill_tok_s(model),
-            match=self.kv.match(model, call.tenant, call.prompt),
+            queue_s=self._queued_tokens[model] / est.prefill_tok_s(model),
+            match=match,
             prefill_tok_s=est.prefill_tok_s(model),
             restore_tok_s=est.restore_tok_s(model),
             decode_step_s=est.decode_step_s(model, batch, batch * call.prompt_tokens),
-            load_tokens=load,
+            load_tokens=self._load_tokens,
             served_last=served_last,
         )
 
-    def _slot_wait_s(self, model: str, demand: Mapping[str, SlotDemand]) -> float:
+    def _slot_wait_s(self, model: str) -> float:
         """Expected seconds until ``model``'s slot admits: the rest of the current slot,
         then each model ahead in the round for its work (capped by the quantum)."""
         if self.rounds.may_admit(model):
@@ -318,16 +371,15 @@ class InstanceCore:
         wait = 0.0
         current = self.rounds.current
         if current is not None and current != model:
-            wait += self._work_s(current, demand)
+            wait += self._work_s(current)
         for other in self.rounds.models_ahead(model):
-            if other != current and demand[other].waiting:
-                wait += self._work_s(other, demand) + self.switch_s(other)
+            if other != current and self.waiting[other]:
+                wait += self._work_s(other) + self.switch_s(other)
         return wait
 
-    def _work_s(self, model: str, demand: Mapping[str, SlotDemand]) -> float:
+    def _work_s(self, model: str) -> float:
         est = self.estimator
-        d = demand[model]
-        calls = d.waiting + d.running
+        calls = len(self.waiting[model]) + self._running_of[model]
         if calls == 0:
             return 0.0
         per_call = est.decode_step_s(model, calls, 0) * 100 + 2048 / est.prefill_tok_s(model)
@@ -336,21 +388,26 @@ class InstanceCore:
     # ------------------------------------------------------------------ scheduling
     def schedule(self, now: float) -> Schedule:
         """Decide the next action (see module docstring). Mutates slot, admission, KV."""
+        self._bounds.clear()
         moves = self._expire(now)
-        demand = self.demand(now)
         slot = self.rounds.slot
+        idle = (
+            slot is not None and not self._running_of[slot.model] and not self.waiting[slot.model]
+        )
+        # expected returns matter only to an idle slot deciding whether to linger
+        demand = self.demand(now, returns_for=[slot.model] if slot and idle else ())
         if slot is not None:
             self.rounds.should_close(now, demand)
-        slot_running = any(r.call.model == self.rounds.current for r in self.running.values())
+        slot_running = slot is not None and self._running_of[slot.model] > 0
         if slot is None or (slot.closing and not slot_running):
             nxt = self.rounds.next_model(demand)
             if nxt is None:
-                return Schedule(stage=self._maybe_stage(demand), kv_moves=moves)
+                return Schedule(stage=self._maybe_stage(now), kv_moves=moves)
             if nxt != self.arena.active_model:
                 return self._switch_to(nxt, moves)
             self._open(nxt, now)
         moves += self._admit(now)
-        stage = self._maybe_stage(self.demand(now))
+        stage = self._maybe_stage(now)
         step = self._build_step(moves)
         return Schedule(step=step, stage=stage, kv_moves=() if step else moves)
 
@@ -363,6 +420,7 @@ class InstanceCore:
             self._cancel_stage()
         self._release_model_reservations(self.rounds.current)
         plan = arena.switch(model)
+        self._switch_memo.clear()
         self.rounds.slot = None
         self.counters.model_switches += 1
         self.counters.staged_switches += staged
@@ -372,12 +430,15 @@ class InstanceCore:
     def switch_done(self, model: str, now: float) -> None:
         """The substrate finished copying ``model``'s weights: its slot opens, and the KV
         blocks lent to staging (already copied from) go back to the pool."""
+        self._bounds.clear()
         self.kv.return_lent()
         self._open(model, now)
 
     def stage_done(self, model: str) -> None:
         if self.arena.staging_in_progress == model:
             self.arena.finish_stage(model)
+            self._switch_memo.clear()
+            self._bounds.clear()
 
     def _open(self, model: str, now: float) -> None:
         self.rounds.open(model, now)
@@ -393,13 +454,17 @@ class InstanceCore:
                 self.admission.release(sid)
                 self.kv.unpin(sid)
 
-    def _maybe_stage(self, demand: Mapping[str, SlotDemand]) -> SwitchPlan | None:
+    def _maybe_stage(self, now: float) -> SwitchPlan | None:
         """Stage the predicted next model into free KV blocks lent for the purpose (all of
         it if they suffice, else a part), keeping headroom for the open slot's queue."""
         arena = self.arena
         if not self.policy.weight_staging or arena.staging_in_progress is not None:
             return None
-        nxt = self.rounds.predict_next(demand)
+        nxt = self.rounds.predict_next(self.demand(now))
+        if nxt is None:  # nothing queued elsewhere: look at who is about to come back
+            current = self.rounds.current
+            others = [m for m in self.models if m != current]
+            nxt = self.rounds.predict_next(self.demand(now, returns_for=others))
         if nxt is None or arena.staged_model == nxt or not arena.can_stage(nxt):
             return None
         if arena.residency(nxt) in (Residency.ACTIVE, Residency.RESIDENT):
@@ -412,6 +477,7 @@ class InstanceCore:
         self._cancel_stage()
         self.kv.lend(blocks)
         plan = arena.start_stage(nxt, nbytes)
+        self._switch_memo.clear()
         self.counters.weight_bytes_moved += plan.total_bytes
         return plan
 
@@ -431,6 +497,7 @@ class InstanceCore:
         """Abandon staging and give its lent blocks back to the KV pool."""
         self.arena.cancel_stage()
         self.kv.return_lent()
+        self._switch_memo.clear()
 
     def _expire(self, now: float) -> tuple[MovePlan, ...]:
         for res in self.admission.expire(now):
@@ -461,6 +528,7 @@ class InstanceCore:
                 if not self.kv.can_allocate(model, call.tenant, call.prompt, req.target_output):
                     break
             queue.popleft()
+            self._queued_tokens[model] -= req.prompt_len
             alloc = self.kv.allocate(
                 call.key, model, call.tenant, call.prompt, req.target_output, now
             )
@@ -485,6 +553,7 @@ class InstanceCore:
         self.counters.sp_admissions += req.sp_admitted
         self.counters.kv_bytes_moved += alloc.restore.nbytes + alloc.evicted.demoted.nbytes
         self.running[req.key] = req
+        self._running_of[req.call.model] += 1
 
     def _reclaim_for(self, req: Request, now: float) -> list[MovePlan]:
         """Release reservations (least valuable first) until ``req`` fits, if it waited long
@@ -534,6 +603,7 @@ class InstanceCore:
     # ------------------------------------------------------------------ completion
     def complete_step(self, plan: StepPlan, now: float, repeat: int = 1) -> list[Request]:
         """The substrate ran ``plan`` (``repeat`` decode-only times). Returns finished calls."""
+        self._bounds.clear()
         for key, n, _ in plan.prefill:
             req = self.running[key]
             req.computed += n
@@ -551,12 +621,14 @@ class InstanceCore:
     def _finish(self, req: Request, now: float) -> None:
         call = req.call
         del self.running[req.key]
+        self._running_of[call.model] -= 1
+        self._load_tokens -= req.prompt_len + req.target_output
         history = req.history if req.history is not None else call.prompt
         self.kv.finish(req.key, history, now)
         req.finished_s = now
         self.finished.append(req)
         self.counters.calls_finished += 1
-        self._in_gap[call.session_id] = _Gap(call.model, now, None)
+        self._gap_add(call.session_id, _Gap(call.model, now, None))
         p = self.admission.probability(now, now, None)
         self.kv.set_priority(call.session_id, p)
         blocks = self.kv.session_device_blocks(call.session_id)

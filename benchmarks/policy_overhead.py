@@ -1,0 +1,150 @@
+"""Time per routing-plus-admission decision at scale, in pure Python.
+
+Builds a cluster of ``--instances`` TP8 H200 instances serving the three paper-scale models,
+brings ``--sessions`` live sessions into it through the real flow (each session's first call
+is routed, admitted, answered, and the session enters a tool gap with a reservation), then
+times ``--decisions`` continuation calls of random sessions: one decision is
+``ClusterCore.place`` (the router ranks every instance that serves the model) plus the chosen
+instance's ``schedule`` (admission with reservations; it returns the step plan). The calls
+are then answered (untimed) so the state stays steady.
+
+Reports median and p99 in microseconds (``--json PATH`` writes them). The target is a p99
+under 500 us.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import attrs
+from rich.console import Console
+from rich.progress import track
+from rich.table import Table
+
+from talaria.config import ClusterConfig
+from talaria.policy.baselines import POLICIES
+from talaria.runtime.cluster import ClusterCore
+from talaria.runtime.costs import CostModelEstimator, Estimator
+from talaria.runtime.instance import InstanceCore, Request
+from talaria.sim.catalog import PAPER_MODELS
+from talaria.sim.cost_model import CostModel
+from talaria.sim.hardware import profile
+from talaria.types import Call, EventKind, TokenSeq
+
+
+def build(n_instances: int, policy: str) -> ClusterCore:
+    hw = profile("h200-tp8")
+    base = hw.instances(1)[0]
+    specs = [attrs.evolve(base, name=f"i{i}") for i in range(n_instances)]
+    cluster = ClusterConfig(models=PAPER_MODELS, instances=specs)
+    estimators: dict[str, Estimator] = {
+        s.name: CostModelEstimator(CostModel(hw, s.n_devices), PAPER_MODELS) for s in specs
+    }
+    return ClusterCore(cluster, POLICIES[policy], estimators)
+
+
+def run_call(core: ClusterCore, call: Call, history: TokenSeq, now: float) -> InstanceCore:
+    inst, _, _ = core.place(call, call.max_new_tokens, history, now)
+    for req in drain(inst, now):
+        core.on_finished(req)
+    return inst
+
+
+def drain(inst: InstanceCore, now: float) -> list[Request]:
+    """Run the instance until its queue and batch are empty (untimed bookkeeping)."""
+    done: list[Request] = []
+    for _ in range(10_000):
+        sched = inst.schedule(now)
+        if sched.switch is not None:
+            inst.switch_done(sched.switch.model, now)
+            continue
+        if sched.stage is not None and inst.arena.staging_in_progress:
+            inst.stage_done(inst.arena.staging_in_progress)
+        if sched.step is None:
+            if sched.waiting_for_stage:
+                continue
+            break
+        done += inst.complete_step(sched.step, now, sched.step.repeat)
+    return done
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    rng = random.Random(args.seed)
+    core = build(args.instances, args.policy)
+    models = [m.name for m in PAPER_MODELS]
+    prompts: dict[str, TokenSeq] = {}
+    histories: dict[str, TokenSeq] = {}
+    now = 0.0
+    for k in track(range(args.sessions), description="bringing sessions live"):
+        sid = f"s{k}"
+        prompt = TokenSeq(rng.randrange(32000) for _ in range(args.prompt_tokens))
+        call = Call(sid, 0, models[k % 3], prompt, 64, 64, arrival_s=now)
+        history = prompt.extend(rng.randrange(32000) for _ in range(64))
+        run_call(core, call, history, now)
+        core.event(sid, EventKind.TOOL_START, 0.3, now)
+        prompts[sid], histories[sid] = prompt, history
+        now += 0.001
+    samples = []
+    index = dict.fromkeys(prompts, 1)
+    for _ in track(range(args.decisions), description="timed decisions"):
+        sid = f"s{rng.randrange(args.sessions)}"
+        prompt = histories[sid].extend(rng.randrange(32000) for _ in range(200))
+        call = Call(sid, index[sid], models[int(sid[1:]) % 3], prompt, 64, 64, arrival_s=now)
+        history = prompt.extend(rng.randrange(32000) for _ in range(64))
+        prompt.block_hashes(16, 0)  # token generation is the client's cost, not the router's
+        t0 = time.perf_counter()
+        inst, _, _ = core.place(call, 64, history, now)
+        inst.schedule(now)
+        samples.append(time.perf_counter() - t0)
+        for req in drain(inst, now):
+            core.on_finished(req)
+        core.event(sid, EventKind.TOOL_START, 0.3, now)
+        histories[sid] = history
+        index[sid] += 1
+        now += 0.001
+    samples.sort()
+    return {
+        "instances": args.instances,
+        "sessions": args.sessions,
+        "decisions": args.decisions,
+        "policy": args.policy,
+        "decision_median_us": statistics.median(samples) * 1e6,
+        "decision_p99_us": samples[int(0.99 * (len(samples) - 1))] * 1e6,
+        "decision_max_us": samples[-1] * 1e6,
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--instances", type=int, default=64, help="instances (TP8 H200 each)")
+    p.add_argument("--sessions", type=int, default=10_000, help="live sessions")
+    p.add_argument("--decisions", type=int, default=2_000, help="timed decisions")
+    p.add_argument("--prompt-tokens", type=int, default=2_000, help="first prompt length")
+    p.add_argument("--policy", default="talaria", help="policy whose router and admission run")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", type=Path, default=None, help="write the figures here")
+    args = p.parse_args()
+    result = measure(args)
+    table = Table(title="routing + admission decision", title_justify="left")
+    for key in ("instances", "sessions", "decisions", "policy"):
+        table.add_column(key)
+    table.add_column("median us", justify="right")
+    table.add_column("p99 us", justify="right")
+    table.add_row(
+        *(str(result[k]) for k in ("instances", "sessions", "decisions", "policy")),
+        f"{result['decision_median_us']:.0f}",
+        f"{result['decision_p99_us']:.0f}",
+    )
+    Console().print(table)
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
