@@ -41,6 +41,7 @@ class SlotDemand:
     running: int = 0  # calls of the model in the running batch
     expected_back_s: float | None = None  # soonest expected return of one of its sessions
     returning: int = 0  # its sessions expected back within the linger window
+    in_gap: int = 0  # its sessions in a tool gap after a call served here
 
 
 class RoundScheduler:
@@ -129,20 +130,19 @@ class RoundScheduler:
         return None
 
     def predict_next(self, demand: Mapping[str, SlotDemand]) -> str | None:
-        """The model most likely to get the next slot: next with waiting work, else the next
-        other model whose sessions are expected back soonest."""
+        """The model most likely to get the next slot: the next in round-robin order with
+        waiting work, else the next with sessions in a tool gap (they will be back)."""
         current = self.current
         n = len(self.models)
-        for step in range(1, n + 1):
-            model = self.models[(self._last_index + step) % n]
-            if model != current and demand.get(model, SlotDemand()).waiting:
-                return model
-        expected = [
-            (d.expected_back_s, m)
-            for m, d in demand.items()
-            if m != current and d.expected_back_s is not None
-        ]
-        return min(expected)[1] if expected else None
+        order = [self.models[(self._last_index + k) % n] for k in range(1, n + 1)]
+        order = [m for m in order if m != current]
+        for m in order:
+            if demand.get(m, SlotDemand()).waiting:
+                return m
+        for m in order:
+            if demand.get(m, SlotDemand()).in_gap:
+                return m
+        return None
 
     def models_ahead(self, model: str) -> tuple[str, ...]:
         """Models whose slots come before ``model``'s next slot in round-robin order."""

@@ -316,7 +316,9 @@ class InstanceCore:
                     soonest = left if soonest is None else min(soonest, left)
                     returning += left <= linger
             oldest = now - queue[0].queued_s if queue else 0.0
-            out[m] = SlotDemand(len(queue), oldest, self._running_of[m], soonest, returning)
+            out[m] = SlotDemand(
+                len(queue), oldest, self._running_of[m], soonest, returning, len(self._gaps_of[m])
+            )
         return out
 
     def switch_s(self, model: str) -> float:
@@ -461,10 +463,6 @@ class InstanceCore:
         if not self.policy.weight_staging or arena.staging_in_progress is not None:
             return None
         nxt = self.rounds.predict_next(self.demand(now))
-        if nxt is None:  # nothing queued elsewhere: look at who is about to come back
-            current = self.rounds.current
-            others = [m for m in self.models if m != current]
-            nxt = self.rounds.predict_next(self.demand(now, returns_for=others))
         if nxt is None or arena.staged_model == nxt or not arena.can_stage(nxt):
             return None
         if arena.residency(nxt) in (Residency.ACTIVE, Residency.RESIDENT):

@@ -129,17 +129,18 @@ def test_next_model_before_any_slot_starts_from_the_first() -> None:
     assert r.next_model({"c": WAITING}) == "c"
 
 
-def test_predict_next_prefers_waiting_work_then_soonest_return() -> None:
+def test_predict_next_prefers_waiting_work_then_sessions_in_gaps() -> None:
     r = rounds()
     r.open("a", 0.0)
     assert r.predict_next({"a": WAITING, "c": WAITING}) == "c"
     assert r.predict_next({"b": WAITING, "c": WAITING}) == "b"
-    returns = {
-        "a": SlotDemand(expected_back_s=0.01),  # the current model is never predicted
-        "b": SlotDemand(expected_back_s=5.0),
-        "c": SlotDemand(expected_back_s=1.0),
+    gaps = {
+        "a": SlotDemand(in_gap=5),  # the current model is never predicted
+        "b": SlotDemand(),
+        "c": SlotDemand(in_gap=1),
     }
-    assert r.predict_next(returns) == "c"
+    assert r.predict_next(gaps) == "c"
+    assert r.predict_next({**gaps, "b": SlotDemand(in_gap=2)}) == "b"  # round-robin order
     assert r.predict_next({"a": WAITING}) is None
     assert r.predict_next({}) is None
 
