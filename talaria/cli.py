@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import attrs
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -90,6 +91,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rp.add_argument("--no-hints", action="store_true", help="clients send no tool-gap hints")
     rp.add_argument(
+        "--slot-max-s",
+        type=float,
+        default=None,
+        help="override every policy's slot quantum (seconds a model's slot may run while "
+        "another model waits; default 30)",
+    )
+    rp.add_argument(
         "--out", type=Path, default=None, help="output folder (default runs/replay-SUBSTRATE)"
     )
 
@@ -130,6 +138,8 @@ def _cmd_replay(args: argparse.Namespace, console: Console) -> int:
     from swebench_replay.setup import load_workload
 
     policies = parse_policies(args.policies)
+    if args.slot_max_s is not None:
+        policies = tuple(attrs.evolve(p, slot_max_s=args.slot_max_s) for p in policies)
     workload = load_workload(
         trace=args.trace,
         synthetic=args.synthetic,

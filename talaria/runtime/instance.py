@@ -331,9 +331,14 @@ class InstanceCore:
             value = 0.0
         elif self.arena.staging_in_progress == model:
             value = self.estimator.copy_s(self.models[model].weight_bytes, Link.DEVICE_TO_DEVICE)
-        else:
+        elif self.arena.can_switch(model):
             plan = self.arena.plan_switch(model)
             value = sum(self.estimator.copy_s(s.nbytes, s.link) for s in plan.steps)
+        else:  # a stage in progress pins host memory; switching would cancel it and load
+            nbytes = self.models[model].weight_bytes
+            value = self.estimator.copy_s(nbytes, Link.HOST_TO_DEVICE)
+            if not self.arena.on_host(model):
+                value += self.estimator.copy_s(nbytes, Link.DISK_TO_HOST)
         self._switch_memo[model] = value
         return value
 
