@@ -4,9 +4,10 @@ Builds a cluster of ``--instances`` TP8 H200 instances serving the three paper-s
 brings ``--sessions`` live sessions into it through the real flow (each session's first call
 is routed, admitted, answered, and the session enters a tool gap with a reservation), then
 times ``--decisions`` continuation calls of random sessions: one decision is
-``ClusterCore.place`` (the router ranks every instance that serves the model) plus the chosen
-instance's ``schedule`` (admission with reservations; it returns the step plan). The calls
-are then answered (untimed) so the state stays steady.
+``ClusterCore.place`` (the router ranks every instance that serves the model; "route") plus
+the chosen instance's ``schedule`` (admission with reservations, committing the call's KV
+blocks, and the step plan; "admit"). Both parts are reported, and their sum. The calls are
+then answered (untimed) so the state stays steady.
 
 Reports median and p99 in microseconds (``--json PATH`` writes them). The target is a p99
 under 500 us.
@@ -104,24 +105,34 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         prompt.block_hashes(16, 0)  # token generation is the client's cost, not the router's
         t0 = time.perf_counter()
         inst, _, _ = core.place(call, 64, history, now)
+        t1 = time.perf_counter()
         inst.schedule(now)
-        samples.append(time.perf_counter() - t0)
+        t2 = time.perf_counter()
+        samples.append((t2 - t0, t1 - t0, t2 - t1))
         for req in drain(inst, now):
             core.on_finished(req)
         core.event(sid, EventKind.TOOL_START, 0.3, now)
         histories[sid] = history
         index[sid] += 1
         now += 0.001
-    samples.sort()
     return {
         "instances": args.instances,
         "sessions": args.sessions,
         "decisions": args.decisions,
         "policy": args.policy,
         "gc_freeze": args.gc_freeze,
-        "decision_median_us": statistics.median(samples) * 1e6,
-        "decision_p99_us": samples[int(0.99 * (len(samples) - 1))] * 1e6,
-        "decision_max_us": samples[-1] * 1e6,
+        **_stats("decision", [s[0] for s in samples]),
+        **_stats("route", [s[1] for s in samples]),
+        **_stats("admit", [s[2] for s in samples]),
+    }
+
+
+def _stats(name: str, values: list[float]) -> dict[str, float]:
+    values = sorted(values)
+    return {
+        f"{name}_median_us": statistics.median(values) * 1e6,
+        f"{name}_p99_us": values[int(0.99 * (len(values) - 1))] * 1e6,
+        f"{name}_max_us": values[-1] * 1e6,
     }
 
 
@@ -143,16 +154,25 @@ def main() -> None:
     )
     args = p.parse_args()
     result = measure(args)
-    table = Table(title="routing + admission decision", title_justify="left")
-    for key in ("instances", "sessions", "decisions", "policy"):
-        table.add_column(key)
-    table.add_column("median us", justify="right")
-    table.add_column("p99 us", justify="right")
-    table.add_row(
-        *(str(result[k]) for k in ("instances", "sessions", "decisions", "policy")),
-        f"{result['decision_median_us']:.0f}",
-        f"{result['decision_p99_us']:.0f}",
+    table = Table(
+        title=f"{result['policy']}: {result['sessions']:,} live sessions, "
+        f"{result['instances']} instances, {result['decisions']:,} timed decisions",
+        title_justify="left",
     )
+    for col in ("part", "median us", "p99 us", "max us"):
+        table.add_column(col, justify="left" if col == "part" else "right")
+    parts = (
+        ("route (place)", "route"),
+        ("admit (schedule)", "admit"),
+        ("route + admit", "decision"),
+    )
+    for label, key in parts:
+        table.add_row(
+            label,
+            f"{result[f'{key}_median_us']:.0f}",
+            f"{result[f'{key}_p99_us']:.0f}",
+            f"{result[f'{key}_max_us']:.0f}",
+        )
     Console().print(table)
     if args.json:
         args.json.write_text(json.dumps(result, indent=1) + "\n")

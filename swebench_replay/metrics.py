@@ -56,8 +56,8 @@ def policy_summary(result: SimResult) -> dict[str, Any]:
 
 
 def add_ratios(policies: Mapping[str, dict[str, Any]], reference: str = "round") -> None:
-    """Add ``speedup_p50`` / ``speedup_p95`` / ``speedup_mean`` (reference SCT over this
-    policy's) to every entry, when the reference policy is present."""
+    """Add ``speedup_p50_vs_<reference>`` (and ``_p95``, ``_mean``: the reference's SCT over
+    this policy's) to every entry, when the reference policy is present."""
     ref = policies.get(reference)
     if ref is None:
         return

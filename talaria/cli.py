@@ -19,7 +19,7 @@ import attrs
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from talaria.errors import TalariaError
+from talaria.errors import ConfigError, TalariaError
 from talaria.policy.baselines import POLICIES, parse_policies
 
 DEFAULT_OUT = Path("runs")
@@ -157,7 +157,6 @@ def _cmd_replay(args: argparse.Namespace, console: Console) -> int:
         hints=not args.no_hints,
     )
     out = args.out or DEFAULT_OUT / f"replay-{args.substrate}"
-    out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     with _progress(console) as progress:
         tasks = {p.name: progress.add_task(p.name, total=workload.replay.n_calls) for p in policies}
@@ -168,12 +167,23 @@ def _cmd_replay(args: argparse.Namespace, console: Console) -> int:
         results = run_replay(workload.replay, options, workload.tool_table, on_progress)
     results["workload"]["source"] = workload.source
     results["wall_s"] = time.perf_counter() - started
+    out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
     plot = plot_sct_cdf(results, out / "sct_cdf.png")
     console.print(policy_table(results))
     console.print(mechanism_table(results))
     console.print(f"wrote {out / 'results.json'} and {plot}")
     return 0
+
+
+def _numbers(text: str, kind: type[int] | type[float], flag: str) -> list[Any]:
+    try:
+        values = [kind(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ConfigError(f"{flag} takes comma-separated numbers, got {text!r}") from None
+    if not values or any(v <= 0 for v in values):
+        raise ConfigError(f"{flag} takes positive numbers, got {text!r}")
+    return values
 
 
 def _cmd_sweep(args: argparse.Namespace, console: Console) -> int:
@@ -183,8 +193,8 @@ def _cmd_sweep(args: argparse.Namespace, console: Console) -> int:
     names = [p.name for p in parse_policies(args.policies)]
     if "round" not in names:
         names.append("round")
-    counts = [int(x) for x in args.sessions.split(",") if x.strip()]
-    scales = [float(x) for x in args.gap_scales.split(",") if x.strip()]
+    counts = _numbers(args.sessions, int, "--sessions")
+    scales = _numbers(args.gap_scales, float, "--gap-scales")
     args.out.mkdir(parents=True, exist_ok=True)
     with _progress(console) as progress:
         rows = run_sweep(args, names, counts, scales, progress)

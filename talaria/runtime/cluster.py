@@ -8,6 +8,7 @@ and the chosen instance's queue; raises typed errors (``UnknownModel``, ``Contex
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Mapping
 
@@ -55,6 +56,14 @@ class ClusterCore:
         }
         self.sessions: dict[SessionId, SessionInfo] = {}
         self.decisions = 0
+        self._hosts = {
+            m.name: [self.instances[i.name] for i in cluster.instances_for(m.name)]
+            for m in cluster.models
+        }
+        # the largest call every host of a model can take (prompt + answer tokens)
+        self._fits_all = {
+            m: min(inst.token_limit(m) for inst in hosts) for m, hosts in self._hosts.items()
+        }
 
     def place(
         self, call: Call, target_output: int, history: TokenSeq | None, now: float
@@ -66,19 +75,7 @@ class ClusterCore:
             info = SessionInfo(call.model, call.tenant)
         elif info.model != call.model or info.tenant != call.tenant:
             info = SessionInfo(call.model, call.tenant)  # a new session under an old id
-        candidates = []
-        errors = []
-        for spec in self.cluster.instances_for(call.model):
-            inst = self.instances[spec.name]
-            if inst.fits(call, target_output):
-                candidates.append(inst)
-                continue
-            try:
-                inst.check_fits(call, target_output)
-            except ContextTooLong as exc:
-                errors.append(str(exc))
-        if not candidates:
-            raise ContextTooLong("; ".join(errors))
+        candidates = self._candidates(call, target_output)
         decision = self._route(call, info, candidates, now)
         chosen = self.instances[decision.instance]
         if info.last_instance is not None and info.last_instance != decision.instance:
@@ -90,6 +87,22 @@ class ClusterCore:
         self.sessions[call.session_id] = info
         self.decisions += 1
         return chosen, req, decision
+
+    def _candidates(self, call: Call, target_output: int) -> list[InstanceCore]:
+        """The instances whose KV pool and context can ever hold the call."""
+        hosts = self._hosts[call.model]
+        if call.prompt_tokens + target_output <= self._fits_all[call.model]:
+            return hosts
+        candidates = [inst for inst in hosts if inst.fits(call, target_output)]
+        if not candidates:
+            errors = []
+            for inst in hosts:
+                try:
+                    inst.check_fits(call, target_output)
+                except ContextTooLong as exc:
+                    errors.append(str(exc))
+            raise ContextTooLong("; ".join(errors))
+        return candidates
 
     def _route(
         self, call: Call, info: SessionInfo, candidates: list[InstanceCore], now: float
@@ -109,15 +122,13 @@ class ClusterCore:
                 policy.cache_affinity_load_cap,
                 policy.cache_affinity_abs_tokens,
             )
-        n, out = call.prompt_tokens, info.last_output
-        bounds = sorted(
-            (inst.bound_s(call.model, n, out), inst.spec.name, inst) for inst in candidates
-        )
+        model, n, out = call.model, call.prompt_tokens, info.last_output
+        bounds = [(inst.bound_s(model, n, out), i) for i, inst in enumerate(candidates)]
+        heapq.heapify(bounds)
         exact: list[InstanceView] = []
         best = math.inf
-        for bound, _, inst in bounds:
-            if bound >= best:
-                break
+        while bounds and bounds[0][0] < best:
+            inst = candidates[heapq.heappop(bounds)[1]]
             view = inst.view(call, now, inst.spec.name == last)
             exact.append(view)
             best = min(best, estimate(view, info.known_tokens, info.last_output).total_s)

@@ -181,7 +181,7 @@ class InstanceCore:
         self._load_tokens = 0  # prompt + answer tokens of calls queued or running
         self._switch_memo: dict[str, float] = {}
         self._bounds: dict[str, tuple[float, float]] = {}  # cleared whenever state changes
-        self._max_tokens = {m.name: self._token_limit(m) for m in models}
+        self._max_tokens = {m.name: self._limit(m) for m in models}
         self._opening_pass = False
 
     @staticmethod
@@ -223,8 +223,12 @@ class InstanceCore:
         )
 
     # ------------------------------------------------------------------ intake
-    def _token_limit(self, model: ModelSpec) -> int:
+    def _limit(self, model: ModelSpec) -> int:
         return min(model.max_context, self.kv.device_blocks * self.kv.tpb(model.name))
+
+    def token_limit(self, model: str) -> int:
+        """Prompt plus answer tokens a call of ``model`` may have here."""
+        return self._max_tokens[model]
 
     def fits(self, call: Call, extra_tokens: int) -> bool:
         """Whether the call could ever fit here (the fast form of ``check_fits``)."""
