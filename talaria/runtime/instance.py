@@ -63,6 +63,8 @@ class Request:
     recomputed_tokens: int = 0
     sp_admitted: bool = False
     error: str | None = None
+    blocks: tuple[int, ...] = ()  # device block table in token order, set at admission
+    stopped: bool = False  # ended early (end-of-sequence); see ``InstanceCore.stop``
 
     @property
     def key(self) -> CallKey:
@@ -78,7 +80,7 @@ class Request:
 
     @property
     def done(self) -> bool:
-        return self.generated >= self.target_output
+        return self.stopped or self.generated >= self.target_output
 
 
 @attrs.frozen
@@ -183,6 +185,7 @@ class InstanceCore:
         self._bounds: dict[str, tuple[float, float]] = {}  # cleared whenever state changes
         self._max_tokens = {m.name: self._limit(m) for m in models}
         self._opening_pass = False
+        self.stage_blocks: tuple[int, ...] = ()  # device blocks lent to the current stage
 
     @staticmethod
     def _host_weight_bytes(spec: InstanceSpec, models: Sequence[ModelSpec]) -> int:
@@ -443,6 +446,7 @@ class InstanceCore:
         blocks lent to staging (already copied from) go back to the pool."""
         self._bounds.clear()
         self.kv.return_lent()
+        self.stage_blocks = ()
         self._open(model, now)
 
     def stage_done(self, model: str) -> None:
@@ -482,7 +486,7 @@ class InstanceCore:
         if nbytes < MIN_STAGE_SHARE * want:
             return None
         self._cancel_stage()
-        self.kv.lend(blocks)
+        self.stage_blocks = self.kv.lend(blocks)
         plan = arena.start_stage(nxt, nbytes)
         self._switch_memo.clear()
         self.counters.weight_bytes_moved += plan.total_bytes
@@ -504,6 +508,7 @@ class InstanceCore:
         """Abandon staging and give its lent blocks back to the KV pool."""
         self.arena.cancel_stage()
         self.kv.return_lent()
+        self.stage_blocks = ()
         self._switch_memo.clear()
 
     def _expire(self, now: float) -> tuple[MovePlan, ...]:
@@ -553,6 +558,7 @@ class InstanceCore:
         req.restored_tokens = alloc.restored_tokens
         have = alloc.reused_tokens + alloc.restored_tokens
         req.recomputed_tokens = max(0, min(req.known_tokens, req.prompt_len) - have)
+        req.blocks = alloc.device_blocks
         req.computed = have
         if req.computed >= req.prompt_len:  # whole prompt cached: recompute the last token
             req.computed = req.prompt_len - 1
@@ -624,6 +630,12 @@ class InstanceCore:
         for req in done:
             self._finish(req, now)
         return done
+
+    def stop(self, key: CallKey) -> None:
+        """The running call ``key`` ended early (end-of-sequence): the next
+        ``complete_step`` finishes it with the tokens generated so far. Set ``history``
+        first if the substrate builds it."""
+        self.running[key].stopped = True
 
     def _finish(self, req: Request, now: float) -> None:
         call = req.call

@@ -1,0 +1,300 @@
+"""The embedded engine's executor for one instance: real tensors under an ``InstanceCore``.
+
+:class:`EngineRunner` owns the instance's policy and accounting (an
+:class:`~talaria.runtime.instance.InstanceCore`) and the tensors that accounting describes:
+
+* **weight arena**: one device tensor of ``core.arena.arena_bytes`` bytes, allocated once.
+  Every model's parameters are bound (:func:`~talaria.engine.model.bind_weights`) as views at
+  its region's offset; only the model whose weights were last copied into a region is valid
+  there. A switch copies into the region; the data pointer never changes.
+* **host tier of weights**: one flat byte tensor per model (pinned on CUDA), the source of
+  every switch and stage. The arena's host budget is accounting; this runner keeps every
+  model's host copy, so the arena's ``DISK_TO_HOST`` steps copy nothing here (a loader
+  that reads from disk would do them).
+* **KV**: a :class:`~talaria.engine.kv_pool.KVPool` of ``core.kv.device_blocks`` /
+  ``core.kv.host_blocks`` blocks of ``core.kv.block_bytes``, and one
+  :class:`~talaria.engine.kv_pool.PagedKV` device view per model.
+* **staging**: the first ``core.arena.staged_bytes`` of the next model's flat weights are
+  copied into the device KV blocks the core lent for it (``core.stage_blocks``, in order);
+  a switch to the staged model copies them device -> device into its region and only the
+  rest from host.
+
+:meth:`EngineRunner.step` runs one ``schedule`` of the core: KV moves (in plan order, so
+demotions run before the restores that may reuse their blocks), a weight switch, a stage,
+then one forward over the step's prefill chunks and decodes, sampling one token per
+sequence whose prompt is complete. Everything runs synchronously on the caller's thread; on
+CUDA the stage copy is where a side stream (and an event the switch waits on) would go.
+
+Not thread-safe: one task drives a runner.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Collection, Iterable, Mapping
+from typing import Final
+
+import torch
+
+from talaria.engine.kv_pool import KVPool, PagedKV
+from talaria.engine.model import BatchInput, LlamaModel, ModelArch, SeqInput, bind_weights
+from talaria.errors import BadRequest, ConfigError
+from talaria.memory.kv import CallKey
+from talaria.memory.weights import SwitchPlan
+from talaria.runtime.instance import InstanceCore, Request, StepPlan
+from talaria.types import Call, KVTier, Link
+
+Sampler = Callable[[torch.Tensor, Request], int]
+"""Picks the next token from one sequence's logits ``[vocab]`` (default: greedy argmax)."""
+
+_MAX_IDLE_STEPS: Final = 100_000
+
+
+def greedy(logits: torch.Tensor, _req: Request) -> int:
+    """The most likely token (the first on ties, as ``torch.argmax``)."""
+    return int(torch.argmax(logits))
+
+
+class EngineRunner:
+    """Executes one instance core's schedules on real tensors (see the module docstring).
+
+    ``models`` maps every model of ``core`` to its architecture and its weights (Hugging Face
+    parameter names; any dtype, converted to ``dtype``). The core's specs must describe the
+    models in ``dtype`` (``ModelArch.to_spec(name, dtype)``): weight bytes and KV bytes per
+    token are checked. ``eos_token_ids`` per model end a call early; ``sample`` replaces
+    greedy sampling.
+    """
+
+    def __init__(
+        self,
+        core: InstanceCore,
+        models: Mapping[str, tuple[ModelArch, Mapping[str, torch.Tensor]]],
+        *,
+        dtype: torch.dtype = torch.bfloat16,
+        device: torch.device | str = "cpu",
+        eos_token_ids: Mapping[str, Collection[int]] | None = None,
+        sample: Sampler | None = None,
+    ) -> None:
+        if set(models) != set(core.models):
+            raise ConfigError(
+                f"runner models {sorted(models)} differ from the instance's {sorted(core.models)}"
+            )
+        self.core = core
+        self.dtype = dtype
+        self.device = torch.device(device)
+        self.sample: Sampler = sample or greedy
+        self.eos = {m: frozenset(ids) for m, ids in (eos_token_ids or {}).items()}
+        self.archs = {name: arch for name, (arch, _) in models.items()}
+        kv = core.kv
+        self.pool = KVPool(kv.device_blocks, kv.host_blocks, kv.block_bytes, self.device)
+        self._block_rows = self.pool.device_pool.view(kv.device_blocks, kv.block_bytes)
+        self.region = torch.zeros(core.arena.arena_bytes, dtype=torch.uint8, device=self.device)
+        pin = self.device.type == "cuda" and torch.cuda.is_available()
+        self.host_weights: dict[str, torch.Tensor] = {}
+        self.paged: dict[str, PagedKV] = {}
+        for name, (arch, weights) in models.items():
+            self._check_spec(name, arch)
+            flat = torch.empty(arch.weight_bytes(dtype), dtype=torch.uint8, pin_memory=pin)
+            views = bind_weights(arch, flat, dtype)
+            for pname, view in views.items():
+                if pname not in weights:
+                    raise ConfigError(f"model {name}: weights lack parameter {pname!r}")
+                view.copy_(weights[pname])
+            self.host_weights[name] = flat
+            self.paged[name] = self.pool.paged(arch, dtype, KVTier.DEVICE)
+            if self.paged[name].tokens_per_block != kv.tpb(name):
+                raise ConfigError(
+                    f"model {name}: a KV block holds {self.paged[name].tokens_per_block} tokens "
+                    f"in {dtype} but the instance counts {kv.tpb(name)}"
+                )
+        self._models: dict[tuple[str, int], LlamaModel] = {}
+        self._staged: str | None = None  # model whose first bytes sit in core.stage_blocks
+        self._prompts: dict[CallKey, tuple[int, ...]] = {}
+        self.outputs: dict[CallKey, list[int]] = {}  # generated ids; kept until take_output
+
+    def _check_spec(self, name: str, arch: ModelArch) -> None:
+        spec = self.core.models[name]
+        if spec.weight_bytes != arch.weight_bytes(self.dtype):
+            raise ConfigError(
+                f"model {name}: the instance counts {spec.weight_bytes} weight bytes, the "
+                f"architecture needs {arch.weight_bytes(self.dtype)} in {self.dtype}"
+            )
+        if spec.kv_bytes_per_token_on(self.core.spec.n_devices) != arch.kv_bytes_per_token(
+            self.dtype
+        ):
+            raise ConfigError(f"model {name}: KV bytes per token differ from the instance's")
+
+    # ------------------------------------------------------------------ intake
+    def submit(self, call: Call, now: float, known_tokens: int = 0) -> Request:
+        """Queue ``call`` (up to ``call.max_new_tokens`` tokens). Raises ``BadRequest`` for a
+        token id outside the model's vocabulary and the core's errors (``ContextTooLong``,
+        ``UnknownModel``) before anything is queued."""
+        arch = self.archs.get(call.model)
+        if arch is not None:
+            ids = call.prompt.tokens()
+            bad = next((t for t in ids if t >= arch.vocab_size), None)
+            if bad is not None:
+                raise BadRequest(
+                    f"call {call.key}: token id {bad} is outside {call.model}'s vocabulary "
+                    f"of {arch.vocab_size}"
+                )
+            self._prompts[call.key] = ids
+        req = Request(call, None, call.max_new_tokens, now, known_tokens=known_tokens)
+        try:
+            self.core.submit(req)
+        except Exception:
+            self._prompts.pop(call.key, None)
+            raise
+        self.outputs[call.key] = []
+        return req
+
+    def take_output(self, key: CallKey) -> tuple[int, ...]:
+        """The ids a finished call generated (forgotten afterwards)."""
+        self._prompts.pop(key, None)
+        return tuple(self.outputs.pop(key))
+
+    @property
+    def idle(self) -> bool:
+        """Nothing running and nothing waiting."""
+        core = self.core
+        return not core.running and not any(core.waiting.values())
+
+    # ------------------------------------------------------------------ one step
+    def step(self, now: float) -> list[Request]:
+        """Run one ``core.schedule(now)``; returns the calls that finished in it."""
+        core = self.core
+        sched = core.schedule(now)
+        for plan in sched.kv_moves:
+            self.pool.execute(plan)
+        if sched.step is not None:
+            for plan in sched.step.kv_moves:
+                self.pool.execute(plan)
+        if sched.switch is not None:
+            self._switch(sched.switch)
+            core.switch_done(sched.switch.model, now)
+        if sched.stage is not None:  # after the KV moves: a demotion may free a lent block
+            self._stage(sched.stage)
+            core.stage_done(sched.stage.model)
+        if sched.step is None:
+            return []
+        return self._run(sched.step, now)
+
+    def generate(
+        self,
+        calls: Iterable[Call],
+        now: float = 0.0,
+        tick_s: float = 0.01,
+        max_steps: int = _MAX_IDLE_STEPS,
+    ) -> dict[CallKey, tuple[int, ...]]:
+        """Submit ``calls`` and step (the clock moving ``tick_s`` a step) until each has
+        finished; returns each call's generated ids. For tests and scripts."""
+        keys = [self.submit(call, now).key for call in calls]
+        pending = set(keys)
+        for _ in range(max_steps):
+            if not pending:
+                break
+            for req in self.step(now):
+                pending.discard(req.key)
+            now += tick_s
+        else:
+            raise RuntimeError(f"calls {sorted(pending)} did not finish in {max_steps} steps")
+        return {key: self.take_output(key) for key in keys}
+
+    # ------------------------------------------------------------------ weights
+    def model(self, name: str, region: int) -> LlamaModel:
+        """``name``'s forward bound to execution region ``region`` (views, made once)."""
+        cached = self._models.get((name, region))
+        if cached is None:
+            arena = self.core.arena
+            off = arena.region_offset(region)
+            views = bind_weights(
+                self.archs[name], self.region[off : off + arena.region_bytes], self.dtype
+            )
+            cached = self._models[(name, region)] = LlamaModel(self.archs[name], views)
+        return cached
+
+    def _switch(self, plan: SwitchPlan) -> None:
+        """Copy ``plan.model``'s weights into its region: the staged part device -> device
+        from the lent blocks, the rest host -> device."""
+        host = self.host_weights[plan.model]
+        off = self.core.arena.region_offset(plan.region)
+        dst = self.region[off : off + host.numel()]
+        pos = 0
+        for step in plan.steps:
+            n = step.nbytes
+            if step.link is Link.DEVICE_TO_DEVICE:
+                if self._staged != plan.model:
+                    raise RuntimeError(f"switch to {plan.model} from staging it does not hold")
+                dst[:n].copy_(self._staged_bytes(n))
+                pos = n
+            elif step.link is Link.HOST_TO_DEVICE:
+                dst[pos : pos + n].copy_(host[pos : pos + n], non_blocking=True)
+                pos += n
+            # DISK_TO_HOST: every model's host copy is kept here (see the module docstring)
+        if plan.steps and pos != host.numel():
+            raise RuntimeError(f"switch to {plan.model} copied {pos} of {host.numel()} bytes")
+        self._staged = None
+
+    def _stage(self, plan: SwitchPlan) -> None:
+        """Copy the first ``staged_bytes`` of the model's host weights into the lent blocks,
+        in order. Synchronous here; on CUDA this copy belongs on a side stream."""
+        n = self.core.arena.staged_bytes
+        bb = self.core.kv.block_bytes
+        ids = self.core.stage_blocks
+        if len(ids) * bb < n:
+            raise RuntimeError(f"staging {n} bytes into {len(ids)} blocks of {bb}")
+        src = self.host_weights[plan.model][:n]
+        full, rest = divmod(n, bb)
+        if full:
+            idx = torch.tensor(ids[:full], dtype=torch.long, device=self.device)
+            self._block_rows.index_copy_(0, idx, src[: full * bb].view(full, bb).to(self.device))
+        if rest:
+            self._block_rows[ids[full], :rest].copy_(src[full * bb :])
+        self._staged = plan.model
+
+    def _staged_bytes(self, n: int) -> torch.Tensor:
+        """The first ``n`` staged bytes, gathered from the lent blocks (a copy)."""
+        bb = self.core.kv.block_bytes
+        k = math.ceil(n / bb)
+        idx = torch.tensor(self.core.stage_blocks[:k], dtype=torch.long, device=self.device)
+        return self._block_rows.index_select(0, idx).flatten()[:n]
+
+    # ------------------------------------------------------------------ forward
+    def _run(self, plan: StepPlan, now: float) -> list[Request]:
+        core = self.core
+        region = core.arena.region_of(plan.model)
+        if core.arena.active_model != plan.model or region is None:
+            raise RuntimeError(f"a step of {plan.model} while {core.arena.active_model} is active")
+        seqs: list[SeqInput] = []
+        sampled: list[Request | None] = []
+        for key, n, start in plan.prefill:
+            req = core.running[key]
+            ids = self._prompt(req)
+            seqs.append(SeqInput(ids[start : start + n], start, req.blocks))
+            sampled.append(req if start + n == req.prompt_len else None)
+        for key in plan.decode:
+            req = core.running[key]
+            out = self.outputs[key]
+            seqs.append(SeqInput((out[-1],), req.prompt_len + len(out) - 1, req.blocks))
+            sampled.append(req)
+        batch = BatchInput(seqs)  # type: ignore[arg-type]  # attrs plugin: converter=tuple
+        logits = self.model(plan.model, region).forward(batch, self.paged[plan.model])
+        eos = self.eos.get(plan.model, frozenset())
+        for done, rows in zip(sampled, batch.split(logits), strict=True):
+            if done is None:
+                continue
+            out = self.outputs[done.key]
+            token = self.sample(rows[-1], done)
+            out.append(token)
+            if token in eos:
+                core.stop(done.key)
+            if done.stopped or len(out) >= done.target_output:
+                # the last token's KV was never computed: the history ends before it
+                done.history = done.call.prompt.extend(out[:-1])
+        return core.complete_step(plan, now)
+
+    def _prompt(self, req: Request) -> tuple[int, ...]:
+        ids = self._prompts.get(req.key)
+        if ids is None:
+            ids = self._prompts[req.key] = req.call.prompt.tokens()
+        return ids

@@ -1,0 +1,295 @@
+"""The engine runner: an instance core's schedules executed on real tensors, in float32.
+
+Tiny random transformers models (Llama, Qwen2) are served through ``EngineRunner`` under the
+``talaria`` policy; every generated token is compared with a greedy reference computed by
+full-sequence transformers forwards. Instances are sized by hand so the KV pool holds exactly
+``device_blocks`` blocks of 8 tokens of the widest model; the estimator has round numbers.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+import pytest
+import torch
+
+from talaria.config import InstanceSpec, PolicyConfig
+from talaria.engine.model import ModelArch
+from talaria.engine.runner import EngineRunner
+from talaria.errors import BadRequest
+from talaria.memory.weights import SwitchPlan
+from talaria.policy.baselines import POLICIES
+from talaria.runtime.instance import InstanceCore, Request, Schedule
+from talaria.types import Call, Link, TokenSeq
+
+transformers = pytest.importorskip("transformers")
+
+F32 = torch.float32
+BLOCK = 8  # tokens per block of the widest model
+TALARIA = POLICIES["talaria"]
+
+
+class RoundEstimator:
+    """Prefill 1000 tok/s, restore 10000 tok/s, decode step 0.01 s, copies at 1e9 B/s."""
+
+    def step_s(
+        self, model: str, prefill_tokens: int, attn: float, decode_seqs: int, ctx: int
+    ) -> float:
+        return prefill_tokens / 1000 + (0.01 if decode_seqs else 0.0)
+
+    def copy_s(self, nbytes: int, link: Link) -> float:
+        return nbytes / 1e9
+
+    def prefill_tok_s(self, model: str) -> float:
+        return 1000.0
+
+    def restore_tok_s(self, model: str) -> float:
+        return 10_000.0
+
+    def decode_step_s(self, model: str, batch: int, context_tokens: int) -> float:
+        return 0.01
+
+
+# ----------------------------------------------------------------------------- models
+
+
+def llama(seed: int) -> Any:
+    config = transformers.LlamaConfig(
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+    )
+    return randomized(transformers.LlamaForCausalLM, config, seed)
+
+
+def qwen2(seed: int) -> Any:
+    config = transformers.Qwen2Config(
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        max_position_embeddings=256,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+    )
+    return randomized(transformers.Qwen2ForCausalLM, config, seed)
+
+
+@torch.no_grad()
+def randomized(cls: Any, config: Any, seed: int) -> Any:
+    torch.manual_seed(seed)
+    model = cls(config).eval()
+    gen = torch.Generator().manual_seed(seed)
+    for name, p in model.named_parameters():
+        noise = torch.randn(p.shape, generator=gen)
+        if "norm" in name:
+            p.copy_(1.0 + 0.2 * noise)
+        elif p.dim() == 1:
+            p.copy_(0.3 * noise)
+        elif "embed_tokens" in name:
+            p.copy_(noise)
+        else:
+            p.copy_(noise / math.sqrt(p.shape[1]))
+    return model
+
+
+@torch.no_grad()
+def reference(hf: Any, prompt: Sequence[int], n: int, eos: int | None = None) -> list[int]:
+    """Greedy tokens from full-sequence transformers forwards (no cache)."""
+    ids, out = list(prompt), []
+    for _ in range(n):
+        token = int(torch.argmax(hf(torch.tensor([ids])).logits[0, -1]))
+        out.append(token)
+        ids.append(token)
+        if token == eos:
+            break
+    return out
+
+
+def prompt_ids(n: int, seed: int) -> list[int]:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 128, (n,), generator=gen).tolist()
+
+
+def make_runner(
+    hfs: dict[str, Any],
+    device_blocks: int,
+    host_blocks: int = 64,
+    policy: PolicyConfig = TALARIA,
+    eos: dict[str, set[int]] | None = None,
+) -> EngineRunner:
+    archs = {name: ModelArch.from_hf_config(hf.config.to_dict()) for name, hf in hfs.items()}
+    specs = [arch.to_spec(name, F32) for name, arch in archs.items()]
+    block_bytes = BLOCK * max(a.kv_bytes_per_token(F32) for a in archs.values())
+    weights = [a.weight_bytes(F32) for a in archs.values()]
+    spec = InstanceSpec(
+        name="i0",
+        hardware="cpu",
+        device_memory_bytes=max(weights) + device_blocks * block_bytes,
+        host_memory_bytes=2 * sum(weights) + host_blocks * block_bytes,
+        block_size=BLOCK,
+        memory_utilization=1.0,
+    )
+    core = InstanceCore(spec, specs, policy, RoundEstimator())
+    assert core.kv.device_blocks == device_blocks and core.kv.block_bytes == block_bytes
+    models = {name: (archs[name], hf.state_dict()) for name, hf in hfs.items()}
+    return EngineRunner(core, models, dtype=F32, eos_token_ids=eos)
+
+
+def call(session: str, index: int, model: str, prompt: Sequence[int], out: int) -> Call:
+    return Call(session, index, model, TokenSeq(prompt), out)
+
+
+def finished(runner: EngineRunner, session: str, index: int) -> Request:
+    return next(r for r in runner.core.finished if r.key == (session, index))
+
+
+def assert_clean(runner: EngineRunner) -> None:
+    """Integrity holds, nothing runs, and once sessions end no KV block is held."""
+    core = runner.core
+    core.check_integrity()
+    assert runner.idle and not core.running
+    for session in list(core.kv.sessions):
+        core.end_session(session)
+    core.check_integrity()
+    kv = core.kv
+    assert kv.device_available + kv.lent_blocks == kv.device_blocks
+
+
+# ----------------------------------------------------------------------------- tests
+
+
+def test_concurrent_sessions_match_greedy_reference() -> None:
+    hf = llama(1)
+    policy = attrs.evolve(TALARIA, max_batch_tokens=24)  # chunked prefills mix with decodes
+    runner = make_runner({"A": hf}, device_blocks=64, policy=policy)
+    prompts = {f"s{i}": prompt_ids(n, seed=10 + i) for i, n in enumerate((13, 21, 30))}
+    calls = [call(s, 0, "A", p, 12) for s, p in prompts.items()]
+    outputs = runner.generate(calls)
+    for s, p in prompts.items():
+        assert list(outputs[(s, 0)]) == reference(hf, p, 12), s
+        req = finished(runner, s, 0)
+        assert req.generated == 12 and req.history is not None
+        assert req.history.tokens() == (*p, *outputs[(s, 0)][:-1])
+    assert_clean(runner)
+
+
+def test_continuation_reuses_the_prefix_and_matches() -> None:
+    hf = llama(2)
+    runner = make_runner({"A": hf}, device_blocks=64)
+    first = prompt_ids(20, seed=3)
+    out0 = runner.generate([call("s", 0, "A", first, 10)])[("s", 0)]
+    assert list(out0) == reference(hf, first, 10)
+    second = [*first, *out0, *prompt_ids(5, seed=4)]
+    out1 = runner.generate([call("s", 1, "A", second, 10)], now=5.0)[("s", 1)]
+    assert list(out1) == reference(hf, second, 10)
+    again = finished(runner, "s", 1)
+    # 29 tokens of history have KV: 3 full blocks are reused
+    assert again.reused_tokens == 24 and again.restored_tokens == 0
+    assert_clean(runner)
+
+
+def test_end_of_sequence_stops_a_call_early() -> None:
+    hf = llama(3)
+    prompt = prompt_ids(17, seed=5)
+    ref = reference(hf, prompt, 12)
+    eos = ref[4]
+    expected = ref[: ref.index(eos) + 1]
+    runner = make_runner({"A": hf}, device_blocks=32, eos={"A": {eos}})
+    other = prompt_ids(9, seed=6)
+    outputs = runner.generate([call("s", 0, "A", prompt, 12), call("t", 0, "A", other, 6)])
+    assert list(outputs[("s", 0)]) == expected
+    assert list(outputs[("t", 0)]) == reference(hf, other, 6, eos=eos)
+    req = finished(runner, "s", 0)
+    assert req.stopped and req.generated == len(expected)
+    assert_clean(runner)
+
+
+def test_eviction_to_host_and_restore_keep_outputs_exact() -> None:
+    hf = llama(4)
+    runner = make_runner({"A": hf}, device_blocks=10, host_blocks=32)  # 80 tokens of KV
+    p1 = prompt_ids(30, seed=7)
+    out1 = runner.generate([call("s1", 0, "A", p1, 10)])[("s1", 0)]  # 5 blocks
+    p2 = prompt_ids(50, seed=8)
+    out2 = runner.generate([call("s2", 0, "A", p2, 10)], now=2.0)[("s2", 0)]  # 8 blocks
+    assert runner.core.counters.reclaims >= 1 and runner.core.kv.counters.demoted_blocks > 0
+    p3 = [*p1, *out1, *prompt_ids(4, seed=9)]  # 44 tokens + 8: 7 blocks
+    out3 = runner.generate([call("s1", 1, "A", p3, 8)], now=4.0)[("s1", 1)]
+    assert list(out1) == reference(hf, p1, 10)
+    assert list(out2) == reference(hf, p2, 10)
+    assert list(out3) == reference(hf, p3, 8)
+    again = finished(runner, "s1", 1)
+    assert again.restored_tokens > 0
+    assert runner.core.kv.counters.restored_blocks > 0
+    assert_clean(runner)
+
+
+@pytest.mark.parametrize(
+    ("device_blocks", "staged_links"),
+    [
+        (160, (Link.DEVICE_TO_DEVICE,)),  # the whole model staged in lent KV blocks
+        (40, (Link.DEVICE_TO_DEVICE, Link.HOST_TO_DEVICE)),  # a part staged, the rest from host
+    ],
+)
+def test_two_models_share_one_region(device_blocks: int, staged_links: tuple[Link, ...]) -> None:
+    hfs = {"A": llama(5), "B": qwen2(6)}
+    runner = make_runner(hfs, device_blocks=device_blocks)
+    ptr = runner.region.data_ptr()
+    switches: list[SwitchPlan] = []
+    schedule = runner.core.schedule
+
+    def recording(now: float) -> Schedule:
+        sched = schedule(now)
+        if sched.switch is not None:
+            switches.append(sched.switch)
+        return sched
+
+    runner.core.schedule = recording  # type: ignore[method-assign]
+    prompts = {
+        (m, i): prompt_ids(11 + 7 * i, seed=20 + 2 * i + (m == "B")) for m in "AB" for i in range(2)
+    }
+    now = 0.0
+    expected: dict[tuple[str, int], list[int]] = {}
+    for rnd in range(2):  # both models have calls queued: the slots alternate A, B, A, B
+        for model in "AB":
+            for i in range(2):
+                session = f"{model}{i}-{rnd}"
+                runner.submit(call(session, 0, model, prompts[(model, i)], 8), now)
+                expected[(session, 0)] = reference(hfs[model], prompts[(model, i)], 8)
+        for _ in range(2000):  # an idle slot lingers while its sessions may return
+            if runner.idle:
+                break
+            runner.step(now)
+            assert runner.region.data_ptr() == ptr
+            now += 0.05
+        assert runner.idle
+        now += 1.0
+    for key, want in expected.items():
+        assert list(runner.take_output(key)) == want, key
+    counters = runner.core.counters
+    assert counters.model_switches >= 3
+    assert counters.staged_switches >= 1
+    assert [s.model for s in switches] == ["A", "B", "A"]
+    assert tuple(step.link for step in switches[1].steps) == staged_links
+    for name in hfs:  # every model's parameters are views of the one region
+        bound = runner.model(name, 0)
+        assert bound.embed.untyped_storage().data_ptr() == ptr
+    assert_clean(runner)
+
+
+def test_bad_token_id_is_refused_before_queueing() -> None:
+    runner = make_runner({"A": llama(7)}, device_blocks=16)
+    with pytest.raises(BadRequest, match="vocabulary"):
+        runner.submit(call("s", 0, "A", [1, 2, 500], 4), 0.0)
+    assert runner.idle and not runner.outputs
