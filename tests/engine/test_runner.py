@@ -24,33 +24,13 @@ from talaria.memory.weights import SwitchPlan
 from talaria.policy.baselines import POLICIES
 from talaria.runtime.instance import InstanceCore, Request, Schedule
 from talaria.types import Call, Link, TokenSeq
+from tests.helpers import RoundNumberEstimator as RoundEstimator
 
 transformers = pytest.importorskip("transformers")
 
 F32 = torch.float32
 BLOCK = 8  # tokens per block of the widest model
 TALARIA = POLICIES["talaria"]
-
-
-class RoundEstimator:
-    """Prefill 1000 tok/s, restore 10000 tok/s, decode step 0.01 s, copies at 1e9 B/s."""
-
-    def step_s(
-        self, model: str, prefill_tokens: int, attn: float, decode_seqs: int, ctx: int
-    ) -> float:
-        return prefill_tokens / 1000 + (0.01 if decode_seqs else 0.0)
-
-    def copy_s(self, nbytes: int, link: Link) -> float:
-        return nbytes / 1e9
-
-    def prefill_tok_s(self, model: str) -> float:
-        return 1000.0
-
-    def restore_tok_s(self, model: str) -> float:
-        return 10_000.0
-
-    def decode_step_s(self, model: str, batch: int, context_tokens: int) -> float:
-        return 0.01
 
 
 # ----------------------------------------------------------------------------- models

@@ -20,6 +20,8 @@ from talaria.policy.baselines import POLICIES
 from talaria.runtime.cluster import ClusterCore
 from talaria.runtime.instance import InstanceCore, Request, Schedule
 from talaria.types import Call, EventKind, Link, TokenSeq
+from tests.helpers import RoundNumberEstimator as FakeEstimator
+from tests.helpers import tiny_spec
 
 WEIGHT_BYTES = 1000
 BLOCK_BYTES = 128  # 4 tokens x 32 bytes
@@ -27,41 +29,8 @@ TALARIA = POLICIES["talaria"]
 ROUND = POLICIES["round"]
 
 
-class FakeEstimator:
-    """Round-number costs: prefill 1000 tok/s, decode step 0.01 s, copies at 1e9 B/s."""
-
-    def step_s(
-        self, model: str, prefill_tokens: int, attn: float, decode_seqs: int, ctx: int
-    ) -> float:
-        return prefill_tokens / 1000 + (0.01 if decode_seqs else 0.0)
-
-    def copy_s(self, nbytes: int, link: Link) -> float:
-        return nbytes / 1e9
-
-    def prefill_tok_s(self, model: str) -> float:
-        return 1000.0
-
-    def restore_tok_s(self, model: str) -> float:
-        return 10_000.0
-
-    def decode_step_s(self, model: str, batch: int, context_tokens: int) -> float:
-        return 0.01
-
-
 def model(name: str, max_context: int = 131072) -> ModelSpec:
-    return ModelSpec(
-        name=name,
-        n_layers=1,
-        hidden_size=8,
-        n_heads=1,
-        n_kv_heads=1,
-        head_dim=8,
-        vocab_size=16,
-        total_params=WEIGHT_BYTES,
-        active_params=WEIGHT_BYTES,
-        dtype_bytes=1,
-        max_context=max_context,
-    )
+    return tiny_spec(name, WEIGHT_BYTES, max_context)
 
 
 def instance_spec(

@@ -24,47 +24,17 @@ from talaria.sim.catalog import paper_cluster
 from talaria.sim.cost_model import CostModel
 from talaria.sim.hardware import profile
 from talaria.sim.simulator import SimResult, Simulator, _Run
-from talaria.types import Link, ScriptedCall, SessionScript, TokenSeq
+from talaria.types import ScriptedCall, SessionScript, TokenSeq
+from tests.helpers import RoundNumberEstimator as FakeEstimator
+from tests.helpers import tiny_spec
 
 WEIGHT_BYTES = 1000
 BLOCK_BYTES = 128  # 4 tokens of 32 bytes
 
 
-class FakeEstimator:
-    """Round-number costs: prefill 1000 tok/s, decode step 0.01 s, copies at 1e9 B/s."""
-
-    def step_s(
-        self, model: str, prefill_tokens: int, attn: float, decode_seqs: int, ctx: int
-    ) -> float:
-        return prefill_tokens / 1000 + (0.01 if decode_seqs else 0.0)
-
-    def copy_s(self, nbytes: int, link: Link) -> float:
-        return nbytes / 1e9
-
-    def prefill_tok_s(self, model: str) -> float:
-        return 1000.0
-
-    def restore_tok_s(self, model: str) -> float:
-        return 10_000.0
-
-    def decode_step_s(self, model: str, batch: int, context_tokens: int) -> float:
-        return 0.01
-
-
 def tiny_model(name: str) -> ModelSpec:
     """1000 bytes of weights, 32 bytes of KV per token."""
-    return ModelSpec(
-        name=name,
-        n_layers=1,
-        hidden_size=8,
-        n_heads=1,
-        n_kv_heads=1,
-        head_dim=8,
-        vocab_size=16,
-        total_params=WEIGHT_BYTES,
-        active_params=WEIGHT_BYTES,
-        dtype_bytes=1,
-    )
+    return tiny_spec(name, WEIGHT_BYTES)
 
 
 def tiny_cluster(kv_blocks: int = 96, host_kv_blocks: int = 128) -> ClusterConfig:

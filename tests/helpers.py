@@ -1,0 +1,45 @@
+"""Small builders shared by the tests: an estimator with round numbers and tiny model specs."""
+
+from __future__ import annotations
+
+from talaria.config import ModelSpec
+from talaria.types import Link
+
+
+class RoundNumberEstimator:
+    """Costs a test can compute by hand: prefill 1000 tok/s, restore 10000 tok/s, a decode
+    step 0.01 s, copies at 1e9 B/s (an ``Estimator``)."""
+
+    def step_s(
+        self, model: str, prefill_tokens: int, attn: float, decode_seqs: int, ctx: int
+    ) -> float:
+        return prefill_tokens / 1000 + (0.01 if decode_seqs else 0.0)
+
+    def copy_s(self, nbytes: int, link: Link) -> float:
+        return nbytes / 1e9
+
+    def prefill_tok_s(self, model: str) -> float:
+        return 1000.0
+
+    def restore_tok_s(self, model: str) -> float:
+        return 10_000.0
+
+    def decode_step_s(self, model: str, batch: int, context_tokens: int) -> float:
+        return 0.01
+
+
+def tiny_spec(name: str, weight_bytes: int = 1000, max_context: int = 131072) -> ModelSpec:
+    """``weight_bytes`` of weights (one byte per parameter) and 32 bytes of KV per token."""
+    return ModelSpec(
+        name=name,
+        n_layers=1,
+        hidden_size=8,
+        n_heads=1,
+        n_kv_heads=1,
+        head_dim=8,
+        vocab_size=16,
+        total_params=weight_bytes,
+        active_params=weight_bytes,
+        dtype_bytes=1,
+        max_context=max_context,
+    )
