@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+from typing import Any
+
 from talaria.config import ModelSpec
 from talaria.types import Link
 
@@ -43,3 +46,22 @@ def tiny_spec(name: str, weight_bytes: int = 1000, max_context: int = 131072) ->
         dtype_bytes=1,
         max_context=max_context,
     )
+
+
+def randomize_hf(model: Any, seed: int) -> None:
+    """Overwrite a transformers model's parameters with seeded values of realistic scale
+    (norms near 1, biases small, matrices scaled by fan-in), so logits are well spread."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=gen)
+            if "norm" in name:
+                p.copy_(1.0 + 0.2 * noise)
+            elif p.dim() == 1:
+                p.copy_(0.3 * noise)
+            elif "embed_tokens" in name:
+                p.copy_(noise)
+            else:
+                p.copy_(noise / math.sqrt(p.shape[1]))

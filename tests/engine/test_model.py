@@ -8,7 +8,6 @@ transformers forward over the same tokens.
 
 from __future__ import annotations
 
-import math
 import random
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -29,6 +28,7 @@ from talaria.engine.model import (
 from talaria.errors import BadRequest, ConfigError, ContextTooLong
 from talaria.memory.kv import MovePlan
 from talaria.types import Link
+from tests.helpers import randomize_hf
 
 transformers = pytest.importorskip("transformers")
 
@@ -86,19 +86,8 @@ def hf_model(config: Any, seed: int) -> Any:
     return model
 
 
-@torch.no_grad()
 def randomize(model: Any, seed: int) -> None:
-    gen = torch.Generator().manual_seed(seed)
-    for name, p in model.named_parameters():
-        noise = torch.randn(p.shape, generator=gen)
-        if "norm" in name:
-            p.copy_(1.0 + 0.2 * noise)
-        elif p.dim() == 1:
-            p.copy_(0.3 * noise)
-        elif "embed_tokens" in name:
-            p.copy_(noise)
-        else:
-            p.copy_(noise / math.sqrt(p.shape[1]))
+    randomize_hf(model, seed)
 
 
 def load(views: dict[str, torch.Tensor], hf: Any) -> None:

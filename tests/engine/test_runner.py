@@ -8,7 +8,6 @@ full-sequence transformers forwards. Instances are sized by hand so the KV pool 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -25,6 +24,7 @@ from talaria.policy.baselines import POLICIES
 from talaria.runtime.instance import InstanceCore, Request, Schedule
 from talaria.types import Call, Link, TokenSeq
 from tests.helpers import RoundNumberEstimator as RoundEstimator
+from tests.helpers import randomize_hf
 
 transformers = pytest.importorskip("transformers")
 
@@ -66,21 +66,10 @@ def qwen2(seed: int) -> Any:
     return randomized(transformers.Qwen2ForCausalLM, config, seed)
 
 
-@torch.no_grad()
 def randomized(cls: Any, config: Any, seed: int) -> Any:
     torch.manual_seed(seed)
     model = cls(config).eval()
-    gen = torch.Generator().manual_seed(seed)
-    for name, p in model.named_parameters():
-        noise = torch.randn(p.shape, generator=gen)
-        if "norm" in name:
-            p.copy_(1.0 + 0.2 * noise)
-        elif p.dim() == 1:
-            p.copy_(0.3 * noise)
-        elif "embed_tokens" in name:
-            p.copy_(noise)
-        else:
-            p.copy_(noise / math.sqrt(p.shape[1]))
+    randomize_hf(model, seed)
     return model
 
 
