@@ -41,6 +41,7 @@ from talaria.types import Call, Link, Residency, SessionId, TokenSeq
 
 STAGE_HEADROOM = 0.05  # of the KV pool kept free when lending blocks to weight staging
 MIN_STAGE_SHARE = 0.1  # of a model's weights: a smaller partial stage is not started
+RECENT_FINISHED = 4096  # finished calls an instance core remembers
 HOST_WEIGHT_SHARE = 0.65  # of host memory, at most, for weight copies when not all fit
 
 
@@ -174,7 +175,8 @@ class InstanceCore:
             m: collections.deque() for m in self.models
         }
         self.running: dict[CallKey, Request] = {}
-        self.finished: list[Request] = []
+        # recently finished calls, for inspection; bounded so a long-running server keeps none
+        self.finished: collections.deque[Request] = collections.deque(maxlen=RECENT_FINISHED)
         self.counters = InstanceCounters()
         self._in_gap: dict[SessionId, _Gap] = {}
         self._gaps_of: dict[str, dict[SessionId, _Gap]] = {m: {} for m in self.models}
