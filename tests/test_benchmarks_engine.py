@@ -32,6 +32,18 @@ FIGURES = (
     "tf_decode_tok_s_batch8",
     "tf_generate_tok_s_batch1",
     "tf_generate_tok_s_batch8",
+    "switch_s_from_disk",
+    "switch_gb_s_from_disk",
+    "switch_s_from_host",
+    "switch_gb_s_from_host",
+    "switch_s_from_staging",
+    "switch_gb_s_from_staging",
+    "stage_copy_s",
+    "decode_step_s_alone",
+    "decode_step_s_with_staging",
+    "peak_rss_bytes",
+    "memory_budget_bytes",
+    "rss_over_budget_ratio",
 )
 
 
@@ -56,6 +68,8 @@ def test_engine_benchmark_quick_writes_positive_figures(tmp_path: Path) -> None:
     assert cfg["torch_threads"] >= 1
     if cfg["vllm"] == "not installed":
         assert "vLLM not installed: rows skipped" in done.stdout
+    assert "rss_within_10pct" in cfg["switch_memory"]
+    assert "staging_fastest" in cfg["switch_memory"]
     assert set(FIGURES) <= set(doc), sorted(set(FIGURES) - set(doc))
     for key, value in doc.items():
         assert isinstance(value, (int, float)) and not isinstance(value, bool), key
