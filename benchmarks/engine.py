@@ -517,17 +517,14 @@ def measure_switches(
     core.kv.return_lent()
     lent = core.kv.lend(-(-nbytes // bb))
     core.stage_blocks = lent
-    rows = runner._block_rows  # the device KV pool as [blocks, block_bytes]
-    full, rest = divmod(nbytes, bb)
-    idx = torch.tensor(lent[:full], dtype=torch.long)
     src = runner.host_weights[big]
 
     def stage_copy() -> None:
-        """The runner's ``_stage`` copies (host weights -> the lent blocks, in order) for the
-        whole model (the core stages ``arena.staged_bytes``, at most what the loan holds)."""
-        rows.index_copy_(0, idx, src[: full * bb].view(full, bb))
-        if rest:
-            rows[lent[full], :rest].copy_(src[full * bb :])
+        """The runner's ``_stage`` copies (host weights -> the lent blocks, in order, as
+        slice copies over runs of consecutive blocks) for the whole model (the core stages
+        ``arena.staged_bytes``, at most what the loan holds)."""
+        for rows, lo, hi in runner._lent_runs(nbytes):
+            rows.flatten()[: hi - lo].copy_(src[lo:hi])
 
     try:
         # decode of SmolLM2 (now in region 0) on blocks not lent, alone and beside staging
