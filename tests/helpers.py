@@ -65,3 +65,57 @@ def randomize_hf(model: Any, seed: int) -> None:
                 p.copy_(noise)
             else:
                 p.copy_(noise / math.sqrt(p.shape[1]))
+
+
+def llama_config(**overrides: Any) -> Any:
+    """A tiny random-weight-ready transformers LlamaConfig (overrides win)."""
+    import transformers
+
+    kw: dict[str, Any] = dict(
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+    )
+    kw.update(overrides)
+    return transformers.LlamaConfig(**kw)
+
+
+def qwen2_config(**overrides: Any) -> Any:
+    """A tiny transformers Qwen2Config (attention bias on q/k/v; overrides win)."""
+    import transformers
+
+    kw: dict[str, Any] = dict(
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        max_position_embeddings=256,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+    )
+    kw.update(overrides)
+    return transformers.Qwen2Config(**kw)
+
+
+def hf_model(config: Any, seed: int) -> Any:
+    """A transformers model of ``config`` with every parameter seeded by ``randomize_hf``."""
+    import torch
+    import transformers
+
+    cls = (
+        transformers.Qwen2ForCausalLM
+        if config.model_type == "qwen2"
+        else transformers.LlamaForCausalLM
+    )
+    torch.manual_seed(seed)
+    model = cls(config).eval()
+    randomize_hf(model, seed)
+    return model

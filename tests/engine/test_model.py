@@ -28,7 +28,7 @@ from talaria.engine.model import (
 from talaria.errors import BadRequest, ConfigError, ContextTooLong
 from talaria.memory.kv import MovePlan
 from talaria.types import Link
-from tests.helpers import randomize_hf
+from tests.helpers import hf_model, llama_config, qwen2_config, randomize_hf
 
 transformers = pytest.importorskip("transformers")
 
@@ -38,56 +38,6 @@ BLOCK_SIZE = 8  # tokens per block of the widest model
 
 
 # ----------------------------------------------------------------------------- helpers
-
-
-def llama_config(**overrides: Any) -> Any:
-    kw: dict[str, Any] = dict(
-        vocab_size=128,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        rms_norm_eps=1e-5,
-        tie_word_embeddings=False,
-    )
-    kw.update(overrides)
-    return transformers.LlamaConfig(**kw)
-
-
-def qwen2_config(**overrides: Any) -> Any:
-    kw: dict[str, Any] = dict(
-        vocab_size=128,
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=3,
-        num_attention_heads=4,
-        num_key_value_heads=1,
-        max_position_embeddings=256,
-        rms_norm_eps=1e-6,
-        tie_word_embeddings=False,
-    )
-    kw.update(overrides)
-    return transformers.Qwen2Config(**kw)
-
-
-def hf_model(config: Any, seed: int) -> Any:
-    """A transformers model of ``config`` with every parameter random (norms near 1, biases
-    non-zero), scaled so activations stay of order one."""
-    cls = (
-        transformers.Qwen2ForCausalLM
-        if config.model_type == "qwen2"
-        else transformers.LlamaForCausalLM
-    )
-    torch.manual_seed(seed)
-    model = cls(config).eval()
-    randomize(model, seed)
-    return model
-
-
-def randomize(model: Any, seed: int) -> None:
-    randomize_hf(model, seed)
 
 
 def load(views: dict[str, torch.Tensor], hf: Any) -> None:
@@ -404,7 +354,7 @@ def test_pointers_stable_across_reloads_and_model_switches(check: Checker) -> No
         i = switch % 2
         hf = (llama_hf, qwen_hf)[i]
         if switch >= 2:
-            randomize(hf, seed=100 + switch)  # new weights of the same model ...
+            randomize_hf(hf, seed=100 + switch)  # new weights of the same model ...
         rebound = bind_weights(archs[i], region, F32)
         assert {n: t.data_ptr() for n, t in rebound.items()} == ptrs[i]
         load(rebound, hf)  # ... copied into the same views

@@ -24,7 +24,7 @@ from talaria.policy.baselines import POLICIES
 from talaria.runtime.instance import InstanceCore, Request, Schedule
 from talaria.types import Call, Link, TokenSeq
 from tests.helpers import RoundNumberEstimator as RoundEstimator
-from tests.helpers import randomize_hf
+from tests.helpers import hf_model, llama_config, qwen2_config
 
 transformers = pytest.importorskip("transformers")
 
@@ -37,40 +37,11 @@ TALARIA = POLICIES["talaria"]
 
 
 def llama(seed: int) -> Any:
-    config = transformers.LlamaConfig(
-        vocab_size=128,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        rms_norm_eps=1e-5,
-        tie_word_embeddings=False,
-    )
-    return randomized(transformers.LlamaForCausalLM, config, seed)
+    return hf_model(llama_config(), seed)
 
 
 def qwen2(seed: int) -> Any:
-    config = transformers.Qwen2Config(
-        vocab_size=128,
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=3,
-        num_attention_heads=4,
-        num_key_value_heads=1,
-        max_position_embeddings=256,
-        rms_norm_eps=1e-6,
-        tie_word_embeddings=True,
-    )
-    return randomized(transformers.Qwen2ForCausalLM, config, seed)
-
-
-def randomized(cls: Any, config: Any, seed: int) -> Any:
-    torch.manual_seed(seed)
-    model = cls(config).eval()
-    randomize_hf(model, seed)
-    return model
+    return hf_model(qwen2_config(tie_word_embeddings=True), seed)
 
 
 @torch.no_grad()
