@@ -405,7 +405,8 @@ class InstanceCore:
     def schedule(self, now: float) -> Schedule:
         """Decide the next action (see module docstring). Mutates slot, admission, KV."""
         self._bounds.clear()
-        moves = self._expire(now)
+        self._expire(now)
+        moves: tuple[MovePlan, ...] = ()
         slot = self.rounds.slot
         idle = (
             slot is not None and not self._running_of[slot.model] and not self.waiting[slot.model]
@@ -513,14 +514,14 @@ class InstanceCore:
         self.stage_blocks = ()
         self._switch_memo.clear()
 
-    def _expire(self, now: float) -> tuple[MovePlan, ...]:
+    def _expire(self, now: float) -> None:
+        """Unpin expired reservations; their KV stays cached, valued by return probability."""
         for res in self.admission.expire(now):
             self.kv.unpin(res.session)
             gap = self._in_gap.get(res.session)
             if gap is not None:
                 p = self.admission.probability(gap.since_s, now, gap.expected_s)
                 self.kv.set_priority(res.session, p)
-        return ()
 
     def _admit(self, now: float) -> tuple[MovePlan, ...]:
         model = self.rounds.current

@@ -21,24 +21,14 @@ from talaria.memory.weights import (
     WeightArena,
 )
 from talaria.types import Link, Residency
+from tests.helpers import tiny_spec
 
 D2H, H2D, D2D = Link.DISK_TO_HOST, Link.HOST_TO_DEVICE, Link.DEVICE_TO_DEVICE
 
 
 def spec(name: str, nbytes: int) -> ModelSpec:
     """A model whose weights are exactly ``nbytes`` bytes (one byte per parameter)."""
-    return ModelSpec(
-        name=name,
-        n_layers=1,
-        hidden_size=8,
-        n_heads=1,
-        n_kv_heads=1,
-        head_dim=8,
-        vocab_size=16,
-        total_params=nbytes,
-        active_params=1,
-        dtype_bytes=1,
-    )
+    return tiny_spec(name, nbytes)
 
 
 MODELS = (spec("a", 100), spec("b", 60), spec("c", 80))
