@@ -55,6 +55,21 @@ class Overloaded(TalariaError):
     code = "overloaded"
 
 
+class InstanceFailed(TalariaError, RuntimeError):
+    """The instance serving a call failed while running it; the call was released and other
+    sessions continue. Retry the call: it is routed afresh."""
+
+    http_status = 503
+    code = "instance_failed"
+
+
+class ShuttingDown(TalariaError, RuntimeError):
+    """The server is shutting down and took no new work, or stopped before the call ended."""
+
+    http_status = 503
+    code = "shutting_down"
+
+
 class OutOfBlocks(TalariaError, RuntimeError):
     """A memory manager was asked to commit more blocks than it has (a caller skipped the check)."""
 

@@ -10,18 +10,20 @@ the core's decisions on tensors. The result satisfies
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import attrs
 import torch
 
-from talaria.config import InstanceSpec, PolicyConfig
+from talaria.config import ClusterConfig, InstanceSpec, PolicyConfig
 from talaria.engine.catalog import Source, entry
 from talaria.engine.loader import LoadedModel, load_dummy, load_gguf, smollm2_gguf
+from talaria.engine.model import ModelArch
 from talaria.engine.runner import EngineRunner
 from talaria.engine.tokenizer import Tokenizer
 from talaria.errors import ConfigError
-from talaria.runtime.costs import CostModelEstimator
+from talaria.runtime.cluster import ClusterCore
+from talaria.runtime.costs import CostModelEstimator, Estimator
 from talaria.runtime.instance import InstanceCore
 from talaria.sim.cost_model import CostModel
 from talaria.sim.hardware import profile
@@ -75,4 +77,73 @@ def build_embedded(
         runner,
         {name: m.tokenizer for name, m in loaded.items()},
         {name: m.source for name, m in loaded.items()},
+    )
+
+
+@attrs.frozen
+class EmbeddedCluster:
+    """A cluster core over embedded instances: one runner per instance, and per model its
+    architecture, tokenizer (None for random-weight models) and where it was loaded from."""
+
+    core: ClusterCore
+    runners: dict[str, EngineRunner]
+    archs: dict[str, ModelArch]
+    tokenizers: dict[str, Tokenizer | None]
+    loaded_from: dict[str, str]
+    eos_token_ids: dict[str, tuple[int, ...]]
+
+
+def build_embedded_cluster(
+    instances: Sequence[InstanceSpec],
+    models: Sequence[str],
+    policy: PolicyConfig,
+    dtype: torch.dtype = torch.bfloat16,
+    device: str = "cpu",
+) -> EmbeddedCluster:
+    """Load each catalog model once and build a cluster whose instances each run an
+    :class:`EngineRunner` (every instance keeps its own host copy of the weights it serves;
+    an instance with no ``models`` listed serves all of them)."""
+    if not models:
+        raise ConfigError("name at least one model to serve")
+    loaded = {name: load_catalog_model(name, dtype) for name in models}
+    return cluster_from_loaded(instances, loaded, policy, dtype, device)
+
+
+def cluster_from_loaded(
+    instances: Sequence[InstanceSpec],
+    loaded: Mapping[str, LoadedModel],
+    policy: PolicyConfig,
+    dtype: torch.dtype = torch.bfloat16,
+    device: str = "cpu",
+) -> EmbeddedCluster:
+    """``build_embedded_cluster`` for models already loaded (any names)."""
+    if not loaded:
+        raise ConfigError("name at least one model to serve")
+    specs = [m.arch.to_spec(name, dtype, source=m.source) for name, m in loaded.items()]
+    cluster = ClusterConfig(specs, tuple(instances))
+    estimators: dict[str, Estimator] = {
+        i.name: CostModelEstimator(
+            CostModel(profile(i.hardware), i.n_devices), cluster.models_on(i)
+        )
+        for i in cluster.instances
+    }
+    core = ClusterCore(cluster, policy, estimators)
+    eos = {name: tuple(m.eos_token_ids) for name, m in loaded.items()}
+    runners = {
+        name: EngineRunner(
+            inst,
+            {m: (loaded[m].arch, loaded[m].tensors) for m in inst.models},
+            dtype=dtype,
+            device=device,
+            eos_token_ids=eos,
+        )
+        for name, inst in core.instances.items()
+    }
+    return EmbeddedCluster(
+        core,
+        runners,
+        {name: m.arch for name, m in loaded.items()},
+        {name: m.tokenizer for name, m in loaded.items()},
+        {name: m.source for name, m in loaded.items()},
+        eos,
     )

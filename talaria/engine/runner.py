@@ -34,6 +34,7 @@ import math
 from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Final
 
+import attrs
 import torch
 
 from talaria.engine.kv_pool import KVPool, PagedKV
@@ -41,13 +42,21 @@ from talaria.engine.model import BatchInput, LlamaModel, ModelArch, SeqInput, bi
 from talaria.errors import BadRequest, ConfigError
 from talaria.memory.kv import CallKey
 from talaria.memory.weights import SwitchPlan
-from talaria.runtime.instance import InstanceCore, Request, StepPlan
+from talaria.runtime.instance import InstanceCore, Request, Schedule, StepPlan
 from talaria.types import Call, KVTier, Link
 
 Sampler = Callable[[torch.Tensor, Request], int]
 """Picks the next token from one sequence's logits ``[vocab]`` (default: greedy argmax)."""
 
 _MAX_IDLE_STEPS: Final = 100_000
+
+
+@attrs.frozen
+class Executed:
+    """What ``EngineRunner.execute`` did: the tokens it sampled, one per sequence whose
+    prompt is complete, in step order (already appended to ``EngineRunner.outputs``)."""
+
+    sampled: tuple[tuple[Request, int], ...]
 
 
 def greedy(logits: torch.Tensor, _req: Request) -> int:
@@ -153,6 +162,11 @@ class EngineRunner:
         self._prompts.pop(key, None)
         return tuple(self.outputs.pop(key))
 
+    def forget(self, key: CallKey) -> None:
+        """Drop what this runner keeps for a call that was aborted."""
+        self._prompts.pop(key, None)
+        self.outputs.pop(key, None)
+
     @property
     def idle(self) -> bool:
         """Nothing running and nothing waiting."""
@@ -162,8 +176,19 @@ class EngineRunner:
     # ------------------------------------------------------------------ one step
     def step(self, now: float) -> list[Request]:
         """Run one ``core.schedule(now)``; returns the calls that finished in it."""
-        core = self.core
-        sched = core.schedule(now)
+        sched = self.plan(now)
+        return self.commit(sched, self.execute(sched), now)
+
+    def plan(self, now: float) -> Schedule:
+        """The core's next decision (mutates the core; call from the task that owns it)."""
+        return self.core.schedule(now)
+
+    def execute(self, sched: Schedule) -> Executed:
+        """Do the tensor work of ``sched``: KV moves (in plan order, so demotions run before
+        the restores that may reuse their blocks), the weight switch, the stage, the forward
+        and sampling. Mutates tensors and this runner's outputs only, never the core, so it
+        may run on a worker thread while the owning task routes new calls into the core (the
+        calls of the step are read from ``sched`` and their ``Request`` objects)."""
         for plan in sched.kv_moves:
             self.pool.execute(plan)
         if sched.step is not None:
@@ -171,13 +196,38 @@ class EngineRunner:
                 self.pool.execute(plan)
         if sched.switch is not None:
             self._switch(sched.switch)
-            core.switch_done(sched.switch.model, now)
         if sched.stage is not None:  # after the KV moves: a demotion may free a lent block
             self._stage(sched.stage)
+        if sched.step is None:
+            return Executed(())
+        return self._run(sched.step, sched.requests)
+
+    def commit(
+        self,
+        sched: Schedule,
+        done: Executed,
+        now: float,
+        ends: Callable[[Request, int], bool] | None = None,
+    ) -> list[Request]:
+        """Report ``sched``'s execution to the core at ``now``; returns the calls that
+        finished. A sampled token ends its call when ``ends(request, token)`` says so
+        (default: the token is one of the model's end-of-sequence ids)."""
+        core = self.core
+        if sched.switch is not None:
+            core.switch_done(sched.switch.model, now)
+        if sched.stage is not None:
             core.stage_done(sched.stage.model)
         if sched.step is None:
             return []
-        return self._run(sched.step, now)
+        eos = self.eos.get(sched.step.model, frozenset())
+        for req, token in done.sampled:
+            out = self.outputs[req.key]
+            if (ends(req, token) if ends is not None else token in eos):
+                core.stop(req.key)
+            if req.stopped or len(out) >= req.target_output:
+                # the last token's KV was never computed: the history ends before it
+                req.history = req.call.prompt.extend(out[:-1])
+        return core.complete_step(sched.step, now)
 
     def generate(
         self,
@@ -265,38 +315,31 @@ class EngineRunner:
         return runs
 
     # ------------------------------------------------------------------ forward
-    def _run(self, plan: StepPlan, now: float) -> list[Request]:
-        core = self.core
-        region = core.arena.region_of(plan.model)
-        if core.arena.active_model != plan.model or region is None:
-            raise RuntimeError(f"a step of {plan.model} while {core.arena.active_model} is active")
+    def _run(self, plan: StepPlan, running: Mapping[CallKey, Request]) -> Executed:
+        region = self.core.arena.region_of(plan.model)
+        if region is None:
+            raise RuntimeError(f"a step of {plan.model}, whose weights are in no region")
         seqs: list[SeqInput] = []
         sampled: list[Request | None] = []
         for key, n, start in plan.prefill:
-            req = core.running[key]
+            req = running[key]
             ids = self._prompt(req)
             seqs.append(SeqInput(ids[start : start + n], start, req.blocks))
             sampled.append(req if start + n == req.prompt_len else None)
         for key in plan.decode:
-            req = core.running[key]
+            req = running[key]
             out = self.outputs[key]
             seqs.append(SeqInput((out[-1],), req.prompt_len + len(out) - 1, req.blocks))
             sampled.append(req)
         batch = BatchInput(seqs)  # type: ignore[arg-type]  # attrs plugin: converter=tuple
         logits = self.model(plan.model, region).forward(batch, self.paged[plan.model])
-        eos = self.eos.get(plan.model, frozenset())
-        for done, rows in zip(sampled, batch.split(logits), strict=True):
-            if done is None:
-                continue
-            out = self.outputs[done.key]
-            token = self.sample(rows[-1], done)
-            out.append(token)
-            if token in eos:
-                core.stop(done.key)
-            if done.stopped or len(out) >= done.target_output:
-                # the last token's KV was never computed: the history ends before it
-                done.history = done.call.prompt.extend(out[:-1])
-        return core.complete_step(plan, now)
+        tokens: list[tuple[Request, int]] = []
+        for last, rows in zip(sampled, batch.split(logits), strict=True):
+            if last is not None:
+                token = self.sample(rows[-1], last)
+                self.outputs[last.key].append(token)
+                tokens.append((last, token))
+        return Executed(tuple(tokens))
 
     def _prompt(self, req: Request) -> tuple[int, ...]:
         ids = self._prompts.get(req.key)

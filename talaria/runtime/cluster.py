@@ -15,7 +15,7 @@ from collections.abc import Mapping
 import attrs
 
 from talaria.config import ClusterConfig, PolicyConfig, Routing
-from talaria.errors import ContextTooLong, UnknownSession
+from talaria.errors import ContextTooLong, Overloaded, UnknownSession
 from talaria.policy.gaps import GapModel
 from talaria.policy.router import Decision, InstanceView, estimate, route
 from talaria.runtime.costs import Estimator
@@ -71,7 +71,7 @@ class ClusterCore:
         """Route ``call`` and queue it on the chosen instance."""
         self.cluster.model(call.model)  # UnknownModel
         info = self.sessions.get(call.session_id)
-        if info is None:
+        if info is None or info.ended:
             info = SessionInfo(call.model, call.tenant)
         elif info.model != call.model or info.tenant != call.tenant:
             info = SessionInfo(call.model, call.tenant)  # a new session under an old id
@@ -91,6 +91,11 @@ class ClusterCore:
     def _candidates(self, call: Call, target_output: int) -> list[InstanceCore]:
         """The instances whose KV pool and context can ever hold the call."""
         hosts = self._hosts[call.model]
+        if not hosts:
+            raise Overloaded(
+                f"no healthy instance serves model {call.model!r} (every one failed); "
+                "retry later or restart the server"
+            )
         if call.prompt_tokens + target_output <= self._fits_all[call.model]:
             return hosts
         candidates = [inst for inst in hosts if inst.fits(call, target_output)]
@@ -156,6 +161,21 @@ class ClusterCore:
             info.ended = True
             if inst is not None:
                 inst.end_session(session)
+
+    def forget(self, session: SessionId) -> None:
+        """Drop an ended session's entry (a later call under its id starts a new session)."""
+        info = self.sessions.get(session)
+        if info is not None and info.ended:
+            del self.sessions[session]
+
+    def mark_down(self, instance: str) -> None:
+        """Take a failed instance out of routing (its core keeps its state for inspection)."""
+        inst = self.instances[instance]
+        for model, hosts in self._hosts.items():
+            if inst in hosts:
+                hosts.remove(inst)
+                if hosts:
+                    self._fits_all[model] = min(h.token_limit(model) for h in hosts)
 
     def check_integrity(self) -> None:
         for inst in self.instances.values():

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import collections
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import attrs
 
@@ -121,10 +121,18 @@ class Schedule:
     stage: SwitchPlan | None = None
     kv_moves: tuple[MovePlan, ...] = ()
     waiting_for_stage: bool = False
+    # the step's running calls, captured when scheduled (a substrate executing the step on
+    # another thread reads these, never the core's mutable tables)
+    requests: Mapping[CallKey, Request] = attrs.field(factory=dict)
 
     @property
     def idle(self) -> bool:
         return self.step is None and self.switch is None
+
+    @property
+    def empty(self) -> bool:
+        """Nothing at all to execute: no step, switch, stage or KV move."""
+        return self.idle and self.stage is None and not self.kv_moves
 
 
 @attrs.define
@@ -426,7 +434,10 @@ class InstanceCore:
         moves += self._admit(now)
         stage = self._maybe_stage(now)
         step = self._build_step(moves)
-        return Schedule(step=step, stage=stage, kv_moves=() if step else moves)
+        if step is None:
+            return Schedule(stage=stage, kv_moves=moves)
+        keys = [key for key, _, _ in step.prefill] + list(step.decode)
+        return Schedule(step=step, stage=stage, requests={k: self.running[k] for k in keys})
 
     def _switch_to(self, model: str, moves: tuple[MovePlan, ...]) -> Schedule:
         arena = self.arena
@@ -639,6 +650,34 @@ class InstanceCore:
         ``complete_step`` finishes it with the tokens generated so far. Set ``history``
         first if the substrate builds it."""
         self.running[key].stopped = True
+
+    def abort(self, key: CallKey, reason: str) -> Request | None:
+        """Drop a waiting or running call without keeping what it computed (a client went
+        away, or the substrate failed while running it). Its KV blocks go back to the pool;
+        the session keeps what earlier calls cached. Returns the request, or None if the
+        instance does not hold ``key``."""
+        self._bounds.clear()
+        req = self.running.pop(key, None)
+        if req is not None:
+            self.kv.abort(key)
+            self._running_of[req.call.model] -= 1
+        else:
+            req = self._unqueue(key)
+            if req is None:
+                return None
+            self._queued_tokens[req.call.model] -= req.prompt_len
+        self._load_tokens -= req.prompt_len + req.target_output
+        req.error = reason
+        self.counters.calls_failed += 1
+        return req
+
+    def _unqueue(self, key: CallKey) -> Request | None:
+        for queue in self.waiting.values():
+            for req in queue:
+                if req.key == key:
+                    queue.remove(req)
+                    return req
+        return None
 
     def _finish(self, req: Request, now: float) -> None:
         call = req.call

@@ -1,0 +1,491 @@
+"""The live cluster loop: the cluster core and real engines on anyio, with the wall clock.
+
+:class:`LiveCluster` is the simulator's event loop made real. Calls are routed by the same
+:class:`~talaria.runtime.cluster.ClusterCore` (router, admission with soft reservations,
+round scheduler with session-prefill); each instance has one driver task that asks its
+core for the next decision, executes it on a worker thread (the tensors), and reports back.
+Only the substrate (an :class:`~talaria.engine.runner.EngineRunner` per instance) and the
+clock differ from the simulation.
+
+Ownership and locking: every mutation of the cluster core, instance cores and session table
+happens on the event loop thread (``submit``, ``event``, ``cancel`` and the driver tasks'
+``plan`` / ``commit``); the worker thread runs ``EngineRunner.execute`` only, which touches
+tensors and the runner's outputs, never the core. Aborts of a call (client gone, failure)
+are applied by its instance's driver between steps. No lock is needed beyond that rule.
+
+A call's tokens reach its caller through an unbounded memory stream of :class:`Delta`,
+then one :class:`Finished` or :class:`Failed`. Text is produced by the call's
+:class:`~talaria.engine.sampling.StopChecker` (stop strings, end tokens, max tokens).
+
+Sessions: a session starts with its first call; ``event(..., END)`` ends it and returns its
+completion time. Sessions whose clients never send ``end`` expire after ``session_idle_s``
+without a call. A call whose session has one in flight waits for it (calls of one session
+are sequential, as an agent's are).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import anyio
+import anyio.abc
+import attrs
+import torch
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from talaria.clock import Clock, WallClock
+from talaria.engine.runner import EngineRunner, Executed
+from talaria.engine.sampling import SamplingParams, StopChecker, make_generator, sample_row
+from talaria.errors import (
+    BadRequest,
+    InstanceFailed,
+    ShuttingDown,
+    TalariaError,
+    UnknownSession,
+)
+from talaria.memory.kv import CallKey
+from talaria.runtime.cluster import ClusterCore
+from talaria.runtime.instance import Request, Schedule
+from talaria.types import Call, EventKind, SessionId, TokenSeq
+
+log = logging.getLogger(__name__)
+
+IDLE_POLL_S = 0.02  # an instance with work it may not start yet re-checks this often
+IDLE_WAIT_S = 0.25  # an instance with no work wakes this often (staging, reservations)
+MAX_CONSECUTIVE_FAILURES = 3  # an instance failing this many steps in a row is taken out
+
+
+@attrs.frozen
+class Delta:
+    """New text of a call (may be empty when only token ids advanced)."""
+
+    text: str
+    token_ids: tuple[int, ...]
+
+
+@attrs.frozen
+class Finished:
+    """A call ended. ``cached_tokens`` counts prompt tokens whose KV was reused or restored."""
+
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    instance: str
+    ttft_s: float
+    latency_s: float
+
+
+@attrs.frozen
+class Failed:
+    error: TalariaError
+
+
+Event = Delta | Finished | Failed
+
+
+@attrs.define(eq=False)
+class LiveCall:
+    """One call in flight: its request, sampling state and the stream to its caller."""
+
+    call: Call
+    req: Request
+    instance: str
+    params: SamplingParams
+    checker: StopChecker
+    generator: torch.Generator | None
+    send: MemoryObjectSendStream[Event]
+    vocab_limit: int | None  # sample only ids the tokenizer can decode
+    sent_tokens: int = 0
+    text: list[str] = attrs.field(factory=list)
+
+    @property
+    def key(self) -> CallKey:
+        return self.call.key
+
+
+@attrs.define
+class LiveSession:
+    start_s: float
+    last_s: float
+    calls: int = 0
+    in_flight: int = 0
+    # calls of one session run one at a time (a semaphore: released by whichever task ends
+    # the call's stream, which need not be the task that acquired it)
+    lock: anyio.Semaphore = attrs.field(factory=lambda: anyio.Semaphore(1))
+
+
+@attrs.frozen
+class SessionSummary:
+    """A session at its end: completion time from its first call's arrival (seconds)."""
+
+    session_id: str
+    sct_s: float
+    calls: int
+    expired: bool = False
+
+
+@attrs.define
+class _Driver:
+    runner: EngineRunner
+    wake: anyio.Event = attrs.field(factory=anyio.Event)
+    aborts: list[tuple[CallKey, TalariaError]] = attrs.field(factory=list)
+    failures: int = 0
+    down: bool = False
+    limiter: anyio.CapacityLimiter = attrs.field(factory=lambda: anyio.CapacityLimiter(1))
+
+
+class LiveCluster:
+    """Routes calls into instance cores and drives one engine runner per instance.
+
+    Use as ``async with LiveCluster(...) as live:``; leaving the block shuts down gracefully
+    (calls in flight get ``shutdown_grace_s`` to finish, then fail with ``ShuttingDown``).
+    """
+
+    def __init__(
+        self,
+        core: ClusterCore,
+        runners: Mapping[str, EngineRunner],
+        *,
+        clock: Clock | None = None,
+        session_idle_s: float = 600.0,
+        shutdown_grace_s: float = 30.0,
+        on_session_end: Callable[[SessionSummary], None] | None = None,
+    ) -> None:
+        if set(runners) != set(core.instances):
+            raise BadRequest(
+                f"runners {sorted(runners)} differ from instances {sorted(core.instances)}"
+            )
+        if not session_idle_s > 0:
+            raise BadRequest(f"session_idle_s must be positive, got {session_idle_s}")
+        self.core = core
+        self.clock: Clock = clock or WallClock()
+        self.session_idle_s = session_idle_s
+        self.shutdown_grace_s = shutdown_grace_s
+        self.on_session_end = on_session_end
+        self.drivers = {name: _Driver(r) for name, r in runners.items()}
+        for d in self.drivers.values():
+            d.runner.sample = self._sample
+        self.calls: dict[CallKey, LiveCall] = {}
+        self.sessions: dict[SessionId, LiveSession] = {}
+        self.accepting = False
+        self.ended_sessions = 0
+        self.expired_sessions = 0
+        self.calls_failed = 0
+        self._tg: anyio.abc.TaskGroup | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+    async def __aenter__(self) -> LiveCluster:
+        self._tg = anyio.create_task_group()
+        await self._tg.__aenter__()
+        for name in self.drivers:
+            self._tg.start_soon(self._drive, name, name=f"talaria-driver-{name}")
+        self._tg.start_soon(self._expire_sessions, name="talaria-session-expiry")
+        self.accepting = True
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> bool | None:
+        await self.shutdown()
+        tg, self._tg = self._tg, None
+        if tg is None:
+            return None
+        tg.cancel_scope.cancel()
+        return await tg.__aexit__(*exc_info)
+
+    async def shutdown(self) -> None:
+        """Take no new calls; let calls in flight finish for up to ``shutdown_grace_s``;
+        fail the rest with ``ShuttingDown``."""
+        self.accepting = False
+        with anyio.move_on_after(self.shutdown_grace_s):
+            while self.calls:
+                await anyio.sleep(0.05)
+        for lc in list(self.calls.values()):
+            self.cancel(lc.key, ShuttingDown("the server shut down before the call finished"))
+        for d in self.drivers.values():
+            self._apply_aborts(d)
+
+    # ------------------------------------------------------------------ calls
+    def session(self, session_id: SessionId) -> LiveSession:
+        """The live session (created on first use)."""
+        s = self.sessions.get(session_id)
+        if s is None:
+            now = self.clock.now()
+            s = self.sessions[session_id] = LiveSession(now, now)
+        return s
+
+    async def submit(
+        self,
+        session_id: SessionId,
+        model: str,
+        prompt: TokenSeq,
+        params: SamplingParams,
+        checker: StopChecker,
+        *,
+        tenant: str = "default",
+        vocab_limit: int | None = None,
+    ) -> tuple[LiveCall, MemoryObjectReceiveStream[Event]]:
+        """Route one call and queue it. Raises the typed errors of routing (unknown model,
+        context too long, token outside the vocabulary) before anything changes; the caller
+        must hold the session's lock (``session(id).lock``) until the call ends."""
+        if not self.accepting:
+            raise ShuttingDown("the server is shutting down; retry on another server")
+        sess = self.session(session_id)
+        now = self.clock.now()
+        call = Call(session_id, sess.calls, model, prompt, params.max_tokens, None, tenant, now)
+        try:
+            self._check_vocab(call)
+            inst, req, _ = self.core.place(call, params.max_tokens, None, now)
+        except TalariaError:
+            if sess.calls == 0 and sess.in_flight == 0:
+                del self.sessions[session_id]  # nothing was started under this id
+            raise
+        name = inst.spec.name
+        runner = self.drivers[name].runner
+        runner.outputs[call.key] = []
+        send, receive = anyio.create_memory_object_stream[Event](math.inf)
+        generator = None if params.greedy else make_generator(params, runner.device)
+        lc = LiveCall(call, req, name, params, checker, generator, send, vocab_limit)
+        self.calls[call.key] = lc
+        sess.calls += 1
+        sess.in_flight += 1
+        sess.last_s = now
+        self._wake(name)
+        return lc, receive
+
+    def _check_vocab(self, call: Call) -> None:
+        runners = [d.runner for d in self.drivers.values() if call.model in d.runner.archs]
+        if not runners:
+            return  # the core raises UnknownModel
+        vocab = runners[0].archs[call.model].vocab_size
+        bad = next((t for t in call.prompt.tokens() if t >= vocab), None)
+        if bad is not None:
+            raise BadRequest(f"token id {bad} is outside {call.model}'s vocabulary of {vocab}")
+
+    def cancel(self, key: CallKey, error: TalariaError | None = None) -> None:
+        """Stop a call (its caller went away, or shutdown). Its instance drops it between
+        steps; the caller's stream gets ``Failed(error)`` if an error is given."""
+        lc = self.calls.get(key)
+        if lc is None:
+            return
+        d = self.drivers[lc.instance]
+        d.aborts.append((key, error or BadRequest("the client cancelled the call")))
+        self._wake(lc.instance)
+
+    def _sample(self, logits: torch.Tensor, req: Request) -> int:
+        """The runner's sampler: each call with its own parameters and generator."""
+        lc = self.calls.get(req.key)
+        if lc is None:
+            return int(torch.argmax(logits))
+        if lc.vocab_limit is not None and lc.vocab_limit < logits.shape[-1]:
+            logits = logits[: lc.vocab_limit]
+        if lc.params.greedy or lc.generator is None:
+            return int(torch.argmax(logits))
+        return int(sample_row(logits.float(), lc.params, lc.generator))
+
+    # ------------------------------------------------------------------ events
+    def event(
+        self, session_id: SessionId, kind: EventKind, expected_s: float | None = None
+    ) -> SessionSummary | None:
+        """A client hint. ``UnknownSession`` if the session never sent a call or ended.
+        Returns the session's summary on ``END``."""
+        sess = self.sessions.get(session_id)
+        if sess is None:
+            raise UnknownSession(
+                f"unknown session {session_id!r}: send a call with this session id first "
+                "(sessions also end after an 'end' event or when idle too long)"
+            )
+        if expected_s is not None and not (0 <= expected_s < 1e7):
+            raise BadRequest(
+                f"expected_s must be a non-negative number of seconds, got {expected_s}"
+            )
+        now = self.clock.now()
+        self.core.event(session_id, kind, expected_s, now)
+        for d in self.drivers.values():
+            d.wake.set()
+        if kind is not EventKind.END:
+            sess.last_s = now
+            return None
+        return self._end(session_id, sess, now, expired=False)
+
+    def _end(
+        self, session_id: SessionId, sess: LiveSession, now: float, expired: bool
+    ) -> SessionSummary:
+        del self.sessions[session_id]
+        self.core.forget(session_id)
+        self.ended_sessions += 1
+        self.expired_sessions += expired
+        summary = SessionSummary(session_id, now - sess.start_s, sess.calls, expired)
+        if self.on_session_end is not None:
+            self.on_session_end(summary)
+        return summary
+
+    async def _expire_sessions(self) -> None:
+        period = min(10.0, self.session_idle_s / 4)
+        while True:
+            await anyio.sleep(period)
+            now = self.clock.now()
+            for sid, sess in list(self.sessions.items()):
+                if sess.in_flight == 0 and now - sess.last_s > self.session_idle_s:
+                    if self.core.sessions.get(sid) is not None:
+                        self.core.event(sid, EventKind.END, None, now)
+                    self._end(sid, sess, now, expired=True)
+
+    # ------------------------------------------------------------------ drivers
+    def _wake(self, name: str) -> None:
+        self.drivers[name].wake.set()
+
+    async def _idle(self, d: _Driver, timeout: float) -> None:
+        with anyio.move_on_after(timeout):
+            await d.wake.wait()
+        d.wake = anyio.Event()
+
+    async def _drive(self, name: str) -> None:
+        """One instance: plan on the loop, execute on a thread, commit on the loop."""
+        d = self.drivers[name]
+        runner = d.runner
+        while True:
+            self._apply_aborts(d)
+            if d.down:
+                await self._idle(d, IDLE_WAIT_S)
+                continue
+            sched = runner.plan(self.clock.now())
+            if sched.empty:
+                busy = not runner.idle
+                await self._idle(d, IDLE_POLL_S if busy else IDLE_WAIT_S)
+                continue
+            try:
+                done = await anyio.to_thread.run_sync(runner.execute, sched, limiter=d.limiter)
+            except Exception as exc:  # the instance failed: its calls fail, others go on
+                log.exception("instance %s failed a step", name)
+                self._step_failed(name, d, sched, exc)
+                continue
+            d.failures = 0
+            self._committed(name, sched, done)
+            await anyio.lowlevel.checkpoint()
+
+    def _committed(self, name: str, sched: Schedule, done: Executed) -> None:
+        runner = self.drivers[name].runner
+        ended: set[CallKey] = set()
+
+        def ends(req: Request, token: int) -> bool:
+            lc = self.calls.get(req.key)
+            if lc is None:
+                return False
+            update = lc.checker.update(token)
+            if update.text:
+                lc.text.append(update.text)
+            if update.finish_reason is not None:
+                ended.add(req.key)
+                return True
+            return False
+
+        finished = runner.commit(sched, done, self.clock.now(), ends)
+        for req, _ in done.sampled:
+            self._send_delta(req.key, runner)
+        for req in finished:
+            self._finished(name, req)
+
+    def _send_delta(self, key: CallKey, runner: EngineRunner) -> None:
+        lc = self.calls.get(key)
+        if lc is None:
+            return
+        out = runner.outputs.get(key, [])
+        text = "".join(lc.text)
+        lc.text.clear()
+        ids = tuple(out[lc.sent_tokens :])
+        lc.sent_tokens = len(out)
+        if text or ids:
+            lc.send.send_nowait(Delta(text, ids))
+
+    def _finished(self, name: str, req: Request) -> None:
+        runner = self.drivers[name].runner
+        self.core.on_finished(req)
+        out = runner.take_output(req.key)
+        lc = self.calls.pop(req.key, None)
+        if lc is None:
+            return
+        self._session_done(req.call.session_id)
+        reason = lc.checker.finish_reason or ("stop" if req.stopped else "length")
+        arrival = req.call.arrival_s
+        first = req.first_token_s if req.first_token_s is not None else req.finished_s
+        lc.send.send_nowait(
+            Finished(
+                reason,
+                req.prompt_len,
+                len(out),
+                min(req.prompt_len, req.reused_tokens + req.restored_tokens),
+                name,
+                (first or arrival) - arrival,
+                (req.finished_s or arrival) - arrival,
+            )
+        )
+        lc.send.close()
+
+    def _session_done(self, session_id: SessionId) -> None:
+        sess = self.sessions.get(session_id)
+        if sess is not None:
+            sess.in_flight -= 1
+            sess.last_s = self.clock.now()
+
+    def _fail(self, name: str, key: CallKey, error: TalariaError) -> None:
+        """Release ``key`` from its instance and tell its caller."""
+        inst = self.core.instances[name]
+        inst.abort(key, str(error))
+        self.drivers[name].runner.forget(key)
+        lc = self.calls.pop(key, None)
+        self.calls_failed += 1
+        if lc is not None:
+            self._session_done(key[0])
+            lc.send.send_nowait(Failed(error))
+            lc.send.close()
+
+    def _apply_aborts(self, d: _Driver) -> None:
+        aborts, d.aborts = d.aborts, []
+        for key, error in aborts:
+            lc = self.calls.get(key)
+            if lc is not None:
+                self._fail(lc.instance, key, error)
+
+    def _step_failed(self, name: str, d: _Driver, sched: Schedule, exc: Exception) -> None:
+        """Fail the calls of the step that raised; after ``MAX_CONSECUTIVE_FAILURES`` take the
+        instance out of routing and fail everything it holds."""
+        d.failures += 1
+        inst = self.core.instances[name]
+        if sched.switch is not None:
+            inst.switch_done(sched.switch.model, self.clock.now())
+        if sched.stage is not None:
+            inst.stage_done(sched.stage.model)
+        error = InstanceFailed(
+            f"instance {name} failed while running the call ({type(exc).__name__}: {exc}); "
+            "the call was released, retry it"
+        )
+        keys = list(sched.requests) if sched.step is not None else []
+        if d.failures >= MAX_CONSECUTIVE_FAILURES:
+            d.down = True
+            self.core.mark_down(name)
+            keys = [lc.key for lc in self.calls.values() if lc.instance == name]
+            log.error("instance %s taken out of service after %d failures", name, d.failures)
+        for key in keys:
+            if key in self.calls:
+                self._fail(name, key, error)
+
+    # ------------------------------------------------------------------ inspection
+    def check_integrity(self) -> None:
+        """Every memory manager's invariants, and no call tracked twice or leaked."""
+        self.core.check_integrity()
+        for name, d in self.drivers.items():
+            inst = self.core.instances[name]
+            held = set(inst.running) | {r.key for q in inst.waiting.values() for r in q}
+            mine = {k for k, lc in self.calls.items() if lc.instance == name}
+            if held != mine:
+                raise RuntimeError(
+                    f"instance {name}: core holds {sorted(held)} but the loop tracks {sorted(mine)}"
+                )
+            stray = set(d.runner.outputs) - mine
+            if stray:
+                raise RuntimeError(
+                    f"instance {name}: outputs of finished calls kept: {sorted(stray)}"
+                )

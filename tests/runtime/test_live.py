@@ -1,0 +1,251 @@
+"""The live cluster loop on real (tiny, random-weight) engines with the wall clock."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+import attrs
+import pytest
+import torch
+
+from talaria.backends.embedded import EmbeddedCluster, cluster_from_loaded
+from talaria.config import InstanceSpec
+from talaria.engine.loader import load_dummy
+from talaria.engine.sampling import SamplingParams, StopChecker
+from talaria.errors import BadRequest, InstanceFailed, ShuttingDown, UnknownModel, UnknownSession
+from talaria.policy.baselines import POLICIES
+from talaria.runtime.live import Delta, Failed, Finished, LiveCluster
+from talaria.types import EventKind, TokenSeq
+from tests.helpers import llama_config, qwen2_config
+
+pytestmark = pytest.mark.anyio
+
+MB = 10**6
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def tiny_cluster(
+    device_bytes: int = 2 * MB, instances: int = 1, policy: str = "talaria"
+) -> EmbeddedCluster:
+    """Two tiny random-weight models (Llama, Qwen2) on ``instances`` CPU instances whose
+    device budget holds one model's weights and a small KV pool."""
+    loaded = {
+        "llama-tiny": load_dummy(llama_config().to_dict(), seed=1, dtype=torch.float32),
+        "qwen-tiny": load_dummy(qwen2_config().to_dict(), seed=2, dtype=torch.float32),
+    }
+    specs = [
+        InstanceSpec(
+            name=f"cpu-{i}",
+            hardware="cpu",
+            device_memory_bytes=device_bytes,
+            host_memory_bytes=4 * MB,
+            block_size=16,
+            memory_utilization=1.0,
+        )
+        for i in range(instances)
+    ]
+    pol = attrs.evolve(POLICIES[policy], slot_max_s=0.5, slot_linger_s=0.05)
+    return cluster_from_loaded(specs, loaded, pol, torch.float32)
+
+
+def live_of(c: EmbeddedCluster, **kw: Any) -> LiveCluster:
+    return LiveCluster(c.core, c.runners, **kw)
+
+
+def prompt_for(i: int, n: int = 40) -> TokenSeq:
+    return TokenSeq([(7 * i + 3 * k) % 120 + 1 for k in range(n)])
+
+
+async def run_call(
+    live: LiveCluster, session: str, model: str, prompt: TokenSeq, max_tokens: int = 6
+) -> tuple[tuple[int, ...], Finished]:
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    async with live.session(session).lock:
+        _, receive = await live.submit(session, model, prompt, params, StopChecker(params))
+        ids: list[int] = []
+        async with receive:
+            async for ev in receive:
+                if isinstance(ev, Delta):
+                    ids.extend(ev.token_ids)
+                elif isinstance(ev, Failed):
+                    raise ev.error
+                else:
+                    return tuple(ids), ev
+    raise AssertionError("stream ended without Finished")
+
+
+async def alone(model: str, prompt: TokenSeq, max_tokens: int = 6) -> tuple[int, ...]:
+    async with live_of(tiny_cluster()) as live:
+        ids, _ = await run_call(live, "solo", model, prompt, max_tokens)
+        return ids
+
+
+async def test_concurrent_sessions_get_their_own_answers_and_reuse_their_prefix() -> None:
+    """6 sessions x 3 calls over two models, concurrently: every answer equals the same
+    prompt answered alone; from the second call on the prefix is cached."""
+    c = tiny_cluster(device_bytes=4 * MB)
+    results: dict[tuple[int, int], tuple[tuple[int, ...], Finished, TokenSeq]] = {}
+    async with live_of(c) as live:
+
+        async def session(i: int) -> None:
+            model = "llama-tiny" if i % 2 else "qwen-tiny"
+            prompt = prompt_for(i)
+            for k in range(3):
+                ids, fin = await run_call(live, f"s{i}", model, prompt)
+                results[(i, k)] = (ids, fin, prompt)
+                prompt = prompt.extend(ids).extend([5, 6, 7])
+                live.event(f"s{i}", EventKind.TOOL_START, 0.01)
+                await anyio.sleep(0.01)
+            live.event(f"s{i}", EventKind.END)
+
+        async with anyio.create_task_group() as tg:
+            for i in range(6):
+                tg.start_soon(session, i)
+        live.check_integrity()
+        assert not live.sessions and live.ended_sessions == 6
+    assert len(results) == 18
+    for (i, k), (ids, fin, prompt) in results.items():
+        assert fin.completion_tokens == 6 and len(ids) == 6
+        assert fin.prompt_tokens == len(prompt)
+        if k > 0:
+            assert fin.cached_tokens >= 16 * (len(prompt) // 16 - 1), (i, k)
+    for i in (0, 1):  # spot-check answers against a fresh cluster, one call at a time
+        model = "llama-tiny" if i % 2 else "qwen-tiny"
+        ids, _, prompt = results[(i, 2)]
+        assert await alone(model, prompt) == ids
+    counters = c.core.instances["cpu-0"].counters
+    assert counters.model_switches >= 2 and counters.calls_finished == 18
+
+
+async def test_bad_input_raises_typed_errors_and_changes_nothing() -> None:
+    c = tiny_cluster()
+    async with live_of(c) as live:
+        params = SamplingParams(max_tokens=4)
+        with pytest.raises(UnknownModel):
+            await live.submit("a", "nope", prompt_for(1), params, StopChecker(params))
+        with pytest.raises(BadRequest, match="vocabulary"):
+            await live.submit("a", "llama-tiny", TokenSeq([1, 500]), params, StopChecker(params))
+        with pytest.raises(UnknownSession):
+            live.event("never-seen", EventKind.TOOL_START, 1.0)
+        assert not live.sessions and not live.calls
+        ids, _ = await run_call(live, "a", "llama-tiny", prompt_for(1))
+        with pytest.raises(BadRequest, match="expected_s"):
+            live.event("a", EventKind.TOOL_START, -1.0)
+        assert len(ids) == 6
+        live.check_integrity()
+
+
+async def test_a_failing_step_fails_its_calls_and_the_instance_keeps_serving() -> None:
+    c = tiny_cluster()
+    runner = c.runners["cpu-0"]
+    real = runner.execute
+    calls = {"n": 0}
+
+    def flaky(sched: Any) -> Any:
+        if sched.step is not None and calls["n"] == 0:
+            calls["n"] += 1
+            raise RuntimeError("injected device fault")
+        return real(sched)
+
+    runner.execute = flaky  # type: ignore[method-assign]
+    async with live_of(c) as live:
+        with pytest.raises(InstanceFailed, match="injected device fault"):
+            await run_call(live, "victim", "llama-tiny", prompt_for(2))
+        live.check_integrity()
+        ids, fin = await run_call(live, "next", "llama-tiny", prompt_for(3))
+        assert len(ids) == 6 and fin.finish_reason == "length"
+        live.check_integrity()
+        assert live.calls_failed == 1
+
+
+async def test_an_instance_that_keeps_failing_is_taken_out_and_the_other_serves() -> None:
+    c = tiny_cluster(instances=2)
+    broken = c.runners["cpu-0"]
+
+    def always(sched: Any) -> Any:
+        if sched.step is not None:
+            raise RuntimeError("dead device")
+        return type(broken).execute(broken, sched)
+
+    broken.execute = always  # type: ignore[method-assign]
+    async with live_of(c) as live:
+        answered = failed = 0
+        for i in range(8):
+            try:
+                await run_call(live, f"s{i}", "llama-tiny", prompt_for(i))
+                answered += 1
+            except InstanceFailed:
+                failed += 1
+        assert failed <= 3 and answered == 8 - failed
+        assert live.drivers["cpu-0"].down
+        live.check_integrity()
+
+
+async def test_cancel_releases_the_call() -> None:
+    c = tiny_cluster()
+    async with live_of(c) as live:
+        params = SamplingParams(temperature=0.0, max_tokens=200, ignore_eos=True)
+        async with live.session("c").lock:
+            lc, receive = await live.submit(
+                "c", "llama-tiny", prompt_for(4), params, StopChecker(params)
+            )
+            async with receive:
+                first = await receive.receive()
+                assert isinstance(first, Delta)
+                live.cancel(lc.key, BadRequest("client went away"))
+                rest = [ev async for ev in receive]
+        assert isinstance(rest[-1], Failed)
+        with anyio.fail_after(2):
+            while live.core.instances["cpu-0"].running:
+                await anyio.sleep(0.01)
+        live.check_integrity()
+        assert not live.calls and live.sessions["c"].in_flight == 0
+
+
+async def test_sessions_without_an_end_expire() -> None:
+    c = tiny_cluster()
+    ends: list[Any] = []
+    async with live_of(c, session_idle_s=0.2, on_session_end=ends.append) as live:
+        await run_call(live, "quiet", "llama-tiny", prompt_for(5))
+        with anyio.fail_after(3):
+            while "quiet" in live.sessions:
+                await anyio.sleep(0.05)
+        assert live.expired_sessions == 1 and ends[0].expired and ends[0].calls == 1
+        with pytest.raises(UnknownSession):
+            live.event("quiet", EventKind.TOOL_START, 1.0)
+        assert "quiet" not in c.core.sessions
+        live.check_integrity()
+
+
+async def test_shutdown_fails_what_cannot_finish_and_refuses_new_calls() -> None:
+    c = tiny_cluster()
+    live = live_of(c, shutdown_grace_s=0.05)
+    seen: list[Any] = []
+    async with live:
+        params = SamplingParams(temperature=0.0, max_tokens=200, ignore_eos=True)
+        async with live.session("long").lock:
+            _, receive = await live.submit(
+                "long", "llama-tiny", prompt_for(6), params, StopChecker(params)
+            )
+
+        async def drain(r: AsyncIterator[Any]) -> None:
+            async for ev in r:
+                seen.append(ev)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(drain, receive)
+            await anyio.sleep(0.05)
+            await live.shutdown()
+    assert isinstance(seen[-1], Failed) and isinstance(seen[-1].error, ShuttingDown)
+    with pytest.raises(ShuttingDown):
+        await live.submit("x", "llama-tiny", prompt_for(1), params, StopChecker(params))
+    c.core.check_integrity()
+    assert not any(i.running for i in c.core.instances.values())
+    assert math.isfinite(live.clock.now())
