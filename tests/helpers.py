@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from talaria.config import ModelSpec
+from talaria.config import InstanceSpec, ModelSpec
 from talaria.types import Link
+
+if TYPE_CHECKING:
+    from talaria.backends.embedded import EmbeddedCluster
+
+MB = 10**6
 
 
 class RoundNumberEstimator:
@@ -119,3 +124,34 @@ def hf_model(config: Any, seed: int) -> Any:
     model = cls(config).eval()
     randomize_hf(model, seed)
     return model
+
+
+def tiny_cluster(
+    device_bytes: int = 2 * MB, instances: int = 1, policy: str = "talaria"
+) -> EmbeddedCluster:
+    """Two tiny random-weight models (Llama, Qwen2) on ``instances`` CPU instances whose
+    device budget holds one model's weights and a small KV pool."""
+    import attrs
+    import torch
+
+    from talaria.backends.embedded import cluster_from_loaded
+    from talaria.engine.loader import load_dummy
+    from talaria.policy.baselines import POLICIES
+
+    loaded = {
+        "llama-tiny": load_dummy(llama_config().to_dict(), seed=1, dtype=torch.float32),
+        "qwen-tiny": load_dummy(qwen2_config().to_dict(), seed=2, dtype=torch.float32),
+    }
+    specs = [
+        InstanceSpec(
+            name=f"cpu-{i}",
+            hardware="cpu",
+            device_memory_bytes=device_bytes,
+            host_memory_bytes=4 * MB,
+            block_size=16,
+            memory_utilization=1.0,
+        )
+        for i in range(instances)
+    ]
+    pol = attrs.evolve(POLICIES[policy], slot_max_s=0.5, slot_linger_s=0.05)
+    return cluster_from_loaded(specs, loaded, pol, torch.float32)

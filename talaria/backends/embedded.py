@@ -115,8 +115,11 @@ def cluster_from_loaded(
     policy: PolicyConfig,
     dtype: torch.dtype = torch.bfloat16,
     device: str = "cpu",
+    host_weights: Mapping[str, torch.Tensor] | None = None,
 ) -> EmbeddedCluster:
-    """``build_embedded_cluster`` for models already loaded (any names)."""
+    """``build_embedded_cluster`` for models already loaded (any names). ``host_weights``
+    (flat buffers of an earlier cluster's runner, ``EngineRunner.host_weights``) are shared
+    instead of copied; then ``loaded`` may carry no tensors."""
     if not loaded:
         raise ConfigError("name at least one model to serve")
     specs = [m.arch.to_spec(name, dtype, source=m.source) for name, m in loaded.items()]
@@ -136,6 +139,7 @@ def cluster_from_loaded(
             dtype=dtype,
             device=device,
             eos_token_ids=eos,
+            host_weights=host_weights,
         )
         for name, inst in core.instances.items()
     }

@@ -59,6 +59,23 @@ class Executed:
     sampled: tuple[tuple[Request, int], ...]
 
 
+def flatten_weights(
+    name: str,
+    arch: ModelArch,
+    weights: Mapping[str, torch.Tensor],
+    dtype: torch.dtype,
+    pin: bool = False,
+) -> torch.Tensor:
+    """One flat host byte buffer holding ``weights`` in ``dtype`` in the arena's layout (what
+    a runner keeps per model and copies into its weight region on a switch)."""
+    flat = torch.empty(arch.weight_bytes(dtype), dtype=torch.uint8, pin_memory=pin)
+    for pname, view in bind_weights(arch, flat, dtype).items():
+        if pname not in weights:
+            raise ConfigError(f"model {name}: weights lack parameter {pname!r}")
+        view.copy_(weights[pname])
+    return flat
+
+
 def greedy(logits: torch.Tensor, _req: Request) -> int:
     """The most likely token (the first on ties, as ``torch.argmax``)."""
     return int(torch.argmax(logits))
@@ -83,6 +100,7 @@ class EngineRunner:
         device: torch.device | str = "cpu",
         eos_token_ids: Mapping[str, Collection[int]] | None = None,
         sample: Sampler | None = None,
+        host_weights: Mapping[str, torch.Tensor] | None = None,
     ) -> None:
         if set(models) != set(core.models):
             raise ConfigError(
@@ -103,13 +121,11 @@ class EngineRunner:
         self.paged: dict[str, PagedKV] = {}
         for name, (arch, weights) in models.items():
             self._check_spec(name, arch)
-            flat = torch.empty(arch.weight_bytes(dtype), dtype=torch.uint8, pin_memory=pin)
-            views = bind_weights(arch, flat, dtype)
-            for pname, view in views.items():
-                if pname not in weights:
-                    raise ConfigError(f"model {name}: weights lack parameter {pname!r}")
-                view.copy_(weights[pname])
-            self.host_weights[name] = flat
+            adopted = (host_weights or {}).get(name)
+            if adopted is not None:
+                self.host_weights[name] = self._adopt(name, arch, adopted)
+            else:
+                self.host_weights[name] = self._flatten(name, arch, weights, pin)
             self.paged[name] = self.pool.paged(arch, dtype, KVTier.DEVICE)
             if self.paged[name].tokens_per_block != kv.tpb(name):
                 raise ConfigError(
@@ -120,6 +136,21 @@ class EngineRunner:
         self._staged: str | None = None  # model whose first bytes sit in core.stage_blocks
         self._prompts: dict[CallKey, tuple[int, ...]] = {}
         self.outputs: dict[CallKey, list[int]] = {}  # generated ids; kept until take_output
+
+    def _flatten(
+        self, name: str, arch: ModelArch, weights: Mapping[str, torch.Tensor], pin: bool
+    ) -> torch.Tensor:
+        return flatten_weights(name, arch, weights, self.dtype, pin)
+
+    def _adopt(self, name: str, arch: ModelArch, flat: torch.Tensor) -> torch.Tensor:
+        """Share another runner's flat host weights (read-only here: switches and stages
+        copy from them): runners of one process need one host copy of each model."""
+        if flat.dtype != torch.uint8 or flat.numel() != arch.weight_bytes(self.dtype):
+            raise ConfigError(
+                f"model {name}: adopted host weights are {flat.numel()} {flat.dtype} elements, "
+                f"the arena layout needs {arch.weight_bytes(self.dtype)} bytes"
+            )
+        return flat
 
     def _check_spec(self, name: str, arch: ModelArch) -> None:
         spec = self.core.models[name]
@@ -222,7 +253,7 @@ class EngineRunner:
         eos = self.eos.get(sched.step.model, frozenset())
         for req, token in done.sampled:
             out = self.outputs[req.key]
-            if (ends(req, token) if ends is not None else token in eos):
+            if ends(req, token) if ends is not None else token in eos:
                 core.stop(req.key)
             if req.stopped or len(out) >= req.target_output:
                 # the last token's KV was never computed: the history ends before it

@@ -25,6 +25,7 @@ are sequential, as an agent's are).
 
 from __future__ import annotations
 
+import collections
 import logging
 import math
 from collections.abc import Callable, Mapping
@@ -48,6 +49,7 @@ from talaria.errors import (
 )
 from talaria.memory.kv import CallKey
 from talaria.runtime.cluster import ClusterCore
+from talaria.runtime.costs import Estimator
 from talaria.runtime.instance import Request, Schedule
 from talaria.types import Call, EventKind, SessionId, TokenSeq
 
@@ -56,6 +58,57 @@ log = logging.getLogger(__name__)
 IDLE_POLL_S = 0.02  # an instance with work it may not start yet re-checks this often
 IDLE_WAIT_S = 0.25  # an instance with no work wakes this often (staging, reservations)
 MAX_CONSECUTIVE_FAILURES = 3  # an instance failing this many steps in a row is taken out
+STEP_LOG = 100_000  # executed schedules remembered for inspection (StepTiming)
+
+
+@attrs.frozen
+class StepTiming:
+    """One executed schedule: what it did and how long the substrate took (seconds)."""
+
+    instance: str
+    start_s: float
+    seconds: float
+    model: str | None
+    prefill_tokens: int
+    decodes: int
+    context_tokens: int
+    switch_bytes: int
+    stage_bytes: int
+    kv_bytes: int
+    predicted_s: float  # what the instance's estimator (the simulator's cost model) says
+
+    @classmethod
+    def of(
+        cls, instance: str, sched: Schedule, start_s: float, seconds: float, est: Estimator
+    ) -> StepTiming:
+        step = sched.step
+        moves = list(sched.kv_moves) + (list(step.kv_moves) if step is not None else [])
+        kv = sum(m.nbytes for m in moves)
+        predicted = sum(est.copy_s(m.nbytes, m.link) for m in moves)
+        for plan in (sched.switch, sched.stage):
+            if plan is not None:
+                predicted += sum(est.copy_s(st.nbytes, st.link) for st in plan.steps)
+        if step is not None:
+            predicted += est.step_s(
+                step.model,
+                step.prefill_tokens,
+                step.prefill_attn_tokens,
+                len(step.decode),
+                step.decode_context_tokens,
+            )
+        return cls(
+            instance,
+            start_s,
+            seconds,
+            step.model if step is not None else None,
+            step.prefill_tokens if step is not None else 0,
+            len(step.decode) if step is not None else 0,
+            step.decode_context_tokens if step is not None else 0,
+            sched.switch.total_bytes if sched.switch is not None else 0,
+            sched.stage.total_bytes if sched.stage is not None else 0,
+            kv,
+            predicted,
+        )
 
 
 @attrs.frozen
@@ -99,6 +152,7 @@ class LiveCall:
     generator: torch.Generator | None
     send: MemoryObjectSendStream[Event]
     vocab_limit: int | None  # sample only ids the tokenizer can decode
+    forced: tuple[int, ...] | None = None  # replay: emit these ids (the forward still runs)
     sent_tokens: int = 0
     text: list[str] = attrs.field(factory=list)
 
@@ -175,6 +229,8 @@ class LiveCluster:
         self.ended_sessions = 0
         self.expired_sessions = 0
         self.calls_failed = 0
+        self.kv_bytes_moved = 0  # KV block bytes copied by the substrates (offload, restore)
+        self.steps: collections.deque[StepTiming] = collections.deque(maxlen=STEP_LOG)
         self._tg: anyio.abc.TaskGroup | None = None
 
     # ------------------------------------------------------------------ lifecycle
@@ -226,10 +282,17 @@ class LiveCluster:
         *,
         tenant: str = "default",
         vocab_limit: int | None = None,
+        forced: tuple[int, ...] | None = None,
     ) -> tuple[LiveCall, MemoryObjectReceiveStream[Event]]:
         """Route one call and queue it. Raises the typed errors of routing (unknown model,
         context too long, token outside the vocabulary) before anything changes; the caller
-        must hold the session's lock (``session(id).lock``) until the call ends."""
+        must hold the session's lock (``session(id).lock``) until the call ends.
+
+        ``forced`` (trace replay) makes the call answer exactly these token ids, one per
+        step, whatever the logits say: the engine does the same work, and the session's next
+        prompt (which the trace built from this answer) finds its prefix cached."""
+        if forced is not None and len(forced) < params.max_tokens:
+            raise BadRequest(f"forced answer of {len(forced)} ids < max_tokens {params.max_tokens}")
         if not self.accepting:
             raise ShuttingDown("the server is shutting down; retry on another server")
         sess = self.session(session_id)
@@ -247,7 +310,7 @@ class LiveCluster:
         runner.outputs[call.key] = []
         send, receive = anyio.create_memory_object_stream[Event](math.inf)
         generator = None if params.greedy else make_generator(params, runner.device)
-        lc = LiveCall(call, req, name, params, checker, generator, send, vocab_limit)
+        lc = LiveCall(call, req, name, params, checker, generator, send, vocab_limit, forced)
         self.calls[call.key] = lc
         sess.calls += 1
         sess.in_flight += 1
@@ -279,6 +342,8 @@ class LiveCluster:
         lc = self.calls.get(req.key)
         if lc is None:
             return int(torch.argmax(logits))
+        if lc.forced is not None:
+            return lc.forced[len(self.drivers[lc.instance].runner.outputs[req.key])]
         if lc.vocab_limit is not None and lc.vocab_limit < logits.shape[-1]:
             logits = logits[: lc.vocab_limit]
         if lc.params.greedy or lc.generator is None:
@@ -356,6 +421,7 @@ class LiveCluster:
                 busy = not runner.idle
                 await self._idle(d, IDLE_POLL_S if busy else IDLE_WAIT_S)
                 continue
+            started = self.clock.now()
             try:
                 done = await anyio.to_thread.run_sync(runner.execute, sched, limiter=d.limiter)
             except Exception as exc:  # the instance failed: its calls fail, others go on
@@ -363,6 +429,14 @@ class LiveCluster:
                 self._step_failed(name, d, sched, exc)
                 continue
             d.failures = 0
+            self.steps.append(
+                StepTiming.of(
+                    name, sched, started, self.clock.now() - started, runner.core.estimator
+                )
+            )
+            self.kv_bytes_moved += sum(m.nbytes for m in sched.kv_moves)
+            if sched.step is not None:
+                self.kv_bytes_moved += sum(m.nbytes for m in sched.step.kv_moves)
             self._committed(name, sched, done)
             await anyio.lowlevel.checkpoint()
 

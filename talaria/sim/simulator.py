@@ -217,7 +217,7 @@ class _Run:
         sidx = self._session_index(req.call.session_id)
         srun = self.sessions[sidx]
         self.core.on_finished(req)
-        self.records.append(_record(req, self._instance_of(req)))
+        self.records.append(record_of(req, self._instance_of(req)))
         sc = srun.script.calls[srun.next_call]
         srun.next_call += 1
         if srun.next_call < len(srun.script.calls):
@@ -330,22 +330,27 @@ class _Run:
         return SimResult(policy, tuple(self.records), sessions, self._counters(), self.now)
 
     def _counters(self) -> dict[str, int]:
-        out: dict[str, int] = {"kv_bytes_moved": self.kv_moved}
-        for inst in self.core.instances.values():
-            c = attrs.asdict(inst.counters)
-            for k, v in c.items():
-                out[k] = out.get(k, 0) + int(v)
-            kv = attrs.asdict(inst.kv.counters)
-            for k, v in kv.items():
-                out[f"kv_{k}"] = out.get(f"kv_{k}", 0) + int(v)
-            out["reservations_made"] = (
-                out.get("reservations_made", 0) + inst.admission.reservations_made
-            )
-        out["kv_bytes_moved"] = self.kv_moved
-        return out
+        return cluster_counters(self.core, self.kv_moved)
 
 
-def _record(req: Request, instance: str) -> CallRecord:
+def cluster_counters(core: ClusterCore, kv_moved: int) -> dict[str, int]:
+    """Every instance's counters summed (instance, KV, reservations), plus ``kv_moved``."""
+    out: dict[str, int] = {}
+    for inst in core.instances.values():
+        c = attrs.asdict(inst.counters)
+        for k, v in c.items():
+            out[k] = out.get(k, 0) + int(v)
+        kv = attrs.asdict(inst.kv.counters)
+        for k, v in kv.items():
+            out[f"kv_{k}"] = out.get(f"kv_{k}", 0) + int(v)
+        out["reservations_made"] = (
+            out.get("reservations_made", 0) + inst.admission.reservations_made
+        )
+    out["kv_bytes_moved"] = kv_moved
+    return out
+
+
+def record_of(req: Request, instance: str) -> CallRecord:
     call = req.call
     return CallRecord(
         call.session_id,

@@ -7,19 +7,14 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
-import attrs
 import pytest
-import torch
 
-from talaria.backends.embedded import EmbeddedCluster, cluster_from_loaded
-from talaria.config import InstanceSpec
-from talaria.engine.loader import load_dummy
+from talaria.backends.embedded import EmbeddedCluster
 from talaria.engine.sampling import SamplingParams, StopChecker
 from talaria.errors import BadRequest, InstanceFailed, ShuttingDown, UnknownModel, UnknownSession
-from talaria.policy.baselines import POLICIES
 from talaria.runtime.live import Delta, Failed, Finished, LiveCluster
 from talaria.types import EventKind, TokenSeq
-from tests.helpers import llama_config, qwen2_config
+from tests.helpers import tiny_cluster
 
 pytestmark = pytest.mark.anyio
 
@@ -29,30 +24,6 @@ MB = 10**6
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
-
-
-def tiny_cluster(
-    device_bytes: int = 2 * MB, instances: int = 1, policy: str = "talaria"
-) -> EmbeddedCluster:
-    """Two tiny random-weight models (Llama, Qwen2) on ``instances`` CPU instances whose
-    device budget holds one model's weights and a small KV pool."""
-    loaded = {
-        "llama-tiny": load_dummy(llama_config().to_dict(), seed=1, dtype=torch.float32),
-        "qwen-tiny": load_dummy(qwen2_config().to_dict(), seed=2, dtype=torch.float32),
-    }
-    specs = [
-        InstanceSpec(
-            name=f"cpu-{i}",
-            hardware="cpu",
-            device_memory_bytes=device_bytes,
-            host_memory_bytes=4 * MB,
-            block_size=16,
-            memory_utilization=1.0,
-        )
-        for i in range(instances)
-    ]
-    pol = attrs.evolve(POLICIES[policy], slot_max_s=0.5, slot_linger_s=0.05)
-    return cluster_from_loaded(specs, loaded, pol, torch.float32)
 
 
 def live_of(c: EmbeddedCluster, **kw: Any) -> LiveCluster:

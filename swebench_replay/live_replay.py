@@ -1,0 +1,314 @@
+"""Real-engine replay: scripted sessions against the live runtime on the embedded engine.
+
+The same session scripts the simulator plays (``driver.to_scripts``) are played in real wall
+time against a :class:`~talaria.runtime.live.LiveCluster` whose instance runs the embedded
+PyTorch engine: each session waits for its start, sends its calls one after another (the
+prompt token ids of the replay set), sleeps its tool gaps, sends the hints a client would
+(``tool_start`` with the tool kind's typical duration) and ends with ``end``. Answers are
+teacher-forced to the trace's answer ids (``LiveCluster.submit(forced=...)``): the engine
+still runs every prefill chunk and decode step, and the next prompt, which the replay set
+built from this answer, finds its prefix cached exactly as a real agent's would.
+
+Every policy runs on a fresh cluster built from the same loaded weights (one warm-up pass
+first, so no policy pays for first-touch allocation). For simulator fidelity the same scripts
+also run through the simulator with the ``cpu`` profile on the same cluster configuration;
+the profile comes from engine microbenchmarks only (``benchmarks/cpu_profile.py``), never
+from replay results.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import anyio
+import attrs
+import torch
+
+from swebench_replay.driver import to_scripts
+from swebench_replay.metrics import add_ratios, check_conservation, policy_summary
+from swebench_replay.traces import ToolTimeTable
+from swebench_replay.workload import ReplaySet
+from talaria.backends.embedded import EmbeddedCluster, cluster_from_loaded, load_catalog_model
+from talaria.config import InstanceSpec, PolicyConfig
+from talaria.engine.loader import LoadedModel
+from talaria.engine.runner import flatten_weights
+from talaria.engine.sampling import SamplingParams, StopChecker
+from talaria.errors import ConfigError, TalariaError
+from talaria.runtime.costs import CostModelEstimator, Estimator
+from talaria.runtime.instance import Request
+from talaria.runtime.live import Failed, Finished, LiveCluster, StepTiming
+from talaria.sim.cost_model import CostModel
+from talaria.sim.hardware import profile
+from talaria.sim.simulator import (
+    SessionRecord,
+    SimResult,
+    Simulator,
+    cluster_counters,
+    record_of,
+)
+from talaria.types import Call, EventKind, SessionScript, TokenSeq
+
+GB = 10**9
+EMBEDDED_MODELS = ("smollm2-135m", "qwen2.5-0.5b-dummy", "llama-3.2-1b-dummy")
+
+
+@attrs.frozen
+class EmbeddedOptions:
+    """One CPU instance whose device budget cannot hold the three models' weights at once
+    (3.73 GB in bfloat16 against 3.2 GB x 0.9 usable), so switches, KV demotion to the host
+    tier and weight staging are real."""
+
+    policies: tuple[PolicyConfig, ...]
+    models: tuple[str, ...] = EMBEDDED_MODELS
+    device_memory_bytes: int = int(3.2 * GB)
+    host_memory_bytes: int = 5 * GB
+    block_size: int = 16
+    dtype: torch.dtype = torch.bfloat16
+    gap_scale: float = 1.0
+    hints: bool = True
+    simulate: bool = True
+
+    def __attrs_post_init__(self) -> None:
+        if not self.policies:
+            raise ConfigError("name at least one policy to replay")
+
+    def instance(self) -> InstanceSpec:
+        return InstanceSpec(
+            name="cpu-0",
+            hardware="cpu",
+            device_memory_bytes=self.device_memory_bytes,
+            host_memory_bytes=self.host_memory_bytes,
+            block_size=self.block_size,
+            memory_utilization=0.9,
+        )
+
+
+Progress = Callable[[str, int], None]
+
+
+def run_embedded_replay(
+    replay: ReplaySet,
+    options: EmbeddedOptions,
+    tool_table: ToolTimeTable,
+    on_progress: Progress | None = None,
+    on_status: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Every policy of ``options`` on ``replay`` in real time: the ``results.json`` document
+    (with a ``fidelity`` entry per policy when ``options.simulate``)."""
+    unknown = set(replay.models) - set(options.models)
+    if unknown:
+        raise ConfigError(f"the replay set uses models {sorted(unknown)} the engine does not load")
+    say = on_status or (lambda _msg: None)
+    say(f"loading {', '.join(options.models)} ({options.dtype})")
+    bare, host = _load(options)
+    scripts = to_scripts(replay, tool_table, options.gap_scale, options.hints)
+    tool_s = {s.session_id: sum(c.tool_seconds for c in s.calls) for s in scripts}
+    say("warming up every model once")
+    _warm_up(bare, host, options)
+    policies: dict[str, dict[str, Any]] = {}
+    fidelity: dict[str, dict[str, float]] = {}
+    step_costs: dict[str, dict[str, dict[str, float]]] = {}
+    for policy in options.policies:
+        say(f"replaying under {policy.name} in real time")
+        cluster = cluster_from_loaded(
+            [options.instance()], bare, policy, options.dtype, host_weights=host
+        )
+        result, steps = anyio.run(
+            _play, cluster, scripts, policy.name, _ticker(on_progress, policy.name)
+        )
+        check_conservation(result, replay.n_calls, tool_s)
+        policies[policy.name] = policy_summary(result)
+        step_costs[policy.name] = step_breakdown(steps)
+        if options.simulate:
+            predicted = _simulate(cluster, policy, scripts)
+            fidelity[policy.name] = _fidelity(policies[policy.name], policy_summary(predicted))
+        del cluster
+        gc.collect()
+    add_ratios(policies)
+    spec = options.instance()
+    return {
+        "substrate": "embedded",
+        "hardware": "cpu",
+        "instances": [
+            {"name": spec.name, "devices": 1, "device_memory_bytes": spec.device_memory_bytes}
+        ],
+        "engine": {"models": list(options.models), "dtype": str(options.dtype)},
+        "workload": {
+            "trace": replay.trace,
+            "sessions": len(replay.sessions),
+            "calls": replay.n_calls,
+            "models": list(replay.models),
+            "seed": replay.seed,
+            "arrival": replay.arrival.describe(),
+            "token_scale": replay.token_scale,
+            "tool_times_filled": replay.tool_times_filled,
+            "gap_scale": options.gap_scale,
+            "hints": options.hints,
+        },
+        "policies": policies,
+        "fidelity": fidelity,
+        "step_costs": step_costs,
+    }
+
+
+def _ticker(on_progress: Progress | None, name: str) -> Callable[[int], None]:
+    def tick(n: int) -> None:
+        if on_progress is not None:
+            on_progress(name, n)
+
+    return tick
+
+
+def _load(options: EmbeddedOptions) -> tuple[dict[str, LoadedModel], dict[str, torch.Tensor]]:
+    """Each model's description (without tensors) and its flat host weights, loaded one at
+    a time so that peak memory is the flat copies plus one model's tensors."""
+    bare: dict[str, LoadedModel] = {}
+    host: dict[str, torch.Tensor] = {}
+    for name in options.models:
+        m = load_catalog_model(name, options.dtype)
+        host[name] = flatten_weights(name, m.arch, m.tensors, options.dtype)
+        bare[name] = attrs.evolve(m, tensors={})
+        del m
+        gc.collect()
+    return bare, host
+
+
+def _warm_up(
+    bare: Mapping[str, LoadedModel], host: Mapping[str, torch.Tensor], options: EmbeddedOptions
+) -> None:
+    """One short call per model on a throwaway cluster: first-touch allocations and kernel
+    selection happen here, not inside a timed policy."""
+    policy = options.policies[0]
+    cluster = cluster_from_loaded(
+        [options.instance()], bare, policy, options.dtype, host_weights=host
+    )
+    runner = cluster.runners["cpu-0"]
+    prompt = TokenSeq(range(1, 200))
+    for m in bare:  # one at a time: every model gets switched in
+        runner.generate([Call(f"warm-{m}", 0, m, prompt, 4)])
+    del cluster, runner
+    gc.collect()
+
+
+async def _play(
+    cluster: EmbeddedCluster,
+    scripts: Sequence[SessionScript],
+    policy: str,
+    tick: Callable[[int], None],
+) -> tuple[SimResult, list[StepTiming]]:
+    """Play ``scripts`` against a live cluster; the records the simulator would produce."""
+    done: list[tuple[Request, str]] = []
+    sessions: list[SessionRecord] = []
+    async with LiveCluster(cluster.core, cluster.runners, session_idle_s=3600) as live:
+        t0 = live.clock.now()
+
+        async def session(script: SessionScript) -> None:
+            await anyio.sleep(max(0.0, t0 + script.start_s - live.clock.now()))
+            start = live.clock.now()
+            tool = 0.0
+            for i, sc in enumerate(script.calls):
+                req, inst = await _one_call(live, script, i)
+                done.append((req, inst))
+                tick(len(done))
+                if i + 1 < len(script.calls):
+                    live.event(script.session_id, EventKind.TOOL_START, sc.hint_s)
+                    await anyio.sleep(sc.tool_seconds)
+                    tool += sc.tool_seconds
+            live.event(script.session_id, EventKind.END)
+            n = len(script.calls)
+            sessions.append(
+                SessionRecord(
+                    script.session_id, script.model, start - t0, live.clock.now() - t0, n, tool
+                )
+            )
+
+        async with anyio.create_task_group() as tg:
+            for script in scripts:
+                tg.start_soon(session, script)
+        live.check_integrity()
+        end = live.clock.now() - t0
+        steps = list(live.steps)
+        counters = cluster_counters(cluster.core, live.kv_bytes_moved)
+    records = tuple(_shifted(record_of(req, inst), t0) for req, inst in done)
+    return SimResult(policy, records, tuple(sessions), counters, end), steps
+
+
+async def _one_call(live: LiveCluster, script: SessionScript, index: int) -> tuple[Request, str]:
+    sc = script.calls[index]
+    answer = sc.history.tokens()[len(sc.prompt) :][: sc.output_tokens]
+    params = SamplingParams(temperature=0.0, max_tokens=sc.output_tokens, ignore_eos=True)
+    async with live.session(script.session_id).lock:
+        lc, receive = await live.submit(
+            script.session_id,
+            script.model,
+            sc.prompt,
+            params,
+            StopChecker(params),
+            tenant=script.tenant,
+            forced=answer,
+        )
+        async with receive:
+            async for ev in receive:
+                if isinstance(ev, Failed):
+                    raise ev.error
+                if isinstance(ev, Finished):
+                    return lc.req, ev.instance
+    raise TalariaError(f"call {index} of {script.session_id} ended without an answer")
+
+
+def _shifted(rec: Any, t0: float) -> Any:
+    return attrs.evolve(
+        rec,
+        arrival_s=rec.arrival_s - t0,
+        admitted_s=rec.admitted_s - t0,
+        first_token_s=rec.first_token_s - t0,
+        finish_s=rec.finish_s - t0,
+    )
+
+
+def _simulate(
+    cluster: EmbeddedCluster, policy: PolicyConfig, scripts: Sequence[SessionScript]
+) -> SimResult:
+    """The same scripts through the simulator, on the same cluster configuration, priced by
+    the ``cpu`` profile."""
+    config = cluster.core.cluster
+    estimators: dict[str, Estimator] = {
+        i.name: CostModelEstimator(CostModel(profile(i.hardware), i.n_devices), config.models_on(i))
+        for i in config.instances
+    }
+    return Simulator(config, policy, estimators).run(scripts)
+
+
+def step_breakdown(steps: Sequence[StepTiming]) -> dict[str, dict[str, float]]:
+    """Measured and predicted seconds summed per kind of executed schedule: prefill steps
+    (any prefill chunk), decode-only steps, switches, stage copies and KV moves alone."""
+    out: dict[str, dict[str, float]] = {}
+    for st in steps:
+        if st.switch_bytes:
+            kind = "switch"
+        elif st.prefill_tokens:
+            kind = "prefill"
+        elif st.decodes:
+            kind = "decode"
+        elif st.stage_bytes:
+            kind = "stage"
+        else:
+            kind = "kv_moves"
+        row = out.setdefault(kind, {"count": 0, "measured_s": 0.0, "predicted_s": 0.0})
+        row["count"] += 1
+        row["measured_s"] += st.seconds
+        row["predicted_s"] += st.predicted_s
+    return out
+
+
+def _fidelity(measured: Mapping[str, Any], predicted: Mapping[str, Any]) -> dict[str, float]:
+    """Predicted vs measured SCT percentiles; ``error`` is (predicted - measured) / measured."""
+    out: dict[str, float] = {}
+    for key in ("sct_p50_s", "sct_p95_s", "sct_mean_s", "ttft_p50_s", "ttft_p95_s"):
+        m, p = float(measured[key]), float(predicted[key])
+        out[f"measured_{key}"] = m
+        out[f"predicted_{key}"] = p
+        out[f"error_{key}"] = (p - m) / m if m else 0.0
+    return out
