@@ -157,6 +157,8 @@ class ClusterCore:
         inst = self.instances.get(info.last_instance or "")
         if kind is EventKind.TOOL_START and inst is not None:
             inst.hint(session, expected_s, now)
+        elif kind is EventKind.TOOL_END and inst is not None:
+            inst.tool_ended(session, now)
         elif kind is EventKind.END:
             info.ended = True
             if inst is not None:

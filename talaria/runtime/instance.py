@@ -307,6 +307,13 @@ class InstanceCore:
         p = self.admission.probability(gap.since_s, now, expected_s)
         self.kv.set_priority(session, p)
 
+    def tool_ended(self, session: SessionId, now: float) -> None:
+        """A client's tool-end hint: the session's gap is over, its next call is imminent
+        (the hint becomes "the tool took exactly as long as it has been running")."""
+        gap = self._in_gap.get(session)
+        if gap is not None:
+            self.hint(session, now - gap.since_s, now)
+
     # ------------------------------------------------------------------ views
     def _gap_add(self, session: SessionId, gap: _Gap) -> None:
         self._gap_pop(session)

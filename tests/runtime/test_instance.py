@@ -371,3 +371,20 @@ def test_cluster_routes_continuations_home_and_end_releases_the_reservation() ->
     cc.check_integrity()
     kv = inst.kv
     assert kv.device_free + kv.device_evictable == kv.device_blocks
+
+
+def test_tool_end_makes_a_long_announced_gap_an_imminent_return() -> None:
+    inst = core(TALARIA, device_blocks=10, host_blocks=16)
+    d = Driver(inst)
+    req = finish_first_call(d, "s1", 16, 4)
+    assert req.finished_s is not None
+    since = req.finished_s  # the gap starts when the answer is out
+    inst.hint("s1", 600.0, since)  # a long test run announced: unlikely back soon
+    far = inst.kv.sessions["s1"].priority
+    inst.tool_ended("s1", since + 1.0)  # the tool ended after one second
+    near = inst.kv.sessions["s1"].priority
+    assert far < 0.05 < 0.5 < near
+    expected = inst.admission.probability(since, since + 1.0, 1.0)
+    assert inst.kv.sessions["s1"].priority == pytest.approx(expected, rel=1e-12)
+    inst.tool_ended("nobody", since + 1.0)  # unknown sessions are ignored
+    inst.check_integrity()
