@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.abc
 import anyio.from_thread
 import attrs
 import torch
@@ -81,16 +82,18 @@ class TalariaConfig:
     """What ``Talaria`` serves and how. Units: bytes, seconds.
 
     The default serves SmolLM2-135M (real weights) and two published configurations with
-    random weights on one CPU instance whose device budget cannot hold all three at once,
-    so model switches, KV demotion and weight staging are real. ``policy`` names one of
+    random weights (Qwen2.5-0.5B, Llama-3.2-1B) on one CPU instance whose device budget
+    (3.2 GB x 0.9) cannot hold their 3.73 GB of bfloat16 weights at once, so model switches,
+    KV demotion to the 5 GB host tier and weight staging are real (the embedded replay's
+    instance). About 10 GB of RAM in all. ``policy`` names one of
     DESIGN.md's policies; ``policy_overrides`` sets any of its knobs (for example
     ``{"slot_max_s": 4.0}``).
     """
 
     models: tuple[str, ...] = attrs.field(default=DEFAULT_MODELS, converter=_models)
     instances: int = attrs.field(default=1, validator=_positive)
-    device_memory_bytes: int = attrs.field(default=4 * GB, validator=_positive)
-    host_memory_bytes: int = attrs.field(default=4 * GB, validator=_positive)
+    device_memory_bytes: int = attrs.field(default=int(3.2 * GB), validator=_positive)
+    host_memory_bytes: int = attrs.field(default=5 * GB, validator=_positive)
     block_size: int = attrs.field(default=16, validator=_positive)
     memory_utilization: float = 0.9
     hardware: str = "cpu"
@@ -541,6 +544,7 @@ class Talaria:
                 "finished": sum(i.counters.calls_finished for i in live.core.instances.values()),
                 "failed": live.calls_failed,
             },
+            "events": dict(live.events),
             "model_switches": switches,
             "bytes_moved": moved,
         }
@@ -550,23 +554,39 @@ class Talaria:
 
 
 class SyncTalaria(AbstractContextManager["SyncTalaria"]):
-    """``Talaria`` for synchronous scripts: runs its loop on a background thread."""
+    """``Talaria`` for synchronous scripts: its loop runs on a background thread (an anyio
+    blocking portal) in one long-lived task that holds the ``async with``."""
 
     def __init__(self, config: TalariaConfig | None = None) -> None:
         self.talaria = Talaria(config)
         self._portal_cm: Any = None
         self._portal: anyio.from_thread.BlockingPortal | None = None
+        self._held: Any = None
+        self._stop: anyio.Event | None = None
+
+    async def _hold(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
+        async with self.talaria:
+            self._stop = anyio.Event()
+            task_status.started()
+            await self._stop.wait()
 
     def __enter__(self) -> SyncTalaria:
         self._portal_cm = anyio.from_thread.start_blocking_portal()
-        self._portal = self._portal_cm.__enter__()
-        self._portal.call(self.talaria.__aenter__)
+        portal = self._portal_cm.__enter__()
+        try:
+            self._held, _ = portal.start_task(self._hold)
+        except BaseException:
+            self._portal_cm.__exit__(None, None, None)
+            raise
+        self._portal = portal
         return self
 
     def __exit__(self, *exc_info: Any) -> None:
         portal = self._require()
         try:
-            portal.call(self.talaria.__aexit__, None, None, None)
+            if self._stop is not None:
+                portal.call(self._stop.set)
+            self._held.result()
         finally:
             self._portal = None
             self._portal_cm.__exit__(*exc_info)

@@ -230,6 +230,7 @@ class LiveCluster:
         self.expired_sessions = 0
         self.calls_failed = 0
         self.kv_bytes_moved = 0  # KV block bytes copied by the substrates (offload, restore)
+        self.events: dict[str, int] = {}  # hint events accepted, by kind
         self.steps: collections.deque[StepTiming] = collections.deque(maxlen=STEP_LOG)
         self._tg: anyio.abc.TaskGroup | None = None
 
@@ -368,6 +369,7 @@ class LiveCluster:
             )
         now = self.clock.now()
         self.core.event(session_id, kind, expected_s, now)
+        self.events[kind.value] = self.events.get(kind.value, 0) + 1
         for d in self.drivers.values():
             d.wake.set()
         if kind is not EventKind.END:
