@@ -167,7 +167,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     }
     return {
         "schema": SCHEMA_VERSION,
-        "measured_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "measured_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "machine": {
             "cpu": _cpu_model(),
             "logical_cpus": os.cpu_count(),

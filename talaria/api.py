@@ -38,7 +38,7 @@ from talaria.config import InstanceSpec, PolicyConfig
 from talaria.engine.catalog import ENTRIES
 from talaria.engine.sampling import SamplingParams, StopChecker
 from talaria.engine.tokenizer import Tokenizer
-from talaria.errors import BadRequest, ConfigError, TalariaError, UnknownModel
+from talaria.errors import BadRequest, ConfigError, ShuttingDown, TalariaError, UnknownModel
 from talaria.policy.baselines import policy as named_policy
 from talaria.runtime.live import Delta, Failed, Finished, LiveCluster, SessionSummary
 from talaria.types import EventKind, TokenSeq
@@ -226,6 +226,7 @@ class _Prepared:
     params: SamplingParams
     tokenizer: Tokenizer
     tenant: str
+    id_prefix: str = "chatcmpl"  # OpenAI's: "chatcmpl" for chats, "cmpl" for completions
 
 
 class Talaria:
@@ -249,7 +250,10 @@ class Talaria:
     @property
     def live(self) -> LiveCluster:
         if self._live is None:
-            raise RuntimeError("Talaria is not running: use `async with Talaria(config) as t:`")
+            raise ShuttingDown(
+                "Talaria is not running (not started, or shut down): use "
+                "`async with Talaria(config) as t:`"
+            )
         return self._live
 
     async def __aenter__(self) -> Talaria:
@@ -284,7 +288,7 @@ class Talaria:
 
     def _require_cluster(self) -> EmbeddedCluster:
         if self._cluster is None:
-            raise RuntimeError("Talaria is not running: use `async with Talaria(config) as t:`")
+            raise ShuttingDown("Talaria is not running: use `async with Talaria(config) as t:`")
         return self._cluster
 
     def _tokenizer(self, model: str) -> Tokenizer:
@@ -413,7 +417,10 @@ class Talaria:
         if not isinstance(prompt, str):
             raise BadRequest("prompt must be a string")
         return await self._whole(
-            self._prepare(model, session_id, prompt, max_tokens, sampling, tenant)
+            attrs.evolve(
+                self._prepare(model, session_id, prompt, max_tokens, sampling, tenant),
+                id_prefix="cmpl",
+            )
         )
 
     def complete_stream(
@@ -428,10 +435,11 @@ class Talaria:
     ) -> AsyncIterator[ChatChunk]:
         if not isinstance(prompt, str):
             raise BadRequest("prompt must be a string")
-        return self._chunks(self._prepare(model, session_id, prompt, max_tokens, sampling, tenant))
+        p = self._prepare(model, session_id, prompt, max_tokens, sampling, tenant)
+        return self._chunks(attrs.evolve(p, id_prefix="cmpl"))
 
     async def _whole(self, p: _Prepared) -> ChatResult:
-        cid = f"chatcmpl-{uuid.uuid4().hex}"
+        cid = f"{p.id_prefix}-{uuid.uuid4().hex}"
         text: list[str] = []
         ids: list[int] = []
         async for _, ev in self._events(p):
@@ -456,7 +464,7 @@ class Talaria:
         )  # unreachable: a stream ends with one
 
     async def _chunks(self, p: _Prepared) -> AsyncIterator[ChatChunk]:
-        cid = f"chatcmpl-{uuid.uuid4().hex}"
+        cid = f"{p.id_prefix}-{uuid.uuid4().hex}"
         created = int(time.time())
         sid = p.session_id
         async with aclosing(self._events(p)) as events:

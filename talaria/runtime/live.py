@@ -245,7 +245,8 @@ class LiveCluster:
         return self
 
     async def __aexit__(self, *exc_info: Any) -> bool | None:
-        await self.shutdown()
+        with anyio.CancelScope(shield=True):
+            await self.shutdown()
         tg, self._tg = self._tg, None
         if tg is None:
             return None
@@ -410,7 +411,33 @@ class LiveCluster:
         d.wake = anyio.Event()
 
     async def _drive(self, name: str) -> None:
-        """One instance: plan on the loop, execute on a thread, commit on the loop."""
+        """One instance's driver. A bug that escapes a step (in planning or committing,
+        where the core's state can no longer be trusted) takes the instance out of service
+        and fails its calls; the other instances and the loop go on."""
+        try:
+            await self._drive_loop(name)
+        except Exception as exc:
+            log.exception("instance %s stopped: its driver failed", name)
+            self._take_down(name, exc)
+
+    def _take_down(self, name: str, exc: Exception) -> None:
+        d = self.drivers[name]
+        d.down = True
+        self.core.mark_down(name)
+        error = InstanceFailed(
+            f"instance {name} stopped ({type(exc).__name__}: {exc}); retry the call"
+        )
+        for lc in [lc for lc in self.calls.values() if lc.instance == name]:
+            try:
+                self._fail(name, lc.key, error)
+            except Exception:  # its state is suspect: still tell the caller
+                self.calls.pop(lc.key, None)
+                self._session_done(lc.key[0])
+                _deliver(lc, Failed(error))
+                lc.send.close()
+
+    async def _drive_loop(self, name: str) -> None:
+        """Plan on the loop, execute on a thread, commit on the loop."""
         d = self.drivers[name]
         runner = d.runner
         while True:
@@ -474,7 +501,7 @@ class LiveCluster:
         ids = tuple(out[lc.sent_tokens :])
         lc.sent_tokens = len(out)
         if text or ids:
-            lc.send.send_nowait(Delta(text, ids))
+            _deliver(lc, Delta(text, ids))
 
     def _finished(self, name: str, req: Request) -> None:
         runner = self.drivers[name].runner
@@ -487,7 +514,8 @@ class LiveCluster:
         reason = lc.checker.finish_reason or ("stop" if req.stopped else "length")
         arrival = req.call.arrival_s
         first = req.first_token_s if req.first_token_s is not None else req.finished_s
-        lc.send.send_nowait(
+        _deliver(
+            lc,
             Finished(
                 reason,
                 req.prompt_len,
@@ -496,7 +524,7 @@ class LiveCluster:
                 name,
                 (first or arrival) - arrival,
                 (req.finished_s or arrival) - arrival,
-            )
+            ),
         )
         lc.send.close()
 
@@ -515,7 +543,7 @@ class LiveCluster:
         self.calls_failed += 1
         if lc is not None:
             self._session_done(key[0])
-            lc.send.send_nowait(Failed(error))
+            _deliver(lc, Failed(error))
             lc.send.close()
 
     def _apply_aborts(self, d: _Driver) -> None:
@@ -565,3 +593,12 @@ class LiveCluster:
                 raise RuntimeError(
                     f"instance {name}: outputs of finished calls kept: {sorted(stray)}"
                 )
+
+
+def _deliver(lc: LiveCall, event: Event) -> None:
+    """Hand ``event`` to the call's caller; a caller that closed its end (it went away)
+    gets nothing, and its call is cancelled by whoever closed it."""
+    try:
+        lc.send.send_nowait(event)
+    except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+        log.debug("call %s: its caller stopped listening", lc.key)

@@ -81,6 +81,7 @@ async def test_concurrent_sessions_get_their_own_answers_and_reuse_their_prefix(
                 tg.start_soon(session, i)
         live.check_integrity()
         assert not live.sessions and live.ended_sessions == 6
+        assert not c.core.instances["cpu-0"].admission.held  # ended sessions hold nothing
     assert len(results) == 18
     for (i, k), (ids, fin, prompt) in results.items():
         assert fin.completion_tokens == 6 and len(ids) == 6

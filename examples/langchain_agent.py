@@ -1,0 +1,164 @@
+"""A small tool-calling agent on LangChain, served by Talaria.
+
+Start a server with the embedded default models, then run the agent::
+
+    talaria serve                        # http://127.0.0.1:8000
+    python examples/langchain_agent.py   # --base-url, --model, --steps, --api-key
+
+The model gets one tool, ``run_shell`` (a LangChain ``@tool`` bound with ``bind_tools``),
+and a one-shot example of the ``<tool_call>`` format SmolLM2 can follow. Each step invokes
+the model; its tool calls (``AIMessage.tool_calls``, parsed from its text) run through
+LangChain and come back as ``ToolMessage`` s. A 135M model often answers without a tool
+call: the script then runs ``ls`` itself so the loop goes on. Harmless commands only
+(``ls``, ``pwd``, ``date``, ``echo``, ``uname``; anything else runs ``ls``).
+
+``TalariaCallbackHandler`` turns the tool runs into tool-gap hints; the run's
+``thread_id`` is its Talaria session, so the printed ``cached`` count (prompt tokens whose
+KV the server reused) grows from the second call on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Sequence
+
+import httpx
+
+SYSTEM = (
+    "You can call one tool, run_shell(command: string), which runs a shell command. To call "
+    'it, reply with only: <tool_call>{"name": "run_shell", "arguments": {"command": '
+    '"<command>"}}</tool_call>'
+)
+EXAMPLE = (
+    "Show the date.",
+    '<tool_call>{"name": "run_shell", "arguments": {"command": "date"}}</tool_call>',
+)
+TASK = "List the files in the current directory."
+HARMLESS = {"ls", "pwd", "date", "echo", "uname"}
+
+
+def server_ready(base_url: str, api_key: str | None, model: str) -> str | None:
+    """None when the server answers and serves ``model``, else what is wrong."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        health = httpx.get(f"{base_url}/health", timeout=3.0)
+        models = httpx.get(f"{base_url}/v1/models", headers=headers, timeout=3.0)
+    except httpx.HTTPError as exc:
+        return (
+            f"no Talaria server at {base_url} ({exc}). Start one with `talaria serve` "
+            "(it listens on 127.0.0.1:8000), or pass --base-url."
+        )
+    if health.status_code != 200:
+        return f"the server at {base_url} is not healthy: {health.text[:200]}"
+    if models.status_code != 200:
+        return f"GET /v1/models failed ({models.status_code}): {models.text[:200]}"
+    served = [m["id"] for m in models.json().get("data", [])]
+    if model not in served:
+        return f"the server does not serve {model!r}; it serves {served}"
+    return None
+
+
+def run_shell_command(command: str) -> str:
+    """Run ``command`` if it is on the harmless list, else ``ls``; its output."""
+    try:
+        argv = shlex.split(command)
+    except ValueError:
+        argv = []
+    if not argv or argv[0] not in HARMLESS:
+        argv = ["ls"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=10, check=False)
+    return f"$ {shlex.join(argv)}\n{(done.stdout + done.stderr).strip()[:500]}"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--base-url", default="http://127.0.0.1:8000", help="Talaria server")
+    parser.add_argument("--model", default="smollm2-135m", help="a model the server serves")
+    parser.add_argument("--steps", type=int, default=4, help="LLM calls (default 4)")
+    parser.add_argument("--max-tokens", type=int, default=40, help="per answer (default 40)")
+    parser.add_argument(
+        "--api-key", default=os.environ.get("TALARIA_API_KEY"), help="if the server needs one"
+    )
+    args = parser.parse_args(argv)
+    base_url = args.base_url.rstrip("/").removesuffix("/v1")
+    problem = server_ready(base_url, args.api_key, args.model)
+    if problem is not None:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
+
+    import openai
+    from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
+    from langchain_core.messages.tool import tool_call
+    from langchain_core.runnables import RunnableConfig
+    from langchain_core.tools import tool
+
+    from integrations.langchain import ChatTalaria, TalariaCallbackHandler
+
+    @tool
+    def run_shell(command: str) -> str:
+        """Run a harmless shell command (ls, pwd, date, echo, uname) and return its output."""
+        return run_shell_command(command)
+
+    llm = ChatTalaria(
+        base_url=base_url,
+        model=args.model,
+        api_key=args.api_key,
+        temperature=0.0,
+        max_tokens=args.max_tokens,
+        stop=["</tool_call>"],
+    )
+    agent = llm.bind_tools([run_shell])
+    hints = TalariaCallbackHandler(base_url, api_key=args.api_key)
+    thread = f"langchain-agent-{uuid.uuid4().hex[:8]}"
+    # LangGraph copies configurable.thread_id into the run metadata; plain LangChain does not,
+    # so the tool runs the script makes itself (not asked for by the model) need it there.
+    config: RunnableConfig = {
+        "configurable": {"thread_id": thread},
+        "metadata": {"thread_id": thread},
+        "callbacks": [hints],
+    }
+    messages: list[BaseMessage] = [
+        SystemMessage(SYSTEM),
+        HumanMessage(EXAMPLE[0]),
+        AIMessage(EXAMPLE[1]),
+        HumanMessage(TASK),
+    ]
+    print(f"session {thread} on {base_url} ({args.model})")
+    started = time.perf_counter()
+    try:
+        for step in range(1, args.steps + 1):
+            answer = agent.invoke(messages, config)
+            usage = answer.usage_metadata
+            prompt = usage["input_tokens"] if usage else 0
+            cached = usage.get("input_token_details", {}).get("cache_read", 0) if usage else 0
+            print(f"\n[call {step}] {str(answer.content).strip()!r}")
+            print(f"  prompt {prompt} tokens, {cached} cached")
+            calls = list(answer.tool_calls)
+            if not calls and step < args.steps:
+                print("  (no tool call in the answer; running ls)")
+                calls = [tool_call(name="run_shell", args={"command": "ls"}, id=f"auto-{step}")]
+            messages.append(AIMessage(content=answer.content, tool_calls=calls))
+            if step == args.steps:
+                break
+            for call in calls:
+                result = run_shell.invoke(call, config)
+                print("[tool] " + str(result.content).replace("\n", "\n  "))
+                messages.append(result)
+    except openai.APIConnectionError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        hints.end(thread)
+        hints.close()
+    print(f"\n{args.steps} calls in {time.perf_counter() - started:.1f} s, one session")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

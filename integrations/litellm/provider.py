@@ -1,0 +1,593 @@
+"""``TalariaLLM``: the LiteLLM custom provider (see the package docstring for usage).
+
+LiteLLM routes ``model="talaria/<model>"`` here through ``litellm.custom_provider_map``
+(:func:`register`). A call goes to ``api_base`` when given (HTTP, :class:`HttpBackend`),
+else to one embedded in-process Talaria per handler (:class:`EmbeddedTalaria`, started on
+the first such call). Sessions: the id is read from the call (``X-Session-ID`` header, a
+``session_id`` argument, then LiteLLM's ``litellm_session_id`` / ``metadata.session_id``)
+and sent as ``X-Session-ID``; tool-gap hints go through :meth:`TalariaLLM.session`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import os
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import httpx
+import litellm
+from litellm.exceptions import BadRequestError
+from litellm.llms.custom_llm import CustomLLM
+from litellm.types.utils import (
+    ChatCompletionMessageToolCall,
+    Choices,
+    Function,
+    GenericStreamingChunk,
+    ModelResponse,
+)
+
+from integrations import TextToolCall, parse_tool_calls, tool_calls_as_text
+from integrations.litellm.call import Answer, Call, CallError, Piece
+from integrations.litellm.embedded import DEFAULT_STARTUP_TIMEOUT_S, EmbeddedTalaria
+from integrations.litellm.errors import to_litellm_error
+from integrations.litellm.http import HttpBackend, openai_base_url
+from talaria.session import (
+    GapPredictor,
+    HintSender,
+    SessionTracker,
+    normalize_session_id,
+    session_id_from_litellm,
+)
+from talaria.session.sinks import running_loop_or_none
+
+if TYPE_CHECKING:
+    from talaria.api import Talaria, TalariaConfig
+
+__all__ = ["PROVIDER", "TalariaLLM", "register"]
+
+PROVIDER = "talaria"
+API_KEY_ENV = "TALARIA_API_KEY"  # the server's key when a call gives none (as `talaria serve`)
+DEFAULT_TIMEOUT_S = 600.0
+DEFAULT_CONNECT_TIMEOUT_S = 5.0
+# optional_params LiteLLM hands us that are not body fields of the call
+_NOT_FORWARDED = frozenset(
+    {"stream", "stream_options", "extra_body", "extra_headers", "session_id", "max_retries"}
+)
+
+Backend = HttpBackend | EmbeddedTalaria
+
+
+class TalariaLLM(CustomLLM):
+    """The LiteLLM provider for Talaria. Thread-safe; one instance serves any number of
+    calls, servers and sessions.
+
+    ``embedded_config``: what the embedded Talaria serves when a call has no ``api_base``
+    (default ``TalariaConfig.default()``; ``startup_timeout_s`` bounds its loading).
+    ``connect_timeout_s``: the longest wait for a connection, whatever the call's own
+    ``timeout`` (so an unreachable server fails fast). ``tool_calls_as_text``: write an
+    assistant message's ``tool_calls`` into its empty ``content`` (see
+    :func:`integrations.tool_calls_as_text`). ``parse_tool_calls``: when the call declares
+    ``tools``, read tool calls from the answer's text (:func:`integrations.parse_tool_calls`)
+    into ``message.tool_calls`` (``finish_reason`` "tool_calls").
+
+    The instance holds what it opened: HTTP clients per server, hint senders per server,
+    the embedded Talaria, one gap predictor; :meth:`close` releases them.
+    """
+
+    def __init__(
+        self,
+        *,
+        embedded_config: TalariaConfig | None = None,
+        connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
+        startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S,
+        tool_calls_as_text: bool = True,
+        parse_tool_calls: bool = True,
+    ) -> None:
+        super().__init__()
+        if not (isinstance(connect_timeout_s, (int, float)) and 0 < connect_timeout_s <= 600):
+            raise ValueError(f"connect_timeout_s must be in (0, 600] s, got {connect_timeout_s!r}")
+        self.embedded_config = embedded_config
+        self.connect_timeout_s = float(connect_timeout_s)
+        self.startup_timeout_s = startup_timeout_s
+        self.tool_calls_as_text = tool_calls_as_text
+        self.parse_tool_calls = parse_tool_calls
+        self._lock = threading.RLock()  # the maps below; never held while loading models
+        self._start_lock = threading.Lock()  # one embedded start at a time
+        self._http: dict[tuple[str, str | None], HttpBackend] = {}
+        self._senders: dict[tuple[str, str | None], HintSender] = {}
+        self._embedded: EmbeddedTalaria | None = None
+        self._predictor: GapPredictor | None = None
+
+    # ------------------------------------------------------------------ backends
+    def embedded(self) -> EmbeddedTalaria:
+        """The embedded Talaria, started (blocking, tens of seconds) on first use; calls to
+        servers are not held up meanwhile."""
+        with self._start_lock:
+            with self._lock:
+                running = self._embedded
+            if running is not None:
+                return running
+            started = EmbeddedTalaria.start(
+                self.embedded_config, startup_timeout_s=self.startup_timeout_s
+            )
+            with self._lock:
+                self._embedded = started
+            return started
+
+    def attach_embedded(self, talaria: Talaria, loop: asyncio.AbstractEventLoop) -> None:
+        """Serve calls without ``api_base`` from ``talaria``, already running on ``loop``
+        (in another thread), instead of starting one. Raises ``RuntimeError`` if an
+        embedded Talaria is already in use."""
+        with self._start_lock, self._lock:
+            if self._embedded is not None:
+                raise RuntimeError("an embedded Talaria is already in use; close() first")
+            self._embedded = EmbeddedTalaria.attach(talaria, loop)
+
+    def _backend(self, api_base: str | None, api_key: str | None) -> Backend:
+        if not api_base:
+            return self.embedded()
+        api_key = api_key or os.environ.get(API_KEY_ENV) or None
+        key = (openai_base_url(api_base), api_key)
+        with self._lock:
+            backend = self._http.get(key)
+            if backend is None:
+                backend = self._http[key] = HttpBackend(api_base, api_key)
+            return backend
+
+    async def _abackend(self, api_base: str | None, api_key: str | None) -> Backend:
+        """As ``_backend``; a first embedded start runs on a worker thread."""
+        if not api_base and self._embedded is None:
+            return await asyncio.to_thread(self._backend, api_base, api_key)
+        return self._backend(api_base, api_key)
+
+    # ------------------------------------------------------------------ sessions
+    def gap_predictor(self) -> GapPredictor:
+        """The tool-gap predictor shared by this handler's sessions (made on first use)."""
+        with self._lock:
+            if self._predictor is None:
+                self._predictor = GapPredictor.default()
+            return self._predictor
+
+    def hint_sender(self, api_base: str | None = None, api_key: str | None = None) -> HintSender:
+        """The hint sender for a server (``api_base``) or, without one, the embedded Talaria
+        (started if needed). One per target, shared by every session of this handler."""
+        target = openai_base_url(api_base) if api_base else ""
+        api_key = (api_key or os.environ.get(API_KEY_ENV) or None) if api_base else None
+        embedded = None if api_base else self.embedded()  # before the lock: it may load
+        with self._lock:
+            sender = self._senders.get((target, api_key))
+            if sender is None:
+                if embedded is None:
+                    sender = HintSender.http(str(api_base), api_key=api_key)
+                else:
+                    sender = HintSender.in_process(embedded.event)
+                self._senders[(target, api_key)] = sender
+            return sender
+
+    def session(
+        self,
+        api_base: str | None = None,
+        *,
+        session_id: str | None = None,
+        api_key: str | None = None,
+    ) -> SessionTracker:
+        """A :class:`~talaria.session.SessionTracker` for one agent run whose hints go where
+        its calls go (``api_base``, or the embedded Talaria). Pass
+        ``litellm_session_id=tracker.session_id`` with each call; report tools with
+        ``tool_started`` / ``tool_ended``; leaving ``with`` sends ``end``. Never blocks on
+        the network, never raises for it."""
+        hints = self.hint_sender(api_base, api_key)
+        kwargs: dict[str, Any] = {"predictor": self.gap_predictor(), "hints": hints}
+        if session_id is not None:
+            kwargs["session_id"] = session_id
+        return SessionTracker(**kwargs)
+
+    def close(self) -> None:
+        """Deliver queued hints (up to 1 s per target), close HTTP clients, stop an embedded
+        Talaria this handler started. The handler stays usable (it reopens on demand)."""
+        with self._lock:
+            senders, self._senders = list(self._senders.values()), {}
+            backends, self._http = list(self._http.values()), {}
+            embedded, self._embedded = self._embedded, None
+        for sender in senders:
+            sender.close()
+        for backend in backends:
+            backend.close()
+        if embedded is not None:
+            embedded.close()
+
+    # ------------------------------------------------------------------ LiteLLM API
+    def completion(
+        self,
+        model: str,
+        messages: list[Any],
+        api_base: str | None,
+        custom_prompt_dict: dict[str, Any],
+        model_response: ModelResponse,
+        print_verbose: Callable[..., Any],
+        encoding: Any,
+        api_key: Any,
+        logging_obj: Any,
+        optional_params: dict[str, Any],
+        acompletion: Any = None,
+        litellm_params: Any = None,
+        logger_fn: Any = None,
+        headers: Any = None,
+        timeout: float | httpx.Timeout | None = None,
+        client: Any = None,
+    ) -> ModelResponse:
+        """A whole answer (``litellm.completion``)."""
+        call, tools = self._call(model, messages, optional_params, litellm_params, headers, timeout)
+        try:
+            answer = self._backend(api_base, api_key).chat(call)
+        except CallError as exc:
+            raise to_litellm_error(exc, model, PROVIDER) from exc
+        return self._response(model_response, model, answer, tools)
+
+    def streaming(
+        self,
+        model: str,
+        messages: list[Any],
+        api_base: str | None,
+        custom_prompt_dict: dict[str, Any],
+        model_response: ModelResponse,
+        print_verbose: Callable[..., Any],
+        encoding: Any,
+        api_key: Any,
+        logging_obj: Any,
+        optional_params: dict[str, Any],
+        acompletion: Any = None,
+        litellm_params: Any = None,
+        logger_fn: Any = None,
+        headers: Any = None,
+        timeout: float | httpx.Timeout | None = None,
+        client: Any = None,
+    ) -> Iterator[GenericStreamingChunk]:
+        """The answer as LiteLLM's generic chunks (``litellm.completion(stream=True)``).
+        The call starts here, so an error answer raises from ``litellm.completion``."""
+        call, tools = self._call(model, messages, optional_params, litellm_params, headers, timeout)
+        try:
+            pieces = self._backend(api_base, api_key).stream(call)
+        except CallError as exc:
+            raise to_litellm_error(exc, model, PROVIDER) from exc
+        return _generic_chunks(pieces, tools, model, self.parse_tool_calls)
+
+    async def acompletion(
+        self,
+        model: str,
+        messages: list[Any],
+        api_base: str | None,
+        custom_prompt_dict: dict[str, Any],
+        model_response: ModelResponse,
+        print_verbose: Callable[..., Any],
+        encoding: Any,
+        api_key: Any,
+        logging_obj: Any,
+        optional_params: dict[str, Any],
+        acompletion: Any = None,
+        litellm_params: Any = None,
+        logger_fn: Any = None,
+        headers: Any = None,
+        timeout: float | httpx.Timeout | None = None,
+        client: Any = None,
+    ) -> ModelResponse:
+        """A whole answer (``litellm.acompletion``), on the caller's event loop."""
+        call, tools = self._call(model, messages, optional_params, litellm_params, headers, timeout)
+        try:
+            backend = await self._abackend(api_base, api_key)
+            answer = await backend.achat(call)
+        except CallError as exc:
+            raise to_litellm_error(exc, model, PROVIDER) from exc
+        return self._response(model_response, model, answer, tools)
+
+    def astreaming(  # type: ignore[override,misc]  # LiteLLM only iterates the result
+        self,
+        model: str,
+        messages: list[Any],
+        api_base: str | None,
+        custom_prompt_dict: dict[str, Any],
+        model_response: ModelResponse,
+        print_verbose: Callable[..., Any],
+        encoding: Any,
+        api_key: Any,
+        logging_obj: Any,
+        optional_params: dict[str, Any],
+        acompletion: Any = None,
+        litellm_params: Any = None,
+        logger_fn: Any = None,
+        headers: Any = None,
+        timeout: float | httpx.Timeout | None = None,
+        client: Any = None,
+    ) -> AsyncIterator[GenericStreamingChunk]:
+        """The answer as generic chunks (``litellm.acompletion(stream=True)``).
+
+        LiteLLM calls this on a worker thread (``acompletion`` runs ``completion`` in an
+        executor): there the call starts at once, so an error answer raises from
+        ``await litellm.acompletion(...)`` as with LiteLLM's built-in providers, and the
+        pieces are then read on worker threads. Called inside a running event loop, the
+        call starts at the first chunk instead (LiteLLM then reports an error before the
+        first chunk as its ``MidStreamFallbackError``, holding ours as
+        ``original_exception``).
+        """
+        call, tools = self._call(model, messages, optional_params, litellm_params, headers, timeout)
+        parse = self.parse_tool_calls
+        if running_loop_or_none() is not None:
+            return self._astream_lazy(call, tools, model, api_base, api_key)
+        try:
+            pieces = self._backend(api_base, api_key).stream(call)
+        except CallError as exc:
+            raise to_litellm_error(exc, model, PROVIDER) from exc
+        return _agenerics(_in_threads(pieces), tools, model, parse)
+
+    async def _astream_lazy(
+        self,
+        call: Call,
+        tools: tuple[str, ...] | None,
+        model: str,
+        api_base: str | None,
+        api_key: str | None,
+    ) -> AsyncIterator[GenericStreamingChunk]:
+        backend = await self._abackend(api_base, api_key)
+        async for chunk in _agenerics(backend.astream(call), tools, model, self.parse_tool_calls):
+            yield chunk
+
+    # ------------------------------------------------------------------ helpers
+    def _call(
+        self,
+        model: str,
+        messages: Sequence[Any],
+        optional_params: Mapping[str, Any] | None,
+        litellm_params: Mapping[str, Any] | None,
+        headers: Mapping[str, str] | None,
+        timeout: float | httpx.Timeout | None,
+    ) -> tuple[Call, tuple[str, ...] | None]:
+        """The backend call, and the declared tool names (None: no tools)."""
+        params = dict(optional_params or {})
+        extra = params.get("extra_body")
+        extra = dict(extra) if isinstance(extra, Mapping) else {}
+        session_id, hdrs = _session_and_headers(params, extra, litellm_params, headers)
+        body = {k: v for k, v in params.items() if k not in _NOT_FORWARDED and v is not None}
+        body.update({k: v for k, v in extra.items() if k != "session_id"})
+        plain = [_plain_message(m) for m in messages]
+        if self.tool_calls_as_text:
+            plain = tool_calls_as_text(plain)
+        total, connect = self._timeouts(timeout)
+        call = Call(model, plain, body, session_id, hdrs, total, connect)
+        return call, _tool_names(body)
+
+    def _timeouts(self, timeout: float | httpx.Timeout | None) -> tuple[float, float]:
+        total: float | None = None
+        connect: float | None = None
+        if isinstance(timeout, httpx.Timeout):
+            total, connect = timeout.read, timeout.connect
+        elif isinstance(timeout, (int, float)) and not isinstance(timeout, bool):
+            total = float(timeout)
+        if total is None or not math.isfinite(total) or total <= 0:
+            total = DEFAULT_TIMEOUT_S
+        connect = min(connect or self.connect_timeout_s, self.connect_timeout_s, total)
+        return total, connect
+
+    def _response(
+        self,
+        response: ModelResponse,
+        model: str,
+        answer: Answer,
+        tools: tuple[str, ...] | None,
+    ) -> ModelResponse:
+        """Fill LiteLLM's ``model_response`` with ``answer``."""
+        choice = response.choices[0]
+        if not isinstance(choice, Choices):
+            raise TypeError(f"LiteLLM passed a {type(choice).__name__} to fill, not Choices")
+        message = choice.message
+        message.content = answer.text
+        finish = answer.finish_reason
+        calls = _parsed(answer.text, tools) if self.parse_tool_calls else ()
+        if calls:
+            message.tool_calls = [
+                ChatCompletionMessageToolCall(
+                    function=Function(name=c.name, arguments=c.arguments_json()),
+                    id=c.id,
+                    type="function",
+                )
+                for c in calls
+            ]
+            finish = "tool_calls"
+        choice.finish_reason = finish  # type: ignore[assignment]  # LiteLLM's Literal; ours are OpenAI's
+        response.model = model
+        response.created = int(time.time())
+        if answer.usage is not None:
+            setattr(response, "usage", litellm.Usage(**answer.usage.to_openai()))  # noqa: B010
+        response._hidden_params["talaria"] = {
+            "session_id": answer.session_id,
+            "instance": answer.instance,
+        }
+        return response
+
+
+def register(handler: TalariaLLM | None = None, provider: str = PROVIDER) -> TalariaLLM:
+    """Install ``handler`` (default: the module-level ``talaria_llm`` of
+    :mod:`integrations.litellm`) as LiteLLM's provider ``provider``, replacing an earlier
+    entry for that name; returns it. Mutates ``litellm.custom_provider_map``, the global
+    registry LiteLLM reads on every call."""
+    if handler is None:
+        from integrations.litellm import talaria_llm
+
+        handler = talaria_llm
+    entries = [e for e in litellm.custom_provider_map if e.get("provider") != provider]
+    entries.append({"provider": provider, "custom_handler": handler})
+    litellm.custom_provider_map = entries
+    from litellm.utils import custom_llm_setup
+
+    custom_llm_setup()  # type: ignore[no-untyped-call]
+    return handler
+
+
+# --- pure helpers ----------------------------------------------------------------------------
+
+
+def _plain_message(message: Any) -> dict[str, Any]:
+    """An OpenAI message as a plain dict (LiteLLM ``Message`` objects are dumped)."""
+    if isinstance(message, Mapping):
+        return dict(message)
+    dump = getattr(message, "model_dump", None)
+    if callable(dump):
+        out: dict[str, Any] = dump(exclude_none=True)
+        return out
+    raise BadRequestError(
+        f"a message must be a dict, got {type(message).__name__}", model="", llm_provider=PROVIDER
+    )
+
+
+def _session_and_headers(
+    params: Mapping[str, Any],
+    extra: Mapping[str, Any],
+    litellm_params: Mapping[str, Any] | None,
+    headers: Mapping[str, str] | None,
+) -> tuple[str | None, dict[str, str]]:
+    """The call's session id and its other headers. Precedence: an ``X-Session-ID``
+    header, a ``session_id`` argument (or in ``extra_body``), then LiteLLM's
+    ``litellm_session_id`` / ``metadata.session_id``."""
+    hdrs: dict[str, str] = {}
+    from_header: str | None = None
+    for name, value in (headers or {}).items():
+        if name.lower() == "x-session-id":
+            from_header = str(value).strip() or None
+        else:
+            hdrs[str(name)] = str(value)
+    if from_header is not None:
+        return from_header, hdrs
+    for given in (params.get("session_id"), extra.get("session_id")):
+        if isinstance(given, (str, int)) and not isinstance(given, bool) and str(given).strip():
+            return normalize_session_id(str(given).strip()), hdrs
+    return session_id_from_litellm({"litellm_params": litellm_params or {}}), hdrs
+
+
+def _tool_names(body: Mapping[str, Any]) -> tuple[str, ...] | None:
+    tools = body.get("tools")
+    if not tools or body.get("tool_choice") == "none":
+        return None
+    names = []
+    for tool in tools:
+        function = tool.get("function") if isinstance(tool, Mapping) else None
+        name = function.get("name") if isinstance(function, Mapping) else None
+        if isinstance(name, str):
+            names.append(name)
+    return tuple(names)
+
+
+def _parsed(text: str, tools: tuple[str, ...] | None) -> tuple[TextToolCall, ...]:
+    return () if not tools else parse_tool_calls(text, tools)
+
+
+def _generic(
+    text: str = "",
+    *,
+    finish_reason: str = "",
+    usage: dict[str, Any] | None = None,
+    tool_use: dict[str, Any] | None = None,
+) -> GenericStreamingChunk:
+    chunk: dict[str, Any] = {
+        "text": text,
+        "is_finished": bool(finish_reason),
+        "finish_reason": finish_reason,
+        "usage": usage,
+        "index": 0,
+        "tool_use": tool_use,
+    }
+    return chunk  # type: ignore[return-value]  # the TypedDict, built as a dict
+
+
+def _chunks_of(
+    piece: Piece, collected: list[str], tools: tuple[str, ...] | None, parse: bool
+) -> Iterator[GenericStreamingChunk]:
+    """Generic chunks for one piece; the final piece first yields parsed tool calls."""
+    if piece.text:
+        if tools:
+            collected.append(piece.text)
+        yield _generic(piece.text)
+    if piece.finish_reason is None:
+        return
+    finish = piece.finish_reason
+    calls = _parsed("".join(collected), tools) if parse else ()
+    for i, c in enumerate(calls):
+        function = {"name": c.name, "arguments": c.arguments_json()}
+        yield _generic(tool_use={"id": c.id, "type": "function", "function": function, "index": i})
+        finish = "tool_calls"
+    usage = piece.usage.to_openai() if piece.usage is not None else None
+    yield _generic(finish_reason=finish, usage=usage)
+
+
+async def _agenerics(
+    pieces: AsyncIterator[Piece], tools: tuple[str, ...] | None, model: str, parse: bool
+) -> AsyncIterator[GenericStreamingChunk]:
+    collected: list[str] = []
+    try:
+        async for piece in pieces:
+            for chunk in _chunks_of(piece, collected, tools, parse):
+                yield chunk
+    except CallError as exc:
+        raise to_litellm_error(exc, model, PROVIDER) from exc
+    finally:
+        aclose = getattr(pieces, "aclose", None)
+        if aclose is not None:
+            await aclose()
+
+
+async def _in_threads(pieces: Iterator[Piece]) -> AsyncIterator[Piece]:
+    """``pieces`` (a blocking iterator) read on a daemon thread of its own and handed to
+    the caller's loop. Closing this iterator stops the reader after the piece it is
+    waiting for (or the call's timeout); the reader then closes ``pieces``. A daemon, so
+    an abandoned stream never holds up the interpreter's exit."""
+    loop = asyncio.get_running_loop()
+    items: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+    stop = threading.Event()
+
+    def put(kind: str, value: object) -> None:
+        with contextlib.suppress(RuntimeError):  # the consumer's loop has closed
+            loop.call_soon_threadsafe(items.put_nowait, (kind, value))
+
+    def read() -> None:
+        try:
+            for piece in pieces:
+                if stop.is_set():
+                    break
+                put("piece", piece)
+            put("end", None)
+        except BaseException as exc:
+            put("error", exc)
+        finally:
+            close = getattr(pieces, "close", None)
+            if close is not None:
+                close()
+
+    threading.Thread(target=read, name="talaria-stream", daemon=True).start()
+    try:
+        while True:
+            kind, value = await items.get()
+            if kind == "end":
+                return
+            if kind == "error":
+                raise value
+            yield value
+    finally:
+        stop.set()
+
+
+def _generic_chunks(
+    pieces: Iterator[Piece], tools: tuple[str, ...] | None, model: str, parse: bool
+) -> Iterator[GenericStreamingChunk]:
+    collected: list[str] = []
+    try:
+        for piece in pieces:
+            yield from _chunks_of(piece, collected, tools, parse)
+    except CallError as exc:
+        raise to_litellm_error(exc, model, PROVIDER) from exc
+    finally:
+        close = getattr(pieces, "close", None)
+        if close is not None:
+            close()

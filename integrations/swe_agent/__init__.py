@@ -1,0 +1,11 @@
+"""Talaria for SWE-agent and mini-swe-agent (DESIGN.md "Wire format for sessions").
+
+- :mod:`integrations.swe_agent.mini_swe_agent`: mini-swe-agent's model class, environment
+  wrapper and agent class (imports ``minisweagent``).
+- :mod:`integrations.swe_agent.sweagent_hook`: an SWE-agent agent hook (imports nothing from
+  ``sweagent``; the model is reached through LiteLLM).
+- :mod:`integrations.swe_agent.runs`: the per-agent session state both use.
+
+Nothing is imported here, so importing the package costs nothing and needs neither agent
+framework.
+"""

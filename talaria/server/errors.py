@@ -1,0 +1,163 @@
+"""Every HTTP error the server sends, in OpenAI's shape.
+
+``{"error": {"message": str, "type": str, "param": str | None, "code": str | None}}``: the
+shape the ``openai`` client parses into ``APIError.message`` / ``.code`` / ``.param``. The
+message says what to change; 5xx messages never carry a traceback (the server log does, under
+the request id the message quotes).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+
+from talaria.errors import ContextTooLong, Overloaded, TalariaError, UnknownModel, UnknownSession
+
+log = logging.getLogger("talaria.server")
+
+RETRY_AFTER_S = 1  # what a 503 asks a client to wait before retrying, seconds
+
+# Fields whose type is a union: pydantic reports one error per union member; one line is enough.
+_FIELD_HINTS: Mapping[str, str] = {
+    "stop": "must be a string or a list of non-empty strings",
+    "prompt": "must be a string or a list holding exactly one string",
+    "content": "must be a string, a list of text parts, or null",
+    "tool_choice": "must be a string or an object",
+}
+
+
+class HttpError(Exception):
+    """An error the server answers with: status, a message a user can act on, and OpenAI's
+    ``type`` / ``param`` / ``code``. Raised by request handling; rendered by :func:`render`."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        code: str | None = None,
+        param: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.code = code
+        self.param = param
+        self.headers = dict(headers or {})
+
+    def body(self) -> dict[str, Any]:
+        """The JSON body: ``{"error": {...}}``."""
+        return {
+            "error": {
+                "message": self.message,
+                "type": error_type(self.status),
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+    def response(self) -> JSONResponse:
+        """The whole HTTP response (status, body, headers)."""
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+
+    def sse_event(self) -> bytes:
+        """The error as one server-sent event, for a failure after a stream has begun."""
+        return b"data: " + json.dumps(self.body()).encode() + b"\n\n"
+
+
+def error_type(status: int) -> str:
+    """OpenAI's ``type`` for a status: client errors are ``invalid_request_error`` (401 too, as
+    OpenAI does), 503 ``overloaded_error``, other 5xx ``server_error``."""
+    if status == 503:
+        return "overloaded_error"
+    return "server_error" if status >= 500 else "invalid_request_error"
+
+
+def bad_request(message: str, param: str | None = None, code: str = "invalid_value") -> HttpError:
+    """A 400 naming the offending field in ``param``."""
+    return HttpError(400, message, code=code, param=param)
+
+
+def internal(exc: BaseException) -> HttpError:
+    """A 500 for a failure Talaria did not anticipate: logs the traceback under a fresh request
+    id and answers with that id only."""
+    rid = uuid.uuid4().hex[:12]
+    log.error("internal error, request %s", rid, exc_info=exc)
+    return HttpError(
+        500,
+        f"Internal server error (request {rid}); the server log has the details. "
+        "Retrying may help; if it keeps failing, report the request id.",
+        code="internal_error",
+    )
+
+
+def from_talaria(exc: TalariaError) -> HttpError:
+    """Map a typed Talaria error to its HTTP answer (``exc.http_status``, ``exc.code``).
+
+    Messages of 4xx and 503 errors are written for users and pass through; any other 5xx is
+    treated as :func:`internal` (logged, not echoed).
+    """
+    status = int(getattr(exc, "http_status", 500))
+    code = str(getattr(exc, "code", "internal_error"))
+    if status >= 500 and status != 503:
+        return internal(exc)
+    message = str(exc) or (type(exc).__doc__ or type(exc).__name__).strip()
+    param: str | None = None
+    headers: dict[str, str] = {}
+    if isinstance(exc, UnknownModel):
+        param = "model"
+    elif isinstance(exc, ContextTooLong):
+        param = "messages"
+    elif isinstance(exc, UnknownSession):
+        param = "session_id"
+    if isinstance(exc, Overloaded) or status == 503:
+        headers["Retry-After"] = str(RETRY_AFTER_S)
+        if "retry" not in message.lower():
+            message = f"{message} Retry in a moment."
+    return HttpError(status, message, code=code, param=param, headers=headers)
+
+
+def from_validation(exc: ValidationError, what: str = "request body") -> HttpError:
+    """A 400 from a pydantic error: invalid JSON, a wrong type, a missing or out-of-range
+    field. The message names each offending field (up to three) and what it must be."""
+    errors = exc.errors(include_url=False)
+    if any(e["type"] == "json_invalid" for e in errors):
+        detail = next(e for e in errors if e["type"] == "json_invalid")
+        reason = str(detail.get("ctx", {}).get("error", detail["msg"]))
+        return bad_request(
+            f"The {what} is not valid JSON ({reason}); send one JSON object.", code="invalid_json"
+        )
+    lines: list[str] = []
+    params: list[str] = []
+    for err in errors:
+        path, hint = _describe(err["loc"], err["type"], err["msg"])
+        line = f"{path or what}: {hint}"
+        if line not in lines:
+            lines.append(line)
+            params.append(path)
+    more = f" (and {len(lines) - 3} more)" if len(lines) > 3 else ""
+    return bad_request(
+        "Invalid request: " + "; ".join(lines[:3]) + more + ".", param=params[0] or None
+    )
+
+
+def _describe(loc: Sequence[int | str], kind: str, msg: str) -> tuple[str, str]:
+    """(dotted field path, what is wrong) for one pydantic error; union members collapse."""
+    if kind == "missing":
+        return ".".join(str(p) for p in loc), "this field is required"
+    path: list[str] = []
+    for part in loc:
+        if isinstance(part, str) and part in _FIELD_HINTS:
+            path.append(part)
+            return ".".join(path), _FIELD_HINTS[part]
+        path.append(str(part))
+    if kind == "extra_forbidden":
+        return ".".join(path), "unknown field"
+    return ".".join(path), msg[0].lower() + msg[1:] if msg else kind

@@ -1,0 +1,464 @@
+"""ChatTalaria and TalariaCallbackHandler end to end: LangChain's own tool-calling machinery
+(``@tool``, ``bind_tools``, ``invoke`` / ``stream`` / ``ainvoke`` / ``astream``, tools run
+with callbacks) against a live Talaria server on 127.0.0.1 serving SmolLM2-135M; plus
+errors, an unreachable server, and the pure parts (tool-call parsing, session ids).
+
+One server per module (loading takes ~15-30 s). The server's backend is wrapped in a
+recorder, so the tests see what the server received: the session id of every call and
+every hint event with its fields.
+
+A 135M model does not reliably call tools. The loops let it try (greedy decoding, a
+one-shot example of the ``<tool_call>`` format) and, when an answer holds no tool call,
+the test drives the loop itself with a call to the same tool, still through LangChain's
+``AIMessage.tool_calls`` / ``tool.invoke(call)`` / ``ToolMessage`` path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shlex
+import socket
+import subprocess
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import attrs
+import openai
+import pytest
+import torch
+import uvicorn
+from fastapi import FastAPI
+from langchain_core.messages import (
+    AIMessage,
+    AIMessageChunk,
+    BaseMessage,
+    HumanMessage,
+    SystemMessage,
+    ToolMessage,
+)
+from langchain_core.messages.tool import ToolCall, tool_call
+from langchain_core.outputs import ChatGeneration, LLMResult
+from langchain_core.runnables import RunnableConfig, RunnableLambda
+from langchain_core.tools import tool
+
+from integrations import parse_tool_calls, render_tool_calls, tool_calls_as_text
+from integrations.langchain import ChatTalaria, TalariaCallbackHandler
+from integrations.langchain.chat_model import SESSION_KWARG, _session_id
+from talaria.api import Talaria, TalariaConfig
+from talaria.server.app import create_app
+from talaria.session import HintSender
+
+MODEL = "smollm2-135m"
+TINY = TalariaConfig(models=(MODEL,), device_memory_bytes=2 * 10**9, host_memory_bytes=2 * 10**9)
+SYSTEM = (
+    "You can call one tool, run_shell(command: string), which runs a shell command. To call "
+    'it, reply with only: <tool_call>{"name": "run_shell", "arguments": {"command": '
+    '"<command>"}}</tool_call>'
+)
+EXAMPLE = [
+    HumanMessage("Show the date."),
+    AIMessage('<tool_call>{"name": "run_shell", "arguments": {"command": "date"}}</tool_call>'),
+]
+ALLOWED = {"ls", "pwd", "date", "echo"}
+SHORT = 8  # max_tokens after the first turn (the model has had its chance to call a tool)
+
+
+@tool
+def run_shell(command: str) -> str:
+    """Run a harmless shell command (ls, pwd, date or echo; anything else runs ls)."""
+    argv = shlex.split(command) if command.strip() else []
+    if not argv or argv[0] not in ALLOWED:
+        argv = ["ls"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=10, check=False)
+    return f"$ {shlex.join(argv)}\n{(done.stdout or done.stderr)[:200]}"
+
+
+def llm(url: str, **kwargs: Any) -> ChatTalaria:
+    """Greedy; stops at a tool call's closing tag (the parser reads an unclosed last
+    block). Calls set ``max_tokens`` (32 fits a tool call)."""
+    return ChatTalaria(base_url=url, model=MODEL, temperature=0.0, stop=["</tool_call>"], **kwargs)
+
+
+def start_messages(task: str) -> list[BaseMessage]:
+    return [SystemMessage(SYSTEM), *EXAMPLE, HumanMessage(task)]
+
+
+def calls_or_driven(ai: AIMessage, turn: int) -> tuple[list[ToolCall], bool]:
+    """The model's tool calls, or (when it wrote none) one the test makes; and whether
+    the model made them."""
+    if ai.tool_calls:
+        return list(ai.tool_calls), True
+    return [tool_call(name="run_shell", args={"command": "ls"}, id=f"driven-{turn}")], False
+
+
+def merge(chunks: list[Any]) -> AIMessageChunk:
+    """A streamed answer's chunks added up (LangChain's own merge)."""
+    assert chunks and all(isinstance(c, AIMessageChunk) for c in chunks)
+    merged: AIMessageChunk = chunks[0]
+    for chunk in chunks[1:]:
+        merged = merged + chunk
+    return merged
+
+
+def cache_read(ai: AIMessage | AIMessageChunk) -> int:
+    usage = ai.usage_metadata
+    assert usage is not None
+    return int(usage.get("input_token_details", {}).get("cache_read", 0))
+
+
+class Recorder:
+    """``talaria.Talaria`` as the server sees it, recording what arrives: the session id of
+    every chat call, and every hint event (with whether Talaria accepted it)."""
+
+    def __init__(self, talaria: Talaria) -> None:
+        self.talaria = talaria
+        self.calls: list[str | None] = []
+        self.events: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+
+    @property
+    def config(self) -> TalariaConfig:
+        return self.talaria.config
+
+    def chat_stream(self, messages: Any, model: str, **kwargs: Any) -> Any:
+        with self._lock:
+            self.calls.append(kwargs.get("session_id"))
+        return self.talaria.chat_stream(messages, model, **kwargs)
+
+    async def chat(self, messages: Any, model: str, **kwargs: Any) -> Any:
+        with self._lock:
+            self.calls.append(kwargs.get("session_id"))
+        return await self.talaria.chat(messages, model, **kwargs)
+
+    def complete_stream(self, prompt: str, model: str, **kwargs: Any) -> Any:
+        return self.talaria.complete_stream(prompt, model, **kwargs)
+
+    async def event(self, session_id: str, event: str, **fields: Any) -> Any:
+        record = {"session_id": session_id, "event": event, **fields, "accepted": False}
+        with self._lock:
+            self.events.append(record)
+        result = await self.talaria.event(session_id, event, **fields)
+        record["accepted"] = True
+        return result
+
+    def models(self) -> Any:
+        return self.talaria.models()
+
+    def stats(self) -> Any:
+        return self.talaria.stats()
+
+    def events_of(self, session_id: str) -> list[dict[str, Any]]:
+        with self._lock:
+            return [e for e in self.events if e["session_id"] == session_id]
+
+
+@attrs.frozen
+class Served:
+    url: str
+    talaria: Talaria
+    recorder: Recorder
+    loop: asyncio.AbstractEventLoop
+
+
+@pytest.fixture(scope="module")
+def served() -> Iterator[Served]:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # 2 shared cores: more threads only thrash
+    talaria = Talaria(TINY)
+    recorder = Recorder(talaria)
+    loops: list[asyncio.AbstractEventLoop] = []
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        async with talaria:
+            loops.append(asyncio.get_running_loop())
+            yield
+
+    app = create_app(recorder, api_keys=(), lifespan=lifespan)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 300
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
+        time.sleep(0.05)
+    try:
+        yield Served(f"http://127.0.0.1:{port}", talaria, recorder, loops[0])
+    finally:
+        server.should_exit = True
+        thread.join(30)
+        sock.close()
+        torch.set_num_threads(threads)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def check_run(served: Served, session_id: str, calls_before: int, cached: list[int]) -> None:
+    """One session for every call of the run, cached tokens from the second call on, every
+    gap hint received (tool_end with its measured seconds), then the end."""
+    calls = served.recorder.calls[calls_before:]
+    assert len(calls) >= 3 and calls == [session_id] * len(cached)
+    assert all(c > 0 for c in cached[1:]), cached
+    events = served.recorder.events_of(session_id)
+    kinds = [e["event"] for e in events]
+    gaps = len(cached) - 1
+    assert kinds == ["tool_start", "tool_end"] * gaps + ["end"], kinds
+    assert all(e["accepted"] for e in events)
+    starts = [e for e in events if e["event"] == "tool_start"]
+    ends = [e for e in events if e["event"] == "tool_end"]
+    assert all(e["tool"] == "run_shell" and e["expected_s"] > 0 for e in starts)
+    assert all(0 < e["measured_s"] < 30 for e in ends)
+
+
+# --- end to end -------------------------------------------------------------------------------
+
+
+def test_sync_tool_loop_one_session_cached_tokens_and_gap_hints(served: Served) -> None:
+    sid = f"lc-sync-{uuid.uuid4().hex[:8]}"
+    hints = TalariaCallbackHandler(served.url)
+    config: RunnableConfig = {"metadata": {"session_id": sid}, "callbacks": [hints]}
+    agent = llm(served.url).bind_tools([run_shell])
+    messages = start_messages("List the files in the current directory.")
+    before = served.talaria.stats()["sessions"]["total"]
+    calls_before = len(served.recorder.calls)
+    cached: list[int] = []
+    made: list[bool] = []  # whether the model wrote the tool calls itself (printed, not checked)
+    for turn in range(3):
+        if turn == 1:  # the streamed path, in the same loop
+            merged = merge(list(agent.stream(messages, config, max_tokens=SHORT)))
+            ai: AIMessage = AIMessage(
+                content=merged.content,
+                tool_calls=merged.tool_calls,
+                usage_metadata=merged.usage_metadata,
+                response_metadata=merged.response_metadata,
+            )
+        else:
+            ai = agent.invoke(messages, config, max_tokens=32 if turn == 0 else SHORT)
+        assert ai.content or ai.tool_calls
+        assert ai.response_metadata["session_id"] == sid
+        cached.append(cache_read(ai))
+        calls, by_model = calls_or_driven(ai, turn)
+        made.append(by_model)
+        messages.append(AIMessage(content=ai.content, tool_calls=calls))
+        if turn < 2:
+            for call in calls:
+                result = run_shell.invoke(call, config)
+                assert isinstance(result, ToolMessage) and str(result.content).startswith("$ ")
+                messages.append(result)
+    hints.end(sid)
+    assert hints.flush(5.0)
+    print(f"tool calls written by the model, per turn: {made}; cached tokens: {cached}")
+    check_run(served, sid, calls_before, cached)
+    assert served.talaria.stats()["sessions"]["total"] - before == 1
+    hints.close()
+
+
+def test_async_agent_steps_with_thread_id(served: Served) -> None:
+    """LangGraph-style ``configurable.thread_id``; each step a runnable whose child runs
+    are the model call and the tool runs, so the handler finds the tools' session through
+    their parent."""
+    thread = f"lc-thread-{uuid.uuid4().hex[:8]}"
+    hints = TalariaCallbackHandler(served.url)
+    agent = llm(served.url).bind_tools([run_shell])
+
+    async def step(messages: list[BaseMessage], config: RunnableConfig) -> list[BaseMessage]:
+        turn = sum(isinstance(m, AIMessage) for m in messages) - 1
+        if turn == 1:
+            ai = await agent.ainvoke(messages, config, max_tokens=SHORT)
+        else:
+            tokens = 32 if turn == 0 else SHORT
+            merged = merge([c async for c in agent.astream(messages, config, max_tokens=tokens)])
+            ai = AIMessage(
+                content=merged.content,
+                tool_calls=merged.tool_calls,
+                usage_metadata=merged.usage_metadata,
+            )
+        calls, _ = calls_or_driven(ai, turn)
+        out: list[BaseMessage] = [
+            AIMessage(content=ai.content, tool_calls=calls, usage_metadata=ai.usage_metadata)
+        ]
+        if turn < 2:
+            for call in calls:
+                out.append(await run_shell.ainvoke(call, config))
+        return messages + out
+
+    async def run() -> list[BaseMessage]:
+        config: RunnableConfig = {"configurable": {"thread_id": thread}, "callbacks": [hints]}
+        messages = start_messages("Print the working directory.")
+        runnable = RunnableLambda(step)
+        for _ in range(3):
+            messages = await runnable.ainvoke(messages, config)
+        hints.end(thread)
+        await hints.hints.aflush(5.0)
+        return messages
+
+    calls_before = len(served.recorder.calls)
+    messages = asyncio.run(run())
+    answers = [m for m in messages[len(EXAMPLE) + 2 :] if isinstance(m, AIMessage)]
+    check_run(served, thread, calls_before, [cache_read(a) for a in answers])
+    hints.close()
+
+
+# --- errors -----------------------------------------------------------------------------------
+
+
+def test_unknown_model_is_openai_not_found(served: Served) -> None:
+    model = ChatTalaria(base_url=served.url, model="no-such-model", max_retries=0)
+    with pytest.raises(openai.NotFoundError, match="does not exist"):
+        model.invoke("hi")
+    with pytest.raises(openai.NotFoundError):
+        list(model.stream("hi"))
+    with pytest.raises(openai.NotFoundError):
+        asyncio.run(model.ainvoke("hi"))
+
+
+def test_unreachable_server_fails_fast_and_hints_drop_quietly() -> None:
+    dead = f"http://127.0.0.1:{free_port()}"
+    model = ChatTalaria(base_url=dead, model=MODEL, max_retries=0)
+    started = time.monotonic()
+    with pytest.raises(openai.APIConnectionError, match="talaria serve"):
+        model.invoke("hi")
+    with pytest.raises(openai.APIConnectionError):
+        asyncio.run(model.ainvoke("hi"))
+    assert time.monotonic() - started < 5
+    hints = TalariaCallbackHandler(dead)
+    config: RunnableConfig = {"metadata": {"session_id": "lost"}, "callbacks": [hints]}
+    started = time.monotonic()
+    run_shell.invoke({"command": "pwd"}, config)
+    hints.end("lost")
+    assert time.monotonic() - started < 2  # the tool's own time; hints never block
+    assert hints.flush(5.0)
+    assert hints.hints.stats().failed == 3 and hints.hints.stats().sent == 0
+    hints.close()
+
+
+# --- pure parts -------------------------------------------------------------------------------
+
+
+def test_parse_tool_calls_reads_the_common_shapes() -> None:
+    names = ("run_shell",)
+    shapes = {
+        "hermes": '<tool_call>{"name": "run_shell", "arguments": {"command": "ls"}}</tool_call>',
+        "unclosed": 'ok <tool_call>\n{"name": "run_shell", "arguments": {"command": "ls"}}',
+        "fenced": 'Sure:\n```json\n{"name": "run_shell", "parameters": {"command": "ls"}}\n```',
+        "bare": '{"name": "run_shell", "arguments": "{\\"command\\": \\"ls\\"}"}',
+        "openai": '[{"type": "function", "function": {"name": "run_shell", '
+        '"arguments": {"command": "ls"}}}]',
+        "inline": 'I will call {"name": "run_shell", "args": {"command": "ls"}} now.',
+    }
+    for shape, text in shapes.items():
+        calls = parse_tool_calls(text, names)
+        assert [(c.name, c.arguments) for c in calls] == [("run_shell", {"command": "ls"})], shape
+        assert calls[0].id.startswith("call_")
+    two = "<tool_call>" + '{"name": "run_shell", "arguments": {"command": "ls"}}' + "</tool_call>"
+    assert len(parse_tool_calls(two + "\n" + two, names)) == 2
+    assert parse_tool_calls('{"name": "other", "arguments": {}}', names) == ()
+    assert parse_tool_calls("Use ls to list files {not json}", names) == ()
+    assert parse_tool_calls('{"name": "run_shell", "arguments": [1]}', names) == ()
+    assert parse_tool_calls("", names) == ()
+    assert len(parse_tool_calls('{"name": "x", "arguments": {}}')) == 1  # no names: any
+
+
+def test_tool_calls_written_back_as_text() -> None:
+    messages: list[dict[str, Any]] = [
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {
+                    "id": "1",
+                    "type": "function",
+                    "function": {"name": "run_shell", "arguments": '{"command": "ls"}'},
+                }
+            ],
+        },
+        {
+            "role": "assistant",
+            "content": "kept",
+            "tool_calls": [
+                {
+                    "id": "2",
+                    "type": "function",
+                    "function": {"name": "run_shell", "arguments": "{}"},
+                }
+            ],
+        },
+        {"role": "user", "content": ""},
+    ]
+    out = tool_calls_as_text(messages)
+    assert out[0]["content"] == render_tool_calls([("run_shell", {"command": "ls"})])
+    assert parse_tool_calls(out[0]["content"], ["run_shell"])[0].arguments == {"command": "ls"}
+    assert out[1]["content"] == "kept" and out[2] == messages[2]
+    assert messages[0]["content"] == ""  # not mutated
+
+
+def test_session_id_precedence() -> None:
+    config = {"metadata": {"session_id": "meta"}, "configurable": {"thread_id": "thread"}}
+    assert _session_id({"session_id": "arg"}, config, "field") == "arg"
+    assert _session_id({SESSION_KWARG: "found"}, config, "field") == "found"
+    assert _session_id({}, config, "field") == "meta"
+    assert _session_id({}, {"configurable": {"thread_id": "thread"}}, "field") == "thread"
+    assert _session_id({}, {}, "field") == "field"
+    assert _session_id({}, None, None) is None
+    spaced = _session_id({"session_id": "a b"}, None, None)
+    assert spaced is not None and spaced.startswith("sess-")
+
+
+def test_callback_handler_finds_the_session_of_a_tool_run() -> None:
+    received: list[tuple[str, str, dict[str, Any]]] = []
+
+    def sink(session_id: str, event: str, **fields: Any) -> None:
+        received.append((session_id, event, fields))
+
+    sender = HintSender.in_process(sink)
+    hints = TalariaCallbackHandler(hints=sender, session_id="fallback")
+    # from the tool run's own metadata (thread_id when no session_id)
+    run_shell.invoke({"command": "pwd"}, {"metadata": {"thread_id": "t1"}, "callbacks": [hints]})
+    # from the parent: a step whose model child carried the session
+    step_id, model_id, tool_id = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
+    hints.on_chain_start({}, {}, run_id=step_id)
+    hints.on_chat_model_start(
+        {}, [], run_id=model_id, parent_run_id=step_id, metadata={"session_id": "s2"}
+    )
+    hints.on_tool_start(
+        {"name": "bash"}, "ls", run_id=tool_id, parent_run_id=step_id, inputs={"command": "ls -l"}
+    )
+    hints.on_tool_error(RuntimeError("boom"), run_id=tool_id)
+    # from the model answer that asked for it, by tool call id
+    model_run = uuid.uuid4()
+    hints.on_chat_model_start({}, [], run_id=model_run, metadata={"session_id": "s3"})
+    answer = AIMessage("", tool_calls=[tool_call(name="run_shell", args={}, id="tc-1")])
+    hints.on_llm_end(LLMResult(generations=[[ChatGeneration(message=answer)]]), run_id=model_run)
+    run_shell.invoke(
+        {"type": "tool_call", "name": "run_shell", "args": {"command": "pwd"}, "id": "tc-1"},
+        {"callbacks": [hints]},
+    )
+    # none of these: the handler's own session
+    run_shell.invoke({"command": "pwd"}, {"callbacks": [hints]})
+    assert sender.flush(5.0)
+    kinds = [(s, e) for s, e, _ in received]
+    assert kinds == [
+        ("t1", "tool_start"),
+        ("t1", "tool_end"),
+        ("s2", "tool_start"),
+        ("s2", "tool_end"),
+        ("s3", "tool_start"),
+        ("s3", "tool_end"),
+        ("fallback", "tool_start"),
+        ("fallback", "tool_end"),
+    ]
+    assert received[2][2]["tool"] == "bash" and received[3][2]["measured_s"] >= 0
+    hints.close()
+    sender.close()
