@@ -8,7 +8,8 @@ bytes ``[b * block_bytes, (b + 1) * block_bytes)``, the same for every model, as
 :class:`PagedKV` is one model's view of one tier: per block
 ``[n_layers, 2 (K, V), tokens_per_block, n_kv_heads, head_dim]`` elements of the KV dtype,
 made with ``torch.as_strided`` over the same storage (no copy); bytes past the model's
-``tokens_per_block * kv_bytes_per_token`` in a block are unused.
+``tokens_per_block * kv_bytes_per_token`` in a block are unused. :meth:`PagedKV.rows` views one
+layer's K (or V) as one row per block, the unit :mod:`talaria.engine.attention` gathers.
 
 :meth:`KVPool.execute` runs a :class:`~talaria.memory.kv.MovePlan` (offload, restore) as one
 batched gather and one batched scatter. The pools are never reallocated: their data pointers
@@ -55,8 +56,9 @@ class PagedKV:
 
     ``blocks`` is ``[num_blocks, n_layers, 2, tokens_per_block, n_kv_heads, head_dim]``;
     :meth:`layer` gives the K and V caches of one layer,
-    ``[num_blocks, tokens_per_block, n_kv_heads, head_dim]`` each. Writing into them writes
-    the pool.
+    ``[num_blocks, tokens_per_block, n_kv_heads, head_dim]`` each, and :meth:`rows` the same
+    memory as ``[num_blocks, tokens_per_block * n_kv_heads * head_dim]``. Writing into them
+    writes the pool.
     """
 
     def __init__(
@@ -84,6 +86,7 @@ class PagedKV:
         self._layers = tuple(
             (self.blocks[:, i, 0], self.blocks[:, i, 1]) for i in range(arch.n_layers)
         )
+        self._rows = tuple((k.flatten(1), v.flatten(1)) for k, v in self._layers)
 
     @property
     def device(self) -> torch.device:
@@ -93,12 +96,21 @@ class PagedKV:
         """K and V caches of layer ``i``, ``[num_blocks, tokens_per_block, kv_heads, hd]``."""
         return self._layers[i]
 
+    def rows(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V caches of layer ``i`` as block rows,
+        ``[num_blocks, tokens_per_block * kv_heads * hd]`` (views; a row is contiguous)."""
+        return self._rows[i]
+
     def gather(self, i: int, table: list[int], n_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Copies of layer ``i``'s K and V for the first ``n_tokens`` tokens of a sequence
         whose blocks are ``table``: ``[n_tokens, kv_heads, hd]`` each."""
         idx = torch.tensor(table, dtype=torch.long, device=self.device)
-        k, v = self._layers[i]
-        return k[idx].flatten(0, 1)[:n_tokens], v[idx].flatten(0, 1)[:n_tokens]
+        shape = (len(table) * self.tokens_per_block, self.arch.n_kv_heads, self.arch.head_dim)
+        k, v = self._rows[i]
+        return (
+            k.index_select(0, idx).view(shape)[:n_tokens],
+            v.index_select(0, idx).view(shape)[:n_tokens],
+        )
 
 
 class KVPool:

@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from talaria.config import ModelSpec
+from talaria.engine.attention import PagedGroup, Scratch, attend_decode, attend_prefill
 from talaria.errors import BadRequest, ConfigError, ContextTooLong
 
 if TYPE_CHECKING:
@@ -703,30 +704,27 @@ class BatchInput:
 @attrs.frozen(eq=False)
 class _SeqAttn:
     """Attention work of one multi-token sequence: rows ``row0:row1`` of the batch attend
-    positions ``[0, ctx)`` read through ``table`` (``[n_blocks]`` block ids)."""
+    the ``group.ctx`` positions of their sequence (``group.n == 1``)."""
 
     row0: int
     row1: int
-    table: torch.Tensor
-    ctx: int
+    group: PagedGroup
     mask: torch.Tensor | None  # [n, ctx] bool, None when plain causal from position 0
 
 
 @attrs.frozen(eq=False)
 class _DecodeAttn:
-    """All single-token sequences: rows ``[B]``, tables ``[B, n_blocks]``, contexts ``ctx``
-    padded to ``max_ctx`` with ``mask`` ``[B, 1, 1, max_ctx]`` (None if none is padded)."""
+    """Single-token sequences attended together: batch ``rows`` (a slice when consecutive,
+    else an index tensor), their KV in ``group``."""
 
-    rows: torch.Tensor
-    tables: torch.Tensor
-    max_ctx: int
-    mask: torch.Tensor | None
+    rows: slice | torch.Tensor
+    group: PagedGroup
 
 
 @attrs.frozen(eq=False)
 class _Plan:
     """Device tensors for one step: token ids, KV write slots, rotary tables ``[T, 1, hd]``,
-    attention work and the rows that produce logits."""
+    attention work and the rows that produce logits (None: every row, in order)."""
 
     ids: torch.Tensor
     slot_block: torch.Tensor
@@ -734,8 +732,18 @@ class _Plan:
     cos: torch.Tensor
     sin: torch.Tensor
     multi: tuple[_SeqAttn, ...]
-    decode: _DecodeAttn | None
-    logit_rows: torch.Tensor
+    decode: tuple[_DecodeAttn, ...]
+    logit_rows: torch.Tensor | None
+
+    @property
+    def whole(self) -> PagedGroup | None:
+        """The group of a step that is one decode chunk of every row in order, else None."""
+        if self.multi or len(self.decode) != 1:
+            return None
+        rows = self.decode[0].rows
+        if isinstance(rows, slice) and rows.start == 0 and rows.stop == self.ids.shape[0]:
+            return self.decode[0].group
+        return None
 
 
 # ----------------------------------------------------------------------------- math
@@ -746,6 +754,33 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     xf = x.to(torch.float32)
     xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     return weight * xf.to(x.dtype)
+
+
+_FEW_ROWS: Final = 256
+"""Up to this many rows :func:`linear` computes ``w @ x.T`` on CPU (see there)."""
+
+
+def linear(
+    x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, contiguous: bool = False
+) -> torch.Tensor:
+    """``x @ w.T + b`` for ``x`` ``[M, in]``, ``w`` ``[out, in]``: ``[M, out]``.
+
+    On CPU with at most :data:`_FEW_ROWS` rows it is computed as ``(w @ x.T).T``, and one row
+    as ``mv``: PyTorch's CPU GEMM is faster with the weight as the left operand at decode
+    sizes. Measured here (SmolLM2-135M's matmuls, bf16, one thread): M=1 36 -> 25 ms (mv),
+    M=8 38 -> 25 ms, M=32 45 -> 31 ms; about equal at M=1024. The result is then a transposed
+    view unless ``contiguous`` (callers that feed SDPA or hand rows out ask for it);
+    elementwise ops and views accept either. Same products and sums as ``F.linear``; only the
+    accumulation order inside the GEMM may differ.
+    """
+    m = x.shape[0]
+    if x.device.type != "cpu" or x.dim() != 2 or m > _FEW_ROWS:
+        return F.linear(x, w, b)
+    if m == 1:
+        y = torch.mv(w, x[0]) if b is None else torch.addmv(b, w, x[0])
+        return y.unsqueeze(0)
+    y = (torch.mm(w, x.t()) if b is None else torch.addmm(b.unsqueeze(1), w, x.t())).t()
+    return y.contiguous() if contiguous else y
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -766,6 +801,9 @@ class LlamaModel:
 
     The model keeps references to ``weights`` (e.g. from :func:`bind_weights`) and never
     copies them: copying new values into the views changes what the next forward computes.
+    It also keeps a bounded attention scratch (:class:`~talaria.engine.attention.Scratch`,
+    at most two tensors of :data:`~talaria.engine.attention.SCRATCH_BYTES`) reused by every
+    step, so a model is not safe to run from two threads at once.
     """
 
     def __init__(self, arch: ModelArch, weights: Mapping[str, torch.Tensor]) -> None:
@@ -778,6 +816,7 @@ class LlamaModel:
         self.lm_head = self.embed if arch.tie_word_embeddings else weights["lm_head.weight"]
         inv_freq, self._rope_scale = arch.rope_inv_freq()
         self._inv_freq = inv_freq.to(self.device)
+        self.scratch = Scratch()
 
     @torch.no_grad()
     def forward(self, batch: BatchInput, kv: PagedKV) -> torch.Tensor:
@@ -789,136 +828,111 @@ class LlamaModel:
         """
         plan = self._plan(batch, kv)
         x = F.embedding(plan.ids, self.embed)
-        for i, layer in enumerate(self.layers):
-            x = x + self._attention(
-                i, layer, rms_norm(x, layer.in_norm, self.arch.rms_norm_eps), kv, plan
-            )
-            x = x + self._mlp(layer, rms_norm(x, layer.post_norm, self.arch.rms_norm_eps))
-        x = rms_norm(x.index_select(0, plan.logit_rows), self.norm, self.arch.rms_norm_eps)
-        return F.linear(x, self.lm_head)
+        eps = self.arch.rms_norm_eps
+        for i, layer in enumerate(self.layers):  # x is this step's own tensor: add in place
+            x.add_(self._attention(i, layer, rms_norm(x, layer.in_norm, eps), kv, plan))
+            x.add_(self._mlp(layer, rms_norm(x, layer.post_norm, eps)))
+        if plan.logit_rows is not None:
+            x = x.index_select(0, plan.logit_rows)
+        return linear(rms_norm(x, self.norm, eps), self.lm_head, contiguous=True)
 
     __call__ = forward
 
     def _mlp(self, layer: _Layer, h: torch.Tensor) -> torch.Tensor:
         """SwiGLU: ``down(silu(gate(h)) * up(h))``, ``h`` ``[T, hidden]``."""
         if layer.gate_up is not None:
-            gate, up = F.linear(h, layer.gate_up).chunk(2, dim=-1)
+            gate, up = linear(h, layer.gate_up).chunk(2, dim=-1)
         else:
-            gate, up = F.linear(h, layer.gate), F.linear(h, layer.up)
-        return F.linear(F.silu(gate) * up, layer.down)
+            gate, up = linear(h, layer.gate), linear(h, layer.up)
+        return linear(F.silu(gate).mul_(up), layer.down)
 
-    def _qkv(self, layer: _Layer, h: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """q ``[T, n_heads, hd]``, k and v ``[T, n_kv_heads, hd]`` for ``h`` ``[T, hidden]``."""
-        a = self.arch
+    def _qkv(self, layer: _Layer, h: torch.Tensor, plan: _Plan) -> tuple[torch.Tensor, ...]:
+        """Rotated q ``[T, n_heads, hd]`` and k ``[T, n_kv_heads, hd]`` and v
+        ``[T, n_kv_heads, hd]`` for ``h`` ``[T, hidden]`` (views of at most two tensors).
+
+        With fused weights q and k are rotated together, as one ``[T, heads + kv_heads, hd]``.
+        """
+        a, t = self.arch, h.shape[0]
+        nh, nkv, hd = a.n_heads, a.n_kv_heads, a.head_dim
         if layer.qkv is not None and (layer.q_bias is None or layer.qkv_bias is not None):
-            qkv = F.linear(h, layer.qkv, layer.qkv_bias)
-            nq, nkv = a.n_heads * a.head_dim, a.n_kv_heads * a.head_dim
-            q, k, v = qkv[:, :nq], qkv[:, nq : nq + nkv], qkv[:, nq + nkv :]
-        else:
-            q = F.linear(h, layer.q, layer.q_bias)
-            k = F.linear(h, layer.k, layer.k_bias)
-            v = F.linear(h, layer.v, layer.v_bias)
-        t = h.shape[0]
-        return (
-            q.reshape(t, a.n_heads, a.head_dim),
-            k.reshape(t, a.n_kv_heads, a.head_dim),
-            v.reshape(t, a.n_kv_heads, a.head_dim),
-        )
+            qkv = linear(h, layer.qkv, layer.qkv_bias, contiguous=True)
+            qk = apply_rope(qkv[:, : (nh + nkv) * hd].view(t, nh + nkv, hd), plan.cos, plan.sin)
+            return qk[:, :nh], qk[:, nh:], qkv[:, (nh + nkv) * hd :].view(t, nkv, hd)
+        q = linear(h, layer.q, layer.q_bias, contiguous=True).view(t, nh, hd)
+        k = linear(h, layer.k, layer.k_bias, contiguous=True).view(t, nkv, hd)
+        v = linear(h, layer.v, layer.v_bias, contiguous=True).view(t, nkv, hd)
+        return apply_rope(q, plan.cos, plan.sin), apply_rope(k, plan.cos, plan.sin), v
 
     def _attention(
         self, i: int, layer: _Layer, h: torch.Tensor, kv: PagedKV, plan: _Plan
     ) -> torch.Tensor:
         """Attention block of layer ``i``: project, rotate, write K/V, attend, project out."""
-        q, k, v = self._qkv(layer, h)
-        q = apply_rope(q, plan.cos, plan.sin)
-        k = apply_rope(k, plan.cos, plan.sin)
+        q, k, v = self._qkv(layer, h, plan)
         k_cache, v_cache = kv.layer(i)
-        k_cache.index_put_((plan.slot_block, plan.slot_offset), k.to(kv.dtype))
-        v_cache.index_put_((plan.slot_block, plan.slot_offset), v.to(kv.dtype))
-        out = torch.empty_like(q)
-        for s in plan.multi:
-            out[s.row0 : s.row1] = self._attend_seq(q[s.row0 : s.row1], k_cache, v_cache, s)
-        if plan.decode is not None:
-            out[plan.decode.rows] = self._attend_decode(q, k_cache, v_cache, plan.decode)
-        return F.linear(out.reshape(h.shape[0], -1), layer.o, layer.o_bias)
-
-    def _attend_seq(
-        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, s: _SeqAttn
-    ) -> torch.Tensor:
-        """``q`` ``[n, n_heads, hd]`` attends its sequence's first ``s.ctx`` cached tokens."""
-        k = k_cache[s.table].flatten(0, 1)[: s.ctx].to(q.dtype)  # [ctx, kv_heads, hd]
-        v = v_cache[s.table].flatten(0, 1)[: s.ctx].to(q.dtype)
-        o = F.scaled_dot_product_attention(
-            q.transpose(0, 1).unsqueeze(0),
-            k.transpose(0, 1).unsqueeze(0),
-            v.transpose(0, 1).unsqueeze(0),
-            attn_mask=s.mask,
-            is_causal=s.mask is None,
-            enable_gqa=True,
-        )
-        return o[0].transpose(0, 1)
-
-    def _attend_decode(
-        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, d: _DecodeAttn
-    ) -> torch.Tensor:
-        """Single-token rows ``d.rows`` of ``q`` attend their caches, padded into one batch;
-        returns ``[B, n_heads, hd]``."""
-        k = k_cache[d.tables].flatten(1, 2)[:, : d.max_ctx].to(q.dtype)  # [B, ctx, kvh, hd]
-        v = v_cache[d.tables].flatten(1, 2)[:, : d.max_ctx].to(q.dtype)
-        o = F.scaled_dot_product_attention(
-            q[d.rows].unsqueeze(2),
-            k.transpose(1, 2),
-            v.transpose(1, 2),
-            attn_mask=d.mask,
-            enable_gqa=True,
-        )
-        return o.squeeze(2)
+        if k.dtype != kv.dtype:
+            k, v = k.to(kv.dtype), v.to(kv.dtype)
+        k_cache.index_put_((plan.slot_block, plan.slot_offset), k)
+        v_cache.index_put_((plan.slot_block, plan.slot_offset), v)
+        k_rows, v_rows = kv.rows(i)
+        shape = (kv.tokens_per_block, self.arch.n_kv_heads, self.arch.head_dim)
+        rows = h.shape[0]
+        if plan.whole is not None:  # one decode chunk of every row, in order
+            out = attend_decode(q, k_rows, v_rows, plan.whole, shape, self.scratch)
+        else:
+            out = q.new_empty(q.shape)
+            for s in plan.multi:
+                out[s.row0 : s.row1] = attend_prefill(
+                    q[s.row0 : s.row1], k_rows, v_rows, s.group, shape, self.scratch, s.mask
+                )
+            for d in plan.decode:
+                out[d.rows] = attend_decode(q[d.rows], k_rows, v_rows, d.group, shape, self.scratch)
+        return linear(out.reshape(rows, -1), layer.o, layer.o_bias)
 
     # ------------------------------------------------------------------------- planning
 
     def _plan(self, batch: BatchInput, kv: PagedKV) -> _Plan:
         """Validate ``batch`` against the model and ``kv`` and build the step's tensors.
 
-        Raises before anything is written; all index tensors are built on the CPU and moved
-        to the model's device once.
+        Raises before anything is written; index lists are built in Python and each becomes
+        one tensor on the model's device.
         """
         self._check_kv(kv)
         if not isinstance(batch, BatchInput) or not batch.seqs:
             raise BadRequest("a batch needs at least one sequence")
         tpb = kv.tokens_per_block
-        ids, blocks, offsets, positions, logit_rows = [], [], [], [], []
+        ids: list[int] = []
+        slots: list[int] = []
+        positions: list[int] = []
+        logit_rows: list[int] = []
         multi: list[_SeqAttn] = []
-        decode: list[tuple[int, SeqInput]] = []
-        row = 0
+        decode: list[tuple[int, tuple[int, ...], int]] = []  # (row, used blocks, ctx)
         for i, seq in enumerate(batch.seqs):
-            table = self._check_seq(i, seq, kv)
-            n = len(seq.token_ids)
-            pos = torch.arange(seq.start, seq.end)
-            ids.append(torch.tensor(seq.token_ids, dtype=torch.long))
-            blocks.append(table[pos // tpb])
-            offsets.append(pos % tpb)
-            positions.append(pos)
+            used = self._check_seq(i, seq, kv)
+            row, n = len(ids), len(seq.token_ids)
+            ids.extend(seq.token_ids)
+            positions.extend(range(seq.start, seq.end))
+            slots.extend(used[p // tpb] * tpb + p % tpb for p in range(seq.start, seq.end))
             if n == 1:
-                decode.append((row, seq))
+                decode.append((row, used, seq.end))
             else:
-                multi.append(self._seq_attn(row, seq, table))
-            first = row if seq.all_logits else row + n - 1
-            logit_rows.append(torch.arange(first, row + n))
-            row += n
-        slot_block, slot_offset = torch.cat(blocks), torch.cat(offsets)
-        if torch.unique(slot_block * tpb + slot_offset).numel() != row:
+                multi.append(self._seq_attn(row, seq, used))
+            logit_rows.extend(range(row if seq.all_logits else row + n - 1, row + n))
+        if len(set(slots)) != len(slots):
             raise BadRequest("two sequences of the batch write the same KV slot")
-        cos, sin = self._rope_tables(batch, torch.cat(positions))
         dev = self.device
+        slot = torch.tensor(slots, dtype=torch.long)
+        cos, sin = self._rope_tables(batch, torch.tensor(positions, dtype=torch.long))
         return _Plan(
-            ids=torch.cat(ids).to(dev),
-            slot_block=slot_block.to(dev),
-            slot_offset=slot_offset.to(dev),
+            ids=torch.tensor(ids, dtype=torch.long).to(dev),
+            slot_block=(slot // tpb).to(dev),
+            slot_offset=(slot % tpb).to(dev),
             cos=cos,
             sin=sin,
             multi=tuple(multi),
-            decode=self._decode_attn(decode, tpb) if decode else None,
-            logit_rows=torch.cat(logit_rows).to(dev),
+            decode=self._decode_attn(decode, kv),
+            logit_rows=None
+            if len(logit_rows) == len(ids)
+            else torch.tensor(logit_rows, dtype=torch.long).to(dev),
         )
 
     def _check_kv(self, kv: PagedKV) -> None:
@@ -927,18 +941,18 @@ class LlamaModel:
         if kv.device != self.device:
             raise ConfigError(f"KV pool on {kv.device} but weights on {self.device}")
 
-    def _check_seq(self, i: int, seq: SeqInput, kv: PagedKV) -> torch.Tensor:
-        """Validate sequence ``i``; returns its used block ids (CPU ``[n_blocks]``)."""
+    def _check_seq(self, i: int, seq: SeqInput, kv: PagedKV) -> tuple[int, ...]:
+        """Validate sequence ``i``; returns the block ids it uses (``ceil(end / tpb)``)."""
         if not isinstance(seq, SeqInput):
             raise BadRequest(f"seqs[{i}] must be a SeqInput, got {type(seq).__name__}")
         if not seq.token_ids:
             raise BadRequest(f"seqs[{i}].token_ids must not be empty")
         vocab = self.arch.vocab_size
-        for j, t in enumerate(seq.token_ids):
-            if not 0 <= t < vocab:
-                raise BadRequest(
-                    f"seqs[{i}].token_ids[{j}] = {t} is outside the vocabulary 0..{vocab - 1}"
-                )
+        if not 0 <= min(seq.token_ids) <= max(seq.token_ids) < vocab:
+            j, t = next((j, t) for j, t in enumerate(seq.token_ids) if not 0 <= t < vocab)
+            raise BadRequest(
+                f"seqs[{i}].token_ids[{j}] = {t} is outside the vocabulary 0..{vocab - 1}"
+            )
         if seq.end > self.arch.max_context:
             raise ContextTooLong(
                 f"seqs[{i}] reaches position {seq.end} but the model's context is "
@@ -952,40 +966,64 @@ class LlamaModel:
                 f"but {seq.end} tokens need {n_blocks}"
             )
         used = seq.block_table[:n_blocks]
-        if bad := [b for b in used if not 0 <= b < kv.num_blocks]:
+        if not 0 <= min(used) <= max(used) < kv.num_blocks:
+            bad = next(b for b in used if not 0 <= b < kv.num_blocks)
             raise BadRequest(
-                f"seqs[{i}].block_table names block {bad[0]}, outside 0..{kv.num_blocks - 1}"
+                f"seqs[{i}].block_table names block {bad}, outside 0..{kv.num_blocks - 1}"
             )
         if len(set(used)) != len(used):
             raise BadRequest(f"seqs[{i}].block_table lists a block twice")
-        return torch.tensor(used, dtype=torch.long)
+        return used
 
-    def _seq_attn(self, row: int, seq: SeqInput, table: torch.Tensor) -> _SeqAttn:
+    def _seq_attn(self, row: int, seq: SeqInput, used: tuple[int, ...]) -> _SeqAttn:
         n, dev = len(seq.token_ids), self.device
         mask = None
         if seq.start:
             query_pos = torch.arange(seq.start, seq.end).unsqueeze(1)
             mask = (torch.arange(seq.end).unsqueeze(0) <= query_pos).to(dev)
-        return _SeqAttn(row, row + n, table.to(dev), seq.end, mask)
+        blocks = torch.tensor(used, dtype=torch.long).to(dev)
+        return _SeqAttn(row, row + n, PagedGroup(1, blocks, len(used), seq.end, None), mask)
 
-    def _decode_attn(self, decode: list[tuple[int, SeqInput]], tpb: int) -> _DecodeAttn:
-        ctx = torch.tensor([seq.end for _, seq in decode])
-        max_ctx = int(ctx.max())
-        n_blocks = -(-max_ctx // tpb)
-        tables = torch.tensor(
-            [
-                list(seq.block_table[: -(-seq.end // tpb)])
-                + [seq.block_table[0]] * (n_blocks - -(-seq.end // tpb))
-                for _, seq in decode
-            ],
-            dtype=torch.long,
-        )
+    def _decode_attn(
+        self, decode: list[tuple[int, tuple[int, ...], int]], kv: PagedKV
+    ) -> tuple[_DecodeAttn, ...]:
+        """Decode sequences ``(row, used blocks, ctx)`` in chunks whose gathered K fits the
+        scratch limit (at least one sequence a chunk)."""
+        k_rows = kv.rows(0)[0]
+        limit = self.scratch.limit // (k_rows.shape[1] * k_rows.element_size())  # blocks a chunk
+        chunks: list[_DecodeAttn] = []
+        start, widest = 0, 0
+        for j, (_, used, _) in enumerate(decode):
+            if j > start and (j - start + 1) * max(widest, len(used)) > limit:
+                chunks.append(self._decode_chunk(decode[start:j], kv))
+                start, widest = j, 0
+            widest = max(widest, len(used))
+        if decode:
+            chunks.append(self._decode_chunk(decode[start:], kv))
+        return tuple(chunks)
+
+    def _decode_chunk(
+        self, part: list[tuple[int, tuple[int, ...], int]], kv: PagedKV
+    ) -> _DecodeAttn:
+        """One chunk: block tables padded to the longest (with the sequence's first block)
+        and an additive mask over the padded positions when lengths differ."""
+        dev = self.device
+        width = max(len(used) for _, used, _ in part)
+        blocks = [b for _, used, _ in part for b in (*used, *(used[0],) * (width - len(used)))]
+        ctxs = [ctx for _, _, ctx in part]
+        max_ctx = max(ctxs)
         mask = None
-        if bool((ctx < max_ctx).any()):
-            mask = (torch.arange(max_ctx).unsqueeze(0) < ctx.unsqueeze(1))[:, None, None, :]
-            mask = mask.to(self.device)
-        rows = torch.tensor([row for row, _ in decode], dtype=torch.long)
-        return _DecodeAttn(rows.to(self.device), tables.to(self.device), max_ctx, mask)
+        if min(ctxs) < max_ctx:
+            pad = torch.arange(max_ctx).unsqueeze(0) >= torch.tensor(ctxs).unsqueeze(1)
+            mask = torch.zeros(pad.shape, dtype=self.dtype).masked_fill_(pad, float("-inf"))
+            mask = mask[:, None, None, :].to(dev)
+        group = PagedGroup(
+            len(part), torch.tensor(blocks, dtype=torch.long).to(dev), width, max_ctx, mask
+        )
+        rows = [row for row, _, _ in part]
+        if rows == list(range(rows[0], rows[0] + len(rows))):
+            return _DecodeAttn(slice(rows[0], rows[0] + len(rows)), group)
+        return _DecodeAttn(torch.tensor(rows, dtype=torch.long).to(dev), group)
 
     def _rope_tables(
         self, batch: BatchInput, positions: torch.Tensor
