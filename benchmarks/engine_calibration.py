@@ -47,7 +47,7 @@ def _instance() -> InstanceSpec:
         name="cal-0",
         hardware="cpu",
         device_memory_bytes=4 * GB,
-        host_memory_bytes=1 * GB,
+        host_memory_bytes=4 * GB,
         memory_utilization=0.9,
     )
 

@@ -49,9 +49,11 @@ def test_cpu_profile_prefers_the_engine_fit(tmp_path: Path) -> None:
         },
     }
     prof = cpu_profile_from_dict(doc, "test")
-    assert prof.mfu == pytest.approx(0.5) and prof.hbm_efficiency == pytest.approx(0.25)
-    assert prof.step_overhead_s == 0.02
+    assert prof.peak_flops_bf16 == raw["matmul_bf16_flop_s"] / 2
+    assert prof.hbm_bandwidth_Bps == raw["mem_copy_traffic_B_s"] / 4
+    assert prof.step_overhead_s == 0.02 and prof.mfu == 1.0
     assert any("engine microbenchmarks" in s for s in prof.sources)
     plain = cpu_profile_from_dict({k: v for k, v in doc.items() if k != "engine"}, "test")
-    assert plain.mfu == 1.0 and plain.hbm_efficiency == 1.0
+    assert plain.peak_flops_bf16 == raw["matmul_bf16_flop_s"]
+    assert plain.hbm_bandwidth_Bps == raw["mem_copy_traffic_B_s"]
     assert load_cpu_profile().name == "cpu"

@@ -29,7 +29,7 @@ from collections.abc import Iterable, Mapping, Sequence
 import attrs
 
 from talaria.config import InstanceSpec, ModelSpec, PolicyConfig
-from talaria.errors import ContextTooLong, UnknownModel
+from talaria.errors import ConfigError, ContextTooLong, UnknownModel
 from talaria.memory.kv import Allocation, CallKey, KVManager, MovePlan, PrefixMatch
 from talaria.memory.weights import SwitchPlan, WeightArena
 from talaria.policy.admission import Admission
@@ -223,6 +223,12 @@ class InstanceCore:
         block_bytes = widest * spec.block_size
         kv_device = spec.usable_device_bytes - self.arena.arena_bytes
         kv_host = spec.host_memory_bytes - self.arena.host_weight_bytes
+        if kv_host < 0:
+            raise ConfigError(
+                f"instance {spec.name}: host memory ({spec.host_memory_bytes / 1e9:.2f} GB) "
+                f"cannot hold the weights it keeps on host "
+                f"({self.arena.host_weight_bytes / 1e9:.2f} GB); give it more host memory"
+            )
         kv_host = kv_host if self.policy.host_kv else 0
         device_blocks = int(kv_device * self.policy.admission_budget_fraction) // block_bytes
         if device_blocks <= 0:

@@ -309,20 +309,20 @@ def cpu_profile_from_dict(
         f"{machine.get('threads', '?')} threads, {doc.get('measured_at', '?')} ({origin})"
     )
     ram = int(m["ram_bytes"])
-    mfu, hbm_eff, overhead, engine_note = _engine_fit(doc, m, origin)
+    flops, bandwidth, overhead, engine_note = _engine_fit(doc, m, origin)
     return HardwareProfile(
         name="cpu",
         description=f"this machine: {machine.get('cpu', 'CPU')}, RAM as both tiers",
         n_devices=1,
         device_memory_bytes=ram // 4,
-        hbm_bandwidth_Bps=float(m["mem_copy_traffic_B_s"]),
-        peak_flops_bf16=float(m["matmul_bf16_flop_s"]),
+        hbm_bandwidth_Bps=bandwidth,
+        peak_flops_bf16=flops,
         interconnect_Bps=float(m["memcpy_payload_B_s"]),
         host_link_Bps=float(m["memcpy_payload_B_s"]),
         host_memory_bytes=ram // 4,
         disk_Bps=float(m["disk_read_B_s"]),
-        mfu=mfu,
-        hbm_efficiency=hbm_eff,
+        mfu=1.0,
+        hbm_efficiency=1.0,
         host_link_efficiency=1.0,
         disk_efficiency=1.0,
         d2d_efficiency=1.0,
@@ -337,44 +337,52 @@ def cpu_profile_from_dict(
 def _engine_fit(
     doc: Mapping[str, Any], m: Mapping[str, Any], origin: str
 ) -> tuple[float, float, float, str | None]:
-    """(mfu, hbm_efficiency, step_overhead_s, note) from the ``engine`` section that
-    ``benchmarks/engine_calibration.py`` writes (the engine's own prefill FLOP rate and decode
-    weight bandwidth over the raw machine rates, capped at 1); without it, raw rates."""
+    """(FLOP/s, weight-read bandwidth B/s, step overhead s, note): the engine's own prefill
+    FLOP rate, decode weight bandwidth and per-step overhead from the ``engine`` section that
+    ``benchmarks/engine_calibration.py`` writes; without it, the raw machine rates (square
+    matmul, tensor copy) and a per-op overhead estimate."""
     engine = doc.get("engine")
     if not isinstance(engine, Mapping) or not isinstance(engine.get("fit"), Mapping):
-        return 1.0, 1.0, _OPS_PER_STEP * float(m["torch_op_overhead_s"]), None
+        raw_overhead = _OPS_PER_STEP * float(m["torch_op_overhead_s"])
+        return float(m["matmul_bf16_flop_s"]), float(m["mem_copy_traffic_B_s"]), raw_overhead, None
     fitted = engine["fit"]
     for key in ("prefill_flop_s", "decode_weight_B_s", "step_overhead_s"):
         if not _is_number(fitted.get(key)) or fitted[key] < 0:
             raise ConfigError(f"{origin}: engine.fit.{key} must be a non-negative number")
-    mfu = min(1.0, float(fitted["prefill_flop_s"]) / float(m["matmul_bf16_flop_s"]))
-    hbm = min(1.0, float(fitted["decode_weight_B_s"]) / float(m["mem_copy_traffic_B_s"]))
     note = (
         f"fit to engine microbenchmarks (benchmarks/engine_calibration.py, "
         f"{engine.get('measured_at', '?')}): prefill {fitted['prefill_flop_s']:.3e} FLOP/s, "
         f"decode weight reads {fitted['decode_weight_B_s']:.3e} B/s, step overhead "
         f"{fitted['step_overhead_s']:.4f} s"
     )
-    return mfu, hbm, float(fitted["step_overhead_s"]), note
+    return (
+        float(fitted["prefill_flop_s"]),
+        float(fitted["decode_weight_B_s"]),
+        float(fitted["step_overhead_s"]),
+        note,
+    )
 
 
 def _cpu_sources(where: str, fp32_flops: float, engine: str | None = None) -> tuple[str, ...]:
     achieved = "measured rates are achieved rates, so 1.0"
-    fitted = engine or achieved
     return (
         "n_devices: one CPU 'device'",
         f"device_memory_bytes: a quarter of RAM ({where})",
         f"host_memory_bytes: a quarter of RAM ({where})",
-        f"hbm_bandwidth_Bps: read+write traffic of a 1 GiB tensor copy, {where}",
-        f"peak_flops_bf16: bf16 square matmul, {where}; fp32 measured {fp32_flops:.3e} FLOP/s",
+        f"hbm_bandwidth_Bps: {engine}"
+        if engine
+        else f"hbm_bandwidth_Bps: read+write traffic of a 1 GiB tensor copy, {where}",
+        f"peak_flops_bf16: {engine}"
+        if engine
+        else f"peak_flops_bf16: bf16 square matmul, {where}; fp32 measured {fp32_flops:.3e}",
         f"interconnect_Bps: unused with one device; set to the memcpy payload rate, {where}",
         f"host_link_Bps: payload rate of a copy between two preallocated buffers, {where}",
         f"disk_Bps: read of a fsync'd temp file after posix_fadvise(DONTNEED), {where}",
-        f"mfu: {fitted}",
-        f"hbm_efficiency: {fitted}",
         *(
             f"{f}: {achieved}"
             for f in (
+                "mfu",
+                "hbm_efficiency",
                 "host_link_efficiency",
                 "disk_efficiency",
                 "d2d_efficiency",

@@ -134,7 +134,8 @@ def test_h200_profile_datasheet_numbers() -> None:
 def test_cpu_profile_loads_measured_json() -> None:
     hw = profile("cpu")
     assert hw.n_devices == 1
-    assert "measured by benchmarks/cpu_profile.py" in hw.source_of("peak_flops_bf16")[0]
+    assert "engine_calibration.py" in hw.source_of("peak_flops_bf16")[0]
+    assert "measured by benchmarks/cpu_profile.py" in hw.source_of("host_link_Bps")[0]
     assert load_cpu_profile() == hw
 
 
