@@ -83,17 +83,17 @@ class TalariaConfig:
 
     The default serves SmolLM2-135M (real weights) and two published configurations with
     random weights (Qwen2.5-0.5B, Llama-3.2-1B) on one CPU instance whose device budget
-    (3.2 GB x 0.9) cannot hold their 3.73 GB of bfloat16 weights at once, so model switches,
-    KV demotion to the 5 GB host tier and weight staging are real (the embedded replay's
-    instance). About 10 GB of RAM in all. ``policy`` names one of
+    (3 GB x 0.9) cannot hold their 3.73 GB of bfloat16 weights at once, so model switches,
+    KV demotion to the host tier (6 GB with the weights) and weight staging are real (the
+    embedded replay's instance). About 9 GB of RAM in all. ``policy`` names one of
     DESIGN.md's policies; ``policy_overrides`` sets any of its knobs (for example
     ``{"slot_max_s": 4.0}``).
     """
 
     models: tuple[str, ...] = attrs.field(default=DEFAULT_MODELS, converter=_models)
     instances: int = attrs.field(default=1, validator=_positive)
-    device_memory_bytes: int = attrs.field(default=int(3.2 * GB), validator=_positive)
-    host_memory_bytes: int = attrs.field(default=5 * GB, validator=_positive)
+    device_memory_bytes: int = attrs.field(default=3 * GB, validator=_positive)
+    host_memory_bytes: int = attrs.field(default=6 * GB, validator=_positive)
     block_size: int = attrs.field(default=16, validator=_positive)
     memory_utilization: float = 0.9
     hardware: str = "cpu"
