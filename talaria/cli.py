@@ -23,11 +23,11 @@ from talaria.errors import ConfigError, TalariaError
 from talaria.policy.baselines import POLICIES, parse_policies
 
 DEFAULT_OUT = Path("runs")
-# the real-engine replay: 12 sessions, about 8 calls each, token counts / 16, on the embedded
+# the real-engine replay: 12 sessions, about 8 calls each, token counts / 8, on the embedded
 # default models (SmolLM2-135M's 8K context bounds the scaled prompts)
 EMBEDDED_SESSIONS = 12
 EMBEDDED_CALLS = 96
-EMBEDDED_TOKEN_SCALE = 1 / 16
+EMBEDDED_TOKEN_SCALE = 1 / 8
 EMBEDDED_CONTEXT = 8192
 EMBEDDED_MODELS = ("smollm2-135m", "qwen2.5-0.5b-dummy", "llama-3.2-1b-dummy")
 
@@ -105,8 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--token-scale",
         type=float,
         default=None,
-        help="multiply every token count of the trace (default 1; embedded 1/16, so a 20K "
-        "prompt becomes 1.25K and a run takes minutes on 2 cores)",
+        help="multiply every token count of the trace (default 1; embedded 1/8, so a 20K "
+        "prompt becomes 2.5K and a run takes minutes on 2 cores)",
     )
     rp.add_argument(
         "--gap-scale", type=float, default=1.0, help="multiply every tool gap (default 1.0)"
