@@ -15,21 +15,15 @@ import os
 import socket
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
+from collections.abc import Iterator
 from typing import Any
 
-import attrs
 import pytest
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no network at import
 
 import litellm
-import torch
-import uvicorn
-from fastapi import FastAPI
 from litellm import exceptions as lx
 
 from integrations.litellm import EmbeddedTalaria, HttpBackend, TalariaLLM, register
@@ -38,105 +32,14 @@ from integrations.litellm.provider import (
     _chunks_of,
     _session_and_headers,
 )
-from talaria.api import Talaria, TalariaConfig
-from talaria.server.app import create_app
+from tests.integrations.live_server import MODEL, TINY, Served
 
-MODEL = "smollm2-135m"
 LLM = f"talaria/{MODEL}"
-TINY = TalariaConfig(models=(MODEL,), device_memory_bytes=2 * 10**9, host_memory_bytes=2 * 10**9)
 SYSTEM = "You are a shell assistant. Reply with one shell command in a ```bash block."
 FAST = {"max_tokens": 8, "temperature": 0.0}
 
 
 # --- a live server over a recording backend ---------------------------------------------------
-
-
-class Recorder:
-    """``talaria.Talaria`` as the server sees it, recording what arrives: the session id of
-    every chat call, and every hint event (with whether Talaria accepted it)."""
-
-    def __init__(self, talaria: Talaria) -> None:
-        self.talaria = talaria
-        self.calls: list[str | None] = []
-        self.events: list[dict[str, Any]] = []
-        self._lock = threading.Lock()
-
-    @property
-    def config(self) -> TalariaConfig:
-        return self.talaria.config
-
-    def chat_stream(self, messages: Any, model: str, **kwargs: Any) -> Any:
-        with self._lock:
-            self.calls.append(kwargs.get("session_id"))
-        return self.talaria.chat_stream(messages, model, **kwargs)
-
-    async def chat(self, messages: Any, model: str, **kwargs: Any) -> Any:
-        with self._lock:
-            self.calls.append(kwargs.get("session_id"))
-        return await self.talaria.chat(messages, model, **kwargs)
-
-    def complete_stream(self, prompt: str, model: str, **kwargs: Any) -> Any:
-        return self.talaria.complete_stream(prompt, model, **kwargs)
-
-    async def event(self, session_id: str, event: str, **fields: Any) -> Any:
-        record = {"session_id": session_id, "event": event, **fields, "accepted": False}
-        with self._lock:
-            self.events.append(record)
-        result = await self.talaria.event(session_id, event, **fields)
-        record["accepted"] = True
-        return result
-
-    def models(self) -> Any:
-        return self.talaria.models()
-
-    def stats(self) -> Any:
-        return self.talaria.stats()
-
-    def events_of(self, session_id: str) -> list[dict[str, Any]]:
-        with self._lock:
-            return [e for e in self.events if e["session_id"] == session_id]
-
-
-@attrs.frozen
-class Served:
-    url: str
-    talaria: Talaria
-    recorder: Recorder
-    loop: asyncio.AbstractEventLoop
-
-
-@pytest.fixture(scope="module")
-def served() -> Iterator[Served]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # 2 shared cores: more threads only thrash
-    talaria = Talaria(TINY)
-    recorder = Recorder(talaria)
-    loops: list[asyncio.AbstractEventLoop] = []
-
-    @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        async with talaria:
-            loops.append(asyncio.get_running_loop())
-            yield
-
-    app = create_app(recorder, api_keys=(), lifespan=lifespan)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 300
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
-        time.sleep(0.05)
-    try:
-        yield Served(f"http://127.0.0.1:{port}", talaria, recorder, loops[0])
-    finally:
-        server.should_exit = True
-        thread.join(30)
-        sock.close()
-        torch.set_num_threads(threads)
 
 
 @pytest.fixture
