@@ -92,20 +92,29 @@ def serve_recorded() -> Iterator[Served]:
             yield
 
     app = create_app(recorder, api_keys=(), lifespan=lifespan)
+    try:
+        with serve_in_thread(app, start_timeout_s=300) as url:
+            yield Served(url, talaria, recorder, loops[0])
+    finally:
+        torch.set_num_threads(threads)
+
+
+@contextmanager
+def serve_in_thread(app: FastAPI, start_timeout_s: float = 120) -> Iterator[str]:
+    """uvicorn on a free 127.0.0.1 port in a daemon thread; yields the base URL."""
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5))
+    config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5)
+    server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 300
+    deadline = time.monotonic() + start_timeout_s
     while not server.started:
         assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
         time.sleep(0.05)
     try:
-        yield Served(f"http://127.0.0.1:{port}", talaria, recorder, loops[0])
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
     finally:
         server.should_exit = True
         thread.join(30)
         sock.close()
-        torch.set_num_threads(threads)

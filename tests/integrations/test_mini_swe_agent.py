@@ -37,7 +37,6 @@ import attrs
 import litellm
 import pytest
 import torch
-import uvicorn
 from fastapi import FastAPI
 from minisweagent.agents import get_agent
 from minisweagent.agents.default import DefaultAgent
@@ -55,6 +54,7 @@ from integrations.swe_agent.mini_swe_agent import (
 from integrations.swe_agent.runs import AgentSessions
 from talaria.api import ChatChunk, Talaria, TalariaConfig
 from talaria.server.app import create_app
+from tests.integrations.live_server import serve_in_thread
 
 MODEL = "smollm2-135m"
 SYSTEM = "You are a shell assistant. Answer with exactly one command in a ```bash code block."
@@ -128,26 +128,6 @@ class RecordingBackend:
 
     def session_calls(self, session_id: str) -> list[ServedCall]:
         return [c for c in self.calls if c.session_id == session_id]
-
-
-@contextmanager
-def serve_in_thread(app: FastAPI) -> Iterator[str]:
-    """uvicorn on a free 127.0.0.1 port in a daemon thread; yields the base URL."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 120
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
-        time.sleep(0.05)
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        thread.join(30)
-        sock.close()
 
 
 @pytest.fixture(scope="module")

@@ -20,10 +20,9 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no network at i
 
 import socket
 import subprocess
-import threading
 import time
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
-from contextlib import aclosing, asynccontextmanager, contextmanager
+from contextlib import aclosing, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -31,12 +30,12 @@ import attrs
 import litellm
 import pytest
 import torch
-import uvicorn
 from fastapi import FastAPI
 
 from integrations.swe_agent.sweagent_hook import TalariaAgentHook, swe_agent_model_config
 from talaria.api import ChatChunk, Talaria, TalariaConfig
 from talaria.server.app import create_app
+from tests.integrations.live_server import serve_in_thread
 
 MODEL = "smollm2-135m"
 COMMAND = "sleep 0.2; echo done"
@@ -94,26 +93,6 @@ class RecordingBackend:
             )
         )
         return summary
-
-
-@contextmanager
-def serve_in_thread(app: FastAPI) -> Iterator[str]:
-    """uvicorn on a free 127.0.0.1 port in a daemon thread; yields the base URL."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 120
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
-        time.sleep(0.05)
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        thread.join(30)
-        sock.close()
 
 
 @pytest.fixture(scope="module")
