@@ -24,7 +24,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-import httpx
+from server_check import server_ready  # sibling module of the examples
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no network at import
 
@@ -34,27 +34,6 @@ SYSTEM = (
 )
 TASK = "Find out which directory you are in and what files it holds."
 HARMLESS = {"ls", "pwd", "date", "echo", "uname"}
-
-
-def server_ready(base_url: str, api_key: str | None, model: str) -> str | None:
-    """None when the server answers and serves ``model``, else what is wrong."""
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    try:
-        health = httpx.get(f"{base_url}/health", timeout=3.0)
-        models = httpx.get(f"{base_url}/v1/models", headers=headers, timeout=3.0)
-    except httpx.HTTPError as exc:
-        return (
-            f"no Talaria server at {base_url} ({exc}). Start one with `talaria serve` "
-            "(it listens on 127.0.0.1:8000), or pass --base-url."
-        )
-    if health.status_code != 200:
-        return f"the server at {base_url} is not healthy: {health.text[:200]}"
-    if models.status_code != 200:
-        return f"GET /v1/models failed ({models.status_code}): {models.text[:200]}"
-    served = [m["id"] for m in models.json().get("data", [])]
-    if model not in served:
-        return f"the server does not serve {model!r}; it serves {served}"
-    return None
 
 
 def command_in(text: str) -> str:

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import httpx
+from server_check import server_ready  # sibling module of the examples
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no network at import
 os.environ.setdefault("MSWEA_SILENT_STARTUP", "1")
@@ -41,27 +41,6 @@ SYSTEM = (
 )
 INSTANCE = "Task: {{task}}\nExample answer:\n```bash\nls\n```"
 TASK = "create hello.txt containing hello"
-
-
-def server_problem(base_url: str, api_key: str | None, model: str) -> str | None:
-    """None when the server answers and serves ``model``, else what is wrong."""
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    try:
-        health = httpx.get(f"{base_url}/health", timeout=3.0)
-        models = httpx.get(f"{base_url}/v1/models", headers=headers, timeout=3.0)
-    except httpx.HTTPError as exc:
-        return (
-            f"no Talaria server at {base_url} ({exc}). Start one with `talaria serve` "
-            "(it listens on 127.0.0.1:8000), or pass --base-url."
-        )
-    if health.status_code != 200:
-        return f"the server at {base_url} is not healthy: {health.text[:200]}"
-    if models.status_code != 200:
-        return f"GET /v1/models failed ({models.status_code}): {models.text[:200]}"
-    served = [m["id"] for m in models.json().get("data", [])]
-    if model not in served:
-        return f"the server does not serve {model!r}; it serves {served}"
-    return None
 
 
 def show(messages: list[dict[str, Any]]) -> None:
@@ -90,7 +69,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     base_url = args.base_url.rstrip("/").removesuffix("/v1")
 
-    problem = server_problem(base_url, args.api_key, args.model)
+    problem = server_ready(base_url, args.api_key, args.model)
     if problem is not None:
         print(f"error: {problem}", file=sys.stderr)
         return 2
