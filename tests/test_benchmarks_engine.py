@@ -71,6 +71,9 @@ def test_engine_benchmark_quick_writes_positive_figures(tmp_path: Path) -> None:
     assert "rss_within_10pct" in cfg["switch_memory"]
     assert "staging_fastest" in cfg["switch_memory"]
     assert set(FIGURES) <= set(doc), sorted(set(FIGURES) - set(doc))
+    if cfg["decode_kernel"].startswith("DecodeKernel("):  # the native kernel built here
+        assert {f"decode_tok_s_batch{b}_gather_sdpa" for b in (1, 8, 32)} <= set(doc)
+        assert "decode attention: DecodeKernel(" in done.stdout
     for key, value in doc.items():
         assert isinstance(value, (int, float)) and not isinstance(value, bool), key
         assert math.isfinite(value) and value > 0, (key, value)

@@ -17,6 +17,7 @@ import torch
 
 from talaria.config import ClusterConfig, InstanceSpec, PolicyConfig
 from talaria.engine.catalog import Source, entry
+from talaria.engine.kernels import optional_decode_kernel
 from talaria.engine.loader import LoadedModel, load_dummy, load_gguf, smollm2_gguf
 from talaria.engine.model import ModelArch
 from talaria.engine.runner import EngineRunner
@@ -58,8 +59,10 @@ def build_embedded(
     policy: PolicyConfig,
     dtype: torch.dtype = torch.bfloat16,
     device: str = "cpu",
+    native_kernels: bool = True,
 ) -> EmbeddedInstance:
-    """Load ``models`` and build one instance serving them under ``policy``."""
+    """Load ``models`` and build one instance serving them under ``policy`` (with the
+    native decode kernel where it builds, unless ``native_kernels`` is False)."""
     if not models:
         raise ConfigError("name at least one model to serve")
     loaded = {name: load_catalog_model(name, dtype) for name in models}
@@ -72,6 +75,7 @@ def build_embedded(
         dtype=dtype,
         device=device,
         eos_token_ids={name: m.eos_token_ids for name, m in loaded.items()},
+        decode_kernel=optional_decode_kernel(device) if native_kernels else None,
     )
     return EmbeddedInstance(
         runner,
@@ -99,6 +103,7 @@ def build_embedded_cluster(
     policy: PolicyConfig,
     dtype: torch.dtype = torch.bfloat16,
     device: str = "cpu",
+    native_kernels: bool = True,
 ) -> EmbeddedCluster:
     """Load each catalog model once and build a cluster whose instances each run an
     :class:`EngineRunner` (every instance keeps its own host copy of the weights it serves;
@@ -106,7 +111,9 @@ def build_embedded_cluster(
     if not models:
         raise ConfigError("name at least one model to serve")
     loaded = {name: load_catalog_model(name, dtype) for name in models}
-    return cluster_from_loaded(instances, loaded, policy, dtype, device)
+    return cluster_from_loaded(
+        instances, loaded, policy, dtype, device, native_kernels=native_kernels
+    )
 
 
 def cluster_from_loaded(
@@ -116,10 +123,12 @@ def cluster_from_loaded(
     dtype: torch.dtype = torch.bfloat16,
     device: str = "cpu",
     host_weights: Mapping[str, torch.Tensor] | None = None,
+    native_kernels: bool = True,
 ) -> EmbeddedCluster:
     """``build_embedded_cluster`` for models already loaded (any names). ``host_weights``
     (flat buffers of an earlier cluster's runner, ``EngineRunner.host_weights``) are shared
-    instead of copied; then ``loaded`` may carry no tensors."""
+    instead of copied; then ``loaded`` may carry no tensors. ``native_kernels``: use the
+    native decode kernel where it builds (:func:`optional_decode_kernel`)."""
     if not loaded:
         raise ConfigError("name at least one model to serve")
     specs = [m.arch.to_spec(name, dtype, source=m.source) for name, m in loaded.items()]
@@ -132,6 +141,7 @@ def cluster_from_loaded(
     }
     core = ClusterCore(cluster, policy, estimators)
     eos = {name: tuple(m.eos_token_ids) for name, m in loaded.items()}
+    kernel = optional_decode_kernel(device) if native_kernels else None
     runners = {
         name: EngineRunner(
             inst,
@@ -140,6 +150,7 @@ def cluster_from_loaded(
             device=device,
             eos_token_ids=eos,
             host_weights=host_weights,
+            decode_kernel=kernel,
         )
         for name, inst in core.instances.items()
     }

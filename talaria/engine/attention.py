@@ -72,13 +72,20 @@ class PagedGroup:
     """Sequences attended together: ``n`` sequences whose ``ctx`` tokens (the longest; shorter
     ones are padded and masked) sit in ``n_blocks`` blocks each, ``blocks`` ``[n * n_blocks]``
     block ids in sequence order (padding names any valid block). ``mask`` is None when nothing
-    is padded, else additive ``[n, 1, 1, ctx]`` in the query dtype (0 or -inf)."""
+    is padded, else additive ``[n, 1, 1, ctx]`` in the query dtype (0 or -inf). ``lengths``
+    (decode groups on CPU) is each sequence's context, int64 ``[n]``, for the native kernel."""
 
     n: int
     blocks: torch.Tensor
     n_blocks: int
     ctx: int
     mask: torch.Tensor | None
+    lengths: torch.Tensor | None = None
+
+    @property
+    def tables(self) -> torch.Tensor:
+        """``blocks`` as one row per sequence, ``[n, n_blocks]`` (a view)."""
+        return self.blocks.view(self.n, self.n_blocks)
 
 
 def gather_kv(

@@ -37,8 +37,10 @@ from typing import Final
 import attrs
 import torch
 
+from talaria.engine.kernels import DecodeKernel
 from talaria.engine.kv_pool import KVPool, PagedKV
 from talaria.engine.model import BatchInput, LlamaModel, ModelArch, SeqInput, bind_weights
+from talaria.engine.staging import BackgroundCopy
 from talaria.errors import BadRequest, ConfigError
 from talaria.memory.kv import CallKey
 from talaria.memory.weights import SwitchPlan
@@ -88,7 +90,11 @@ class EngineRunner:
     parameter names; any dtype, converted to ``dtype``). The core's specs must describe the
     models in ``dtype`` (``ModelArch.to_spec(name, dtype)``): weight bytes and KV bytes per
     token are checked. ``eos_token_ids`` per model end a call early; ``sample`` replaces
-    greedy sampling.
+    greedy sampling; ``decode_kernel`` (:func:`~talaria.engine.kernels.optional_decode_kernel`)
+    lets bf16 models on CPU attend in place during decode. ``background_staging`` (CPU): a
+    stage copies on a low-priority thread (:class:`~talaria.engine.staging.BackgroundCopy`)
+    while later steps run, and the core hears ``stage_done`` at the first ``plan`` after it
+    finished; otherwise it copies inside the step that carries it.
     """
 
     def __init__(
@@ -101,6 +107,8 @@ class EngineRunner:
         eos_token_ids: Mapping[str, Collection[int]] | None = None,
         sample: Sampler | None = None,
         host_weights: Mapping[str, torch.Tensor] | None = None,
+        decode_kernel: DecodeKernel | None = None,
+        background_staging: bool = True,
     ) -> None:
         if set(models) != set(core.models):
             raise ConfigError(
@@ -110,6 +118,7 @@ class EngineRunner:
         self.dtype = dtype
         self.device = torch.device(device)
         self.sample: Sampler = sample or greedy
+        self.decode_kernel = decode_kernel
         self.eos = {m: frozenset(ids) for m, ids in (eos_token_ids or {}).items()}
         self.archs = {name: arch for name, (arch, _) in models.items()}
         kv = core.kv
@@ -134,6 +143,11 @@ class EngineRunner:
                 )
         self._models: dict[tuple[str, int], LlamaModel] = {}
         self._staged: str | None = None  # model whose first bytes sit in core.stage_blocks
+        # stages copy on a background thread (CPU; CUDA would use a side stream)
+        self._stager = (
+            BackgroundCopy() if background_staging and self.device.type == "cpu" else None
+        )
+        self._abort_stage = False  # the core took the lent blocks back: stop the copy first
         self._prompts: dict[CallKey, tuple[int, ...]] = {}
         self.outputs: dict[CallKey, list[int]] = {}  # generated ids; kept until take_output
 
@@ -211,8 +225,23 @@ class EngineRunner:
         return self.commit(sched, self.execute(sched), now)
 
     def plan(self, now: float) -> Schedule:
-        """The core's next decision (mutates the core; call from the task that owns it)."""
-        return self.core.schedule(now)
+        """The core's next decision (mutates the core; call from the task that owns it).
+
+        First reports a background stage that has finished (``core.stage_done``); after
+        deciding, notes whether the decision took the lent blocks of a stage still copying
+        (then :meth:`execute` stops that copy before anything else)."""
+        core, stager = self.core, self._stager
+        if stager is not None and stager.active and stager.done:
+            model = stager.model
+            stager.wait()
+            if model is not None and core.stage_blocks == stager.blocks:
+                core.stage_done(model)
+        sched = core.schedule(now)
+        if stager is not None and stager.active:
+            same = core.stage_blocks == stager.blocks
+            if not same or core.arena.staging_in_progress != stager.model:
+                self._abort_stage = True
+        return sched
 
     def execute(self, sched: Schedule) -> Executed:
         """Do the tensor work of ``sched``: KV moves (in plan order, so demotions run before
@@ -220,6 +249,10 @@ class EngineRunner:
         and sampling. Mutates tensors and this runner's outputs only, never the core, so it
         may run on a worker thread while the owning task routes new calls into the core (the
         calls of the step are read from ``sched`` and their ``Request`` objects)."""
+        if self._abort_stage and self._stager is not None:
+            self._stager.cancel()  # its blocks may be reused by this step's moves
+            self._staged = None
+            self._abort_stage = False
         for plan in sched.kv_moves:
             self.pool.execute(plan)
         if sched.step is not None:
@@ -246,7 +279,7 @@ class EngineRunner:
         core = self.core
         if sched.switch is not None:
             core.switch_done(sched.switch.model, now)
-        if sched.stage is not None:
+        if sched.stage is not None and self._stager is None:
             core.stage_done(sched.stage.model)
         if sched.step is None:
             return []
@@ -291,7 +324,9 @@ class EngineRunner:
             views = bind_weights(
                 self.archs[name], self.region[off : off + arena.region_bytes], self.dtype
             )
-            cached = self._models[(name, region)] = LlamaModel(self.archs[name], views)
+            cached = self._models[(name, region)] = LlamaModel(
+                self.archs[name], views, self.decode_kernel
+            )
         return cached
 
     def _switch(self, plan: SwitchPlan) -> None:
@@ -304,6 +339,8 @@ class EngineRunner:
         for step in plan.steps:
             n = step.nbytes
             if step.link is Link.DEVICE_TO_DEVICE:
+                if self._stager is not None:
+                    self._stager.wait()  # the core switches only after stage_done: a no-op
                 if self._staged != plan.model:
                     raise RuntimeError(f"switch to {plan.model} from staging it does not hold")
                 for rows, lo, hi in self._lent_runs(n):
@@ -319,15 +356,21 @@ class EngineRunner:
 
     def _stage(self, plan: SwitchPlan) -> None:
         """Copy the first ``staged_bytes`` of the model's host weights into the lent blocks,
-        in order. Synchronous here; on CUDA this copy belongs on a side stream."""
+        in order: started on the background copy thread (CPU), else inline (on CUDA this
+        copy belongs on a side stream)."""
         n = self.core.arena.staged_bytes
         bb = self.core.kv.block_bytes
         ids = self.core.stage_blocks
         if len(ids) * bb < n:
             raise RuntimeError(f"staging {n} bytes into {len(ids)} blocks of {bb}")
         src = self.host_weights[plan.model]
-        for rows, lo, hi in self._lent_runs(n):
-            rows.flatten()[: hi - lo].copy_(src[lo:hi], non_blocking=True)
+        runs = [(rows.flatten()[: hi - lo], src[lo:hi]) for rows, lo, hi in self._lent_runs(n)]
+        if self._stager is not None:
+            self._stager.cancel()  # a stage the core abandoned for this one
+            self._stager.start(plan.model, ids, runs)
+        else:
+            for dst, part in runs:
+                dst.copy_(part, non_blocking=True)
         self._staged = plan.model
 
     def _lent_runs(self, n: int) -> list[tuple[torch.Tensor, int, int]]:

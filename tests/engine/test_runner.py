@@ -68,6 +68,7 @@ def make_runner(
     host_blocks: int = 64,
     policy: PolicyConfig = TALARIA,
     eos: dict[str, set[int]] | None = None,
+    background_staging: bool = True,
 ) -> EngineRunner:
     archs = {name: ModelArch.from_hf_config(hf.config.to_dict()) for name, hf in hfs.items()}
     specs = [arch.to_spec(name, F32) for name, arch in archs.items()]
@@ -84,7 +85,9 @@ def make_runner(
     core = InstanceCore(spec, specs, policy, RoundEstimator())
     assert core.kv.device_blocks == device_blocks and core.kv.block_bytes == block_bytes
     models = {name: (archs[name], hf.state_dict()) for name, hf in hfs.items()}
-    return EngineRunner(core, models, dtype=F32, eos_token_ids=eos)
+    return EngineRunner(
+        core, models, dtype=F32, eos_token_ids=eos, background_staging=background_staging
+    )
 
 
 def call(session: str, index: int, model: str, prompt: Sequence[int], out: int) -> Call:
@@ -182,9 +185,14 @@ def test_eviction_to_host_and_restore_keep_outputs_exact() -> None:
         (40, (Link.DEVICE_TO_DEVICE, Link.HOST_TO_DEVICE)),  # a part staged, the rest from host
     ],
 )
-def test_two_models_share_one_region(device_blocks: int, staged_links: tuple[Link, ...]) -> None:
+@pytest.mark.parametrize("background", [True, False])
+def test_two_models_share_one_region(
+    device_blocks: int, staged_links: tuple[Link, ...], background: bool
+) -> None:
+    """Slots alternate A, B, A; B's switch reads what staging (inline, or on the background
+    copy thread while A's steps ran) put in lent KV blocks; every answer is transformers'."""
     hfs = {"A": llama(5), "B": qwen2(6)}
-    runner = make_runner(hfs, device_blocks=device_blocks)
+    runner = make_runner(hfs, device_blocks=device_blocks, background_staging=background)
     ptr = runner.region.data_ptr()
     switches: list[SwitchPlan] = []
     schedule = runner.core.schedule

@@ -1,0 +1,269 @@
+"""Native CPU kernels, compiled on first use: paged decode attention read in place.
+
+PyTorch has no paged attention on CPU, so decode attention over the KV pool otherwise
+gathers every sequence's blocks into scratch and runs SDPA on the copy
+(:mod:`talaria.engine.attention`): each step writes and reads the whole decoding KV twice.
+``csrc/paged_decode.c`` reads it once, where it lies: one work item per (sequence, KV head),
+float32 softmax and accumulation, bfloat16 dot products with AVX512-BF16 where the CPU has
+them (portable C otherwise), threads from the process's OpenMP runtime (PyTorch's).
+
+Measured on this 2-core CPU (SmolLM2-135M shapes, one layer, bf16, 512-token contexts):
+gather + SDPA 0.11 / 0.45-0.84 / 1.9-2.0 ms at batch 1 / 8 / 32, this kernel 0.03 / 0.26 /
+1.06 ms.
+
+:func:`build_decode_kernel` compiles the source with the system C compiler (``$CC``, else
+``cc`` or ``gcc``) for this CPU (``-march=native``) into a cache folder keyed by the source,
+the flags, the compiler and the CPU, and loads it with :mod:`ctypes` (which releases the GIL
+during the call). Without a compiler, or with ``TALARIA_NATIVE_KERNELS=0``, it raises
+:class:`KernelUnavailable` and the engine keeps the gather + SDPA path: the kernel is an
+optimisation, never a requirement. Only bfloat16 KV on CPU uses it; float32 (the exactness
+tests against transformers) and CUDA keep PyTorch's attention.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from importlib import resources
+from pathlib import Path
+from typing import Final
+
+import torch
+
+from talaria.errors import TalariaError
+
+SOURCE: Final = "paged_decode.c"
+MAX_GROUP: Final = 16
+MAX_HEAD_DIM: Final = 256
+_BUILDS: Final = (
+    # (compile flags, link flags): this CPU's instructions and vectorized expf (libmvec)
+    (("-O3", "-march=native", "-ffast-math", "-fopenmp", "-fPIC", "-Wall"), ("-lmvec", "-lm")),
+    # any x86-64 / other CPU, no fast math
+    (("-O3", "-fopenmp", "-fPIC", "-Wall"), ("-lm",)),
+)
+"""Tried in order. Compiling and linking are two commands on purpose: linking a shared
+library with ``-ffast-math`` adds ``crtfastmath.o``, whose constructor turns on
+flush-to-zero for the whole process when the library loads (subnormal floats become 0 in
+every later computation, PyTorch's and Python's included)."""
+_COMPILE_TIMEOUT_S: Final = 180.0
+_log = logging.getLogger(__name__)
+
+
+class KernelUnavailable(TalariaError):
+    """The native kernel cannot be built or loaded here (the message says why)."""
+
+
+def default_cache_dir() -> Path:
+    """``$TALARIA_CACHE_DIR/kernels``, else ``~/.cache/talaria/kernels``."""
+    root = os.environ.get("TALARIA_CACHE_DIR")
+    return (Path(root) if root else Path.home() / ".cache" / "talaria") / "kernels"
+
+
+def _compiler() -> str:
+    found = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if not found:
+        raise KernelUnavailable("no C compiler found (set $CC or install gcc)")
+    return found
+
+
+def _cpu_id() -> str:
+    """What ``-march=native`` depends on: the CPU's model and feature flags."""
+    try:
+        text = Path("/proc/cpuinfo").read_text(errors="replace")
+    except OSError:
+        return platform.processor() or platform.machine()
+    keep = [ln for ln in text.splitlines() if ln.startswith(("model name", "flags"))]
+    return "\n".join(sorted(set(keep)))
+
+
+def _run(cmd: list[str]) -> subprocess.CompletedProcess[str]:
+    try:
+        return subprocess.run(
+            cmd, capture_output=True, text=True, timeout=_COMPILE_TIMEOUT_S, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise KernelUnavailable(f"running {cmd[0]} failed: {exc}") from None
+
+
+def build_decode_kernel(cache_dir: Path | None = None) -> DecodeKernel:
+    """Compile (or reuse from ``cache_dir``) and load the paged decode kernel.
+
+    Raises :class:`KernelUnavailable` when ``TALARIA_NATIVE_KERNELS`` is ``0``, no compiler
+    is found, compiling fails (with the compiler's message) or the library does not load.
+    Writes only into ``cache_dir`` (atomically: a finished library or nothing).
+    """
+    if os.environ.get("TALARIA_NATIVE_KERNELS", "1").strip().lower() in {"0", "off", "false"}:
+        raise KernelUnavailable("disabled by TALARIA_NATIVE_KERNELS=0")
+    source = resources.files("talaria.engine").joinpath("csrc", SOURCE).read_bytes()
+    cc = _compiler()
+    version = _run([cc, "--version"]).stdout
+    folder = cache_dir or default_cache_dir()
+    errors: list[str] = []
+    for flags, libs in _BUILDS:
+        stamp = " ".join((*flags, *libs)).encode()
+        key = hashlib.sha256(
+            b"\0".join([source, stamp, version.encode(), _cpu_id().encode()])
+        ).hexdigest()[:20]
+        lib = folder / f"paged_decode-{key}.so"
+        if not lib.exists():
+            try:
+                _compile(cc, flags, libs, source, lib)
+            except KernelUnavailable as exc:
+                errors.append(str(exc))
+                continue
+        return DecodeKernel(_load(lib), lib)
+    raise KernelUnavailable("; ".join(errors))
+
+
+def optional_decode_kernel(device: torch.device | str) -> DecodeKernel | None:
+    """The kernel for an engine on ``device``: built (or reused) on CPU, None on other
+    devices or when it cannot be built here (the reason is logged; the engine then uses
+    gather + SDPA)."""
+    if torch.device(device).type != "cpu":
+        return None
+    try:
+        return build_decode_kernel()
+    except KernelUnavailable as exc:
+        _log.warning("native paged decode kernel unavailable, using gather + SDPA: %s", exc)
+        return None
+
+
+def _compile(
+    cc: str, flags: tuple[str, ...], libs: tuple[str, ...], source: bytes, lib: Path
+) -> None:
+    try:
+        lib.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise KernelUnavailable(f"cannot create the kernel cache {lib.parent}: {exc}") from None
+    with tempfile.TemporaryDirectory(dir=lib.parent) as tmp:
+        src, obj, out = Path(tmp) / SOURCE, Path(tmp) / "k.o", Path(tmp) / lib.name
+        src.write_bytes(source)
+        for cmd in (
+            [cc, *flags, "-c", str(src), "-o", str(obj)],
+            [cc, "-shared", "-fopenmp", str(obj), "-o", str(out), *libs],
+        ):
+            done = _run(cmd)
+            if done.returncode != 0:
+                tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
+                raise KernelUnavailable(f"{' '.join(cmd[:3])} ... failed: {' | '.join(tail)}")
+        os.replace(out, lib)
+
+
+def _load(lib: Path) -> ctypes.CDLL:
+    try:
+        dll = ctypes.CDLL(str(lib))
+    except OSError as exc:
+        raise KernelUnavailable(f"cannot load {lib}: {exc}") from None
+    p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+    fn = dll.talaria_paged_decode_bf16
+    fn.argtypes = [p, i64, p, p, i64, p, i64, p, i64, i32, i32, i32, i32, ctypes.c_float, i32, p]
+    fn.restype = i32
+    dll.talaria_paged_decode_avx512bf16.argtypes = []
+    dll.talaria_paged_decode_avx512bf16.restype = i32
+    return dll
+
+
+class DecodeKernel:
+    """The loaded paged decode kernel (from :func:`build_decode_kernel`; no I/O here).
+
+    Stateless and safe to call from any thread; each call uses ``torch.get_num_threads()``
+    OpenMP threads.
+    """
+
+    def __init__(self, dll: ctypes.CDLL, path: Path) -> None:
+        self._fn = dll.talaria_paged_decode_bf16
+        self.path = path
+        self.avx512bf16 = bool(dll.talaria_paged_decode_avx512bf16())
+
+    def __repr__(self) -> str:
+        isa = "avx512-bf16" if self.avx512bf16 else "portable"
+        return f"DecodeKernel({isa}, {self.path.name})"
+
+    @staticmethod
+    def supports(n_heads: int, n_kv_heads: int, head_dim: int, dtype: torch.dtype) -> bool:
+        """Whether a model of these shapes with KV in ``dtype`` (on CPU) can use the kernel."""
+        group, rem = divmod(n_heads, n_kv_heads)
+        return (
+            dtype == torch.bfloat16
+            and rem == 0
+            and 1 <= group <= MAX_GROUP
+            and 1 <= head_dim <= MAX_HEAD_DIM
+        )
+
+    def attend(
+        self,
+        q: torch.Tensor,
+        k_rows: torch.Tensor,
+        v_rows: torch.Tensor,
+        tables: torch.Tensor,
+        ctxs: torch.Tensor,
+        tokens_per_block: int,
+        scale: float,
+    ) -> torch.Tensor:
+        """Attention of ``q`` ``[n, n_heads, hd]`` (one token per sequence) over the first
+        ``ctxs[i]`` cached tokens of sequence ``i``, whose blocks are ``tables[i]``; returns
+        ``[n, n_heads, hd]`` bf16.
+
+        ``k_rows`` / ``v_rows`` are one layer's block rows ``[num_blocks, tpb * kvh * hd]``
+        (:meth:`~talaria.engine.kv_pool.PagedKV.rows`). Shapes, dtypes and strides are checked
+        here (``ValueError``); block ids and lengths are not: the caller has validated them
+        against the pool (:meth:`LlamaModel._plan` does), since the kernel reads where they
+        point.
+        """
+        n, n_heads, hd = q.shape
+        width = k_rows.shape[1]
+        kvh, rem = divmod(width, tokens_per_block * hd)
+        if (
+            q.dtype != torch.bfloat16
+            or k_rows.dtype != torch.bfloat16
+            or v_rows.shape != k_rows.shape
+            or v_rows.dtype != torch.bfloat16
+            or rem
+            or kvh == 0
+            or q.stride(2) != 1
+            or q.stride(1) != hd
+            or k_rows.stride(1) != 1
+            or v_rows.stride() != k_rows.stride()
+            or q.device.type != "cpu"
+            or tables.dtype != torch.int64
+            or ctxs.dtype != torch.int64
+            or tables.dim() != 2
+            or tables.shape[0] != n
+            or ctxs.shape != (n,)
+            or not tables.is_contiguous()
+            or not ctxs.is_contiguous()
+            or not self.supports(n_heads, kvh, hd, q.dtype)
+        ):
+            raise ValueError(
+                f"paged decode kernel: unsupported operands q {tuple(q.shape)} {q.dtype} "
+                f"strides {q.stride()}, rows {tuple(k_rows.shape)} {k_rows.dtype}, tables "
+                f"{tuple(tables.shape)} {tables.dtype}, ctxs {tuple(ctxs.shape)} {ctxs.dtype}"
+            )
+        out = torch.empty((n, n_heads, hd), dtype=torch.bfloat16)
+        rc = self._fn(
+            q.data_ptr(),
+            q.stride(0),
+            k_rows.data_ptr(),
+            v_rows.data_ptr(),
+            k_rows.stride(0),
+            tables.data_ptr(),
+            tables.shape[1],
+            ctxs.data_ptr(),
+            n,
+            tokens_per_block,
+            kvh,
+            hd,
+            n_heads // kvh,
+            scale,
+            torch.get_num_threads(),
+            out.data_ptr(),
+        )
+        if rc != 0:
+            raise MemoryError(f"paged decode kernel failed (code {rc}): out of memory")
+        return out

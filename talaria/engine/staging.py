@@ -1,0 +1,130 @@
+"""Background weight staging on CPU: one low-priority thread copying while the model runs.
+
+A stage copies the first bytes of the next model's host weights into device KV blocks lent
+for the purpose (:meth:`talaria.runtime.instance.InstanceCore._maybe_stage`). Done inline it
+stalls the step that carries it; :class:`BackgroundCopy` does it on a thread of its own so
+steps go on while it runs:
+
+* the copy is plain ``memmove`` of fixed-size chunks through :mod:`ctypes` (which releases
+  the GIL), not ``Tensor.copy_``: a tensor copy from a second thread would start its own
+  OpenMP team and fight the forward's threads for the cores;
+* the thread lowers its own scheduling priority (``nice`` 19 on Linux), so on a machine
+  whose cores the forward keeps busy it copies in the gaps (Python between ops, sampling,
+  the scheduler) rather than taking cores from the step;
+* between chunks it checks a cancel flag: :meth:`cancel` returns once no chunk is in flight,
+  so the lent blocks can be handed back to the KV pool safely.
+
+On CUDA the same role belongs to a side stream and an event the switch waits on; this module
+is the CPU half.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import threading
+from collections.abc import Sequence
+from typing import Final
+
+import torch
+
+CHUNK_BYTES: Final = 4 << 20
+"""Bytes copied between two checks of the cancel flag."""
+
+NICE: Final = 19
+"""Scheduling priority of the copy thread (Linux per-thread nice)."""
+
+
+class BackgroundCopy:
+    """One background copy at a time of ``(dst, src)`` runs of contiguous CPU bytes.
+
+    Owned by one runner; :meth:`start`, :meth:`wait`, :meth:`cancel` and the properties are
+    called from the runner's threads (its owner and the worker running its steps), never
+    concurrently with each other. The copy thread touches only the tensors it was given.
+    """
+
+    def __init__(self) -> None:
+        self.model: str | None = None
+        self.blocks: tuple[int, ...] = ()
+        self.copied_bytes = 0
+        self._thread: threading.Thread | None = None
+        self._cancel = threading.Event()
+        self._error: BaseException | None = None
+
+    @property
+    def active(self) -> bool:
+        """A copy was started and has been neither waited for nor cancelled."""
+        return self._thread is not None
+
+    @property
+    def done(self) -> bool:
+        """The started copy has finished (or there is none)."""
+        return self._thread is None or not self._thread.is_alive()
+
+    def start(
+        self,
+        model: str,
+        blocks: Sequence[int],
+        runs: Sequence[tuple[torch.Tensor, torch.Tensor]],
+    ) -> None:
+        """Copy every ``src`` into its ``dst`` (same byte count, contiguous, CPU) in the
+        background, labelled ``model`` into ``blocks``. Raises ``ValueError`` for a run it
+        cannot copy, ``RuntimeError`` if a copy is still active."""
+        if self.active:
+            raise RuntimeError(f"a copy for {self.model} is still active")
+        ptrs: list[tuple[int, int, int]] = []
+        for dst, src in runs:
+            n = dst.numel() * dst.element_size()
+            if (
+                dst.device.type != "cpu"
+                or src.device.type != "cpu"
+                or not dst.is_contiguous()
+                or not src.is_contiguous()
+                or n != src.numel() * src.element_size()
+            ):
+                raise ValueError("background copy runs must be equal-sized contiguous CPU bytes")
+            ptrs.append((dst.data_ptr(), src.data_ptr(), n))
+        self.model, self.blocks, self.copied_bytes = model, tuple(blocks), 0
+        self._cancel.clear()
+        self._error = None
+        # keep the tensors alive while the thread reads and writes them
+        self._thread = threading.Thread(
+            target=self._copy, args=(ptrs, list(runs)), name=f"stage-{model}", daemon=True
+        )
+        self._thread.start()
+
+    def _copy(self, ptrs: list[tuple[int, int, int]], _keep: object) -> None:
+        try:
+            # not Linux, or not permitted: copy at normal priority
+            with contextlib.suppress(AttributeError, OSError):
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), NICE)
+            for dst, src, n in ptrs:
+                for off in range(0, n, CHUNK_BYTES):
+                    if self._cancel.is_set():
+                        return
+                    size = min(CHUNK_BYTES, n - off)
+                    ctypes.memmove(dst + off, src + off, size)
+                    self.copied_bytes += size
+        except BaseException as exc:  # surfaced by wait()
+            self._error = exc
+
+    def wait(self) -> None:
+        """Block until the copy has finished; re-raises what the copy thread raised."""
+        thread = self._thread
+        if thread is not None:
+            thread.join()
+        self._thread = None
+        if self._error is not None:
+            err, self._error = self._error, None
+            raise RuntimeError(f"background staging of {self.model} failed") from err
+
+    def cancel(self) -> None:
+        """Stop the copy between chunks and wait for it (what it wrote is left as is)."""
+        self._cancel.set()
+        thread = self._thread
+        if thread is not None:
+            thread.join()
+        self._thread = None
+        self._error = None
+        self.model, self.blocks = None, ()
