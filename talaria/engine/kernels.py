@@ -1,23 +1,27 @@
-"""Native CPU kernels, compiled on first use: paged decode attention read in place.
+"""Native CPU kernels for bf16 decode, compiled on first use.
 
 PyTorch has no paged attention on CPU, so decode attention over the KV pool otherwise
 gathers every sequence's blocks into scratch and runs SDPA on the copy
 (:mod:`talaria.engine.attention`): each step writes and reads the whole decoding KV twice.
-``csrc/paged_decode.c`` reads it once, where it lies: one work item per (sequence, KV head),
-float32 softmax and accumulation, bfloat16 dot products with AVX512-BF16 where the CPU has
-them (portable C otherwise), threads from the process's OpenMP runtime (PyTorch's).
+``csrc/decode_kernels.c`` has
 
-Measured on this 2-core CPU (SmolLM2-135M shapes, one layer, bf16, 512-token contexts):
-gather + SDPA 0.11 / 0.45-0.84 / 1.9-2.0 ms at batch 1 / 8 / 32, this kernel 0.03 / 0.26 /
-1.06 ms.
+* **paged decode attention** reading the KV once, where it lies: one work item per
+  (sequence, KV head), scores of 16 tokens at a time, float32 softmax and accumulation,
+  bf16 dot products with AVX512-BF16 where the CPU has them (portable C otherwise);
+* **a small matrix product** for decode of one or two sequences (AVX512-BF16 only), which
+  reads every weight once per step near memory bandwidth (SmolLM2's 269 MB in 16 ms, 17
+  GB/s, against 20-23 ms for PyTorch's bf16 ``mv`` here).
+
+Threads come from the process's OpenMP runtime (PyTorch's), ``torch.get_num_threads()`` of
+them. Figures measured on this 2-core CPU are in the README (``benchmarks/engine.py``).
 
 :func:`build_decode_kernel` compiles the source with the system C compiler (``$CC``, else
 ``cc`` or ``gcc``) for this CPU (``-march=native``) into a cache folder keyed by the source,
 the flags, the compiler and the CPU, and loads it with :mod:`ctypes` (which releases the GIL
 during the call). Without a compiler, or with ``TALARIA_NATIVE_KERNELS=0``, it raises
-:class:`KernelUnavailable` and the engine keeps the gather + SDPA path: the kernel is an
-optimisation, never a requirement. Only bfloat16 KV on CPU uses it; float32 (the exactness
-tests against transformers) and CUDA keep PyTorch's attention.
+:class:`KernelUnavailable` and the engine keeps PyTorch's operators: the kernels are an
+optimisation, never a requirement. Only bf16 on CPU uses them; float32 (the exactness tests
+against transformers) and CUDA keep PyTorch's.
 """
 
 from __future__ import annotations
@@ -38,9 +42,12 @@ import torch
 
 from talaria.errors import TalariaError
 
-SOURCE: Final = "paged_decode.c"
+SOURCE: Final = "decode_kernels.c"
 MAX_GROUP: Final = 16
 MAX_HEAD_DIM: Final = 256
+MAX_SMALL_M: Final = 2
+"""Most rows :meth:`DecodeKernel.gemm_small` takes: decode batches of 1 and 2 (at 4 and 8
+rows PyTorch's oneDNN product was faster here)."""
 _BUILDS: Final = (
     # (compile flags, link flags): this CPU's instructions and vectorized expf (libmvec)
     (("-O3", "-march=native", "-ffast-math", "-fopenmp", "-fPIC", "-Wall"), ("-lmvec", "-lm")),
@@ -110,7 +117,7 @@ def build_decode_kernel(cache_dir: Path | None = None) -> DecodeKernel:
         key = hashlib.sha256(
             b"\0".join([source, stamp, version.encode(), _cpu_id().encode()])
         ).hexdigest()[:20]
-        lib = folder / f"paged_decode-{key}.so"
+        lib = folder / f"decode-kernels-{key}.so"
         if not lib.exists():
             try:
                 _compile(cc, flags, libs, source, lib)
@@ -166,6 +173,9 @@ def _load(lib: Path) -> ctypes.CDLL:
     fn.restype = i32
     dll.talaria_paged_decode_avx512bf16.argtypes = []
     dll.talaria_paged_decode_avx512bf16.restype = i32
+    gemm = dll.talaria_gemm_small_bf16
+    gemm.argtypes = [p, i64, p, i64, i32, p, i64, i64, i32, p]
+    gemm.restype = i32
     return dll
 
 
@@ -178,6 +188,7 @@ class DecodeKernel:
 
     def __init__(self, dll: ctypes.CDLL, path: Path) -> None:
         self._fn = dll.talaria_paged_decode_bf16
+        self._gemm = dll.talaria_gemm_small_bf16
         self.path = path
         self.avx512bf16 = bool(dll.talaria_paged_decode_avx512bf16())
 
@@ -267,3 +278,55 @@ class DecodeKernel:
         if rc != 0:
             raise MemoryError(f"paged decode kernel failed (code {rc}): out of memory")
         return out
+
+    def gemm_supports(self, w: torch.Tensor) -> bool:
+        """Whether :meth:`gemm_small` takes weight ``w``: this build has the AVX512-BF16
+        product, ``w`` is a bf16 CPU matrix with contiguous rows, 32 | its columns."""
+        return (
+            self.avx512bf16
+            and w.dtype == torch.bfloat16
+            and w.device.type == "cpu"
+            and w.dim() == 2
+            and w.stride(1) == 1
+            and w.shape[1] % 32 == 0
+        )
+
+    def gemm_small(
+        self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """``x @ w.T + b`` for ``x`` ``[M, in]``, ``1 <= M <= MAX_SMALL_M``: ``[M, out]``
+        bf16, float32 accumulation, ``w`` read once. Batch-1 decode is bound by reading the
+        weights; this runs near the memory bandwidth. Raises ``ValueError`` for operands it
+        cannot take."""
+        rows, k = w.shape
+        m = x.shape[0]
+        if (
+            not self.gemm_supports(w)
+            or x.dtype != torch.bfloat16
+            or x.dim() != 2
+            or x.shape[1] != k
+            or not 1 <= m <= MAX_SMALL_M
+            or x.stride(1) != 1
+            or (b is not None and (b.dtype != torch.bfloat16 or b.shape != (rows,)))
+            or (b is not None and not b.is_contiguous())
+        ):
+            raise ValueError(
+                f"small gemm kernel: unsupported operands x {tuple(x.shape)} {x.dtype}, w "
+                f"{tuple(w.shape)} {w.dtype} strides {w.stride()}"
+            )
+        y = torch.empty((m, rows), dtype=torch.bfloat16)
+        rc = self._gemm(
+            w.data_ptr(),
+            w.stride(0),
+            x.data_ptr(),
+            x.stride(0),
+            m,
+            None if b is None else b.data_ptr(),
+            rows,
+            k,
+            torch.get_num_threads(),
+            y.data_ptr(),
+        )
+        if rc != 0:
+            raise ValueError(f"small gemm kernel refused {tuple(w.shape)} (code {rc})")
+        return y

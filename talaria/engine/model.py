@@ -33,7 +33,7 @@ import torch.nn.functional as F
 
 from talaria.config import ModelSpec
 from talaria.engine.attention import PagedGroup, Scratch, attend_decode, attend_prefill
-from talaria.engine.kernels import DecodeKernel
+from talaria.engine.kernels import MAX_SMALL_M, DecodeKernel
 from talaria.errors import BadRequest, ConfigError, ContextTooLong
 
 if TYPE_CHECKING:
@@ -846,17 +846,40 @@ class LlamaModel:
             x.add_(self._mlp(layer, rms_norm(x, layer.post_norm, eps)))
         if plan.logit_rows is not None:
             x = x.index_select(0, plan.logit_rows)
-        return linear(rms_norm(x, self.norm, eps), self.lm_head, contiguous=True)
+        return self._linear(rms_norm(x, self.norm, eps), self.lm_head, contiguous=True)
 
     __call__ = forward
+
+    def _linear(
+        self,
+        x: torch.Tensor,
+        w: torch.Tensor,
+        b: torch.Tensor | None = None,
+        contiguous: bool = False,
+    ) -> torch.Tensor:
+        """:func:`linear`, except up to ``MAX_SMALL_M`` bf16 rows go through the native
+        kernel's small-batch product where there is one (small-batch decode reads every
+        weight once per step; the kernel reads them near memory bandwidth)."""
+        k = self.decode_kernel
+        if (
+            k is not None
+            and x.shape[0] <= MAX_SMALL_M
+            and x.dtype == torch.bfloat16
+            and x.dim() == 2
+            and x.stride(1) == 1
+            and (b is None or b.is_contiguous())
+            and k.gemm_supports(w)
+        ):
+            return k.gemm_small(x, w, b)
+        return linear(x, w, b, contiguous)
 
     def _mlp(self, layer: _Layer, h: torch.Tensor) -> torch.Tensor:
         """SwiGLU: ``down(silu(gate(h)) * up(h))``, ``h`` ``[T, hidden]``."""
         if layer.gate_up is not None:
-            gate, up = linear(h, layer.gate_up).chunk(2, dim=-1)
+            gate, up = self._linear(h, layer.gate_up).chunk(2, dim=-1)
         else:
-            gate, up = linear(h, layer.gate), linear(h, layer.up)
-        return linear(F.silu(gate).mul_(up), layer.down)
+            gate, up = self._linear(h, layer.gate), self._linear(h, layer.up)
+        return self._linear(F.silu(gate).mul_(up), layer.down)
 
     def _qkv(self, layer: _Layer, h: torch.Tensor, plan: _Plan) -> tuple[torch.Tensor, ...]:
         """Rotated q ``[T, n_heads, hd]`` and k ``[T, n_kv_heads, hd]`` and v
@@ -867,12 +890,12 @@ class LlamaModel:
         a, t = self.arch, h.shape[0]
         nh, nkv, hd = a.n_heads, a.n_kv_heads, a.head_dim
         if layer.qkv is not None and (layer.q_bias is None or layer.qkv_bias is not None):
-            qkv = linear(h, layer.qkv, layer.qkv_bias, contiguous=True)
+            qkv = self._linear(h, layer.qkv, layer.qkv_bias, contiguous=True)
             qk = apply_rope(qkv[:, : (nh + nkv) * hd].view(t, nh + nkv, hd), plan.cos, plan.sin)
             return qk[:, :nh], qk[:, nh:], qkv[:, (nh + nkv) * hd :].view(t, nkv, hd)
-        q = linear(h, layer.q, layer.q_bias, contiguous=True).view(t, nh, hd)
-        k = linear(h, layer.k, layer.k_bias, contiguous=True).view(t, nkv, hd)
-        v = linear(h, layer.v, layer.v_bias, contiguous=True).view(t, nkv, hd)
+        q = self._linear(h, layer.q, layer.q_bias, contiguous=True).view(t, nh, hd)
+        k = self._linear(h, layer.k, layer.k_bias, contiguous=True).view(t, nkv, hd)
+        v = self._linear(h, layer.v, layer.v_bias, contiguous=True).view(t, nkv, hd)
         return apply_rope(q, plan.cos, plan.sin), apply_rope(k, plan.cos, plan.sin), v
 
     def _attention(
@@ -898,7 +921,7 @@ class LlamaModel:
                 )
             for d in plan.decode:
                 out[d.rows] = self._decode(q[d.rows], k_rows, v_rows, d.group, shape)
-        return linear(out.reshape(rows, -1), layer.o, layer.o_bias)
+        return self._linear(out.reshape(rows, -1), layer.o, layer.o_bias)
 
     def _decode(
         self,

@@ -213,7 +213,7 @@ def test_build_reuses_the_cache_and_can_be_disabled(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     first = build_decode_kernel(tmp_path)
-    built = list(tmp_path.glob("paged_decode-*.so"))
+    built = list(tmp_path.glob("decode-kernels-*.so"))
     assert built == [first.path]
     stamp = first.path.stat().st_mtime_ns
     again = build_decode_kernel(tmp_path)
@@ -235,3 +235,81 @@ def test_a_failing_compiler_is_reported_not_raised_into_serving(
     assert optional_decode_kernel("cpu") is None
     assert optional_decode_kernel("meta") is None
     assert not list(tmp_path.rglob("*.so"))
+
+
+@pytest.mark.parametrize(
+    ("m", "rows", "k", "bias"),
+    [
+        (1, 1, 32, False),
+        (1, 37, 64, True),
+        (1, 960, 576, True),
+        (2, 100, 1536, False),
+        (2, 7, 96, True),
+        (2, 576, 576, False),
+    ],
+)
+def test_small_gemm_matches_float64(
+    kernel: DecodeKernel, m: int, rows: int, k: int, bias: bool
+) -> None:
+    """Both batch sizes, row counts that leave a partial tile, strided weight and input rows,
+    with and without bias."""
+    if not kernel.avx512bf16:
+        pytest.skip("the small-batch product needs AVX512-BF16")
+    gen = torch.Generator().manual_seed(rows + k + m)
+    w = torch.randn(rows, k + 64, generator=gen).to(BF16)[:, 32 : 32 + k]  # rows k + 64 apart
+    x = torch.randn(m, k + 32, generator=gen).to(BF16)[:, :k]
+    b = torch.randn(rows, generator=gen).to(BF16) if bias else None
+    assert kernel.gemm_supports(w)
+    y = kernel.gemm_small(x, w, b)
+    expected = x.double() @ w.double().T + (b.double() if b is not None else 0)
+    assert y.shape == (m, rows) and y.dtype == BF16
+    torch.testing.assert_close(y.double(), expected, rtol=1e-2, atol=1e-2 * k**0.5)
+
+
+def test_small_gemm_refuses_what_it_cannot_take(kernel: DecodeKernel) -> None:
+    w = torch.zeros(16, 64, dtype=BF16)
+    assert not kernel.gemm_supports(w.float())
+    assert not kernel.gemm_supports(torch.zeros(16, 48, dtype=BF16))  # 48 columns
+    assert not kernel.gemm_supports(w.t())
+    with pytest.raises(ValueError, match="unsupported operands"):
+        kernel.gemm_small(torch.zeros(3, 64, dtype=BF16), w)  # more than 2 rows
+    with pytest.raises(ValueError, match="unsupported operands"):
+        kernel.gemm_small(torch.zeros(1, 64, dtype=BF16), w, torch.zeros(15, dtype=BF16))
+    with pytest.raises(ValueError, match="unsupported operands"):
+        kernel.gemm_small(torch.zeros(64, 2, dtype=BF16).t(), w)  # strided columns
+
+
+def test_model_batch_one_decode_with_the_kernel_matches_pytorch(kernel: DecodeKernel) -> None:
+    """Batch-1 decode takes the kernel's attention and small-batch product (bias included:
+    a Qwen2-style model); logits agree with PyTorch's operators within bf16 noise."""
+    arch = ModelArch.from_hf_config(
+        {
+            "architectures": ["Qwen2ForCausalLM"],
+            "hidden_size": 128,
+            "intermediate_size": 256,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "vocab_size": 96,
+            "max_position_embeddings": 512,
+        }
+    )
+    assert arch.attention_bias
+    views = bind_weights(arch, torch.empty(arch.weight_bytes(BF16), dtype=torch.uint8), BF16)
+    gen = torch.Generator().manual_seed(9)
+    for view in views.values():
+        view.copy_(torch.randn(view.shape, generator=gen) * 0.2)
+    plain, fast = LlamaModel(arch, views), LlamaModel(arch, views, kernel)
+    kv = KVPool(8, 0, KVPool.block_bytes_for([arch], BF16, 16)).paged(arch, BF16)
+    prompt = [int(t) for t in torch.randint(0, 96, (30,), generator=gen)]
+    plain.forward(BatchInput([SeqInput(prompt, 0, [0, 1, 2])]), kv)
+    token = 7
+    for pos in range(30, 36):
+        seq = BatchInput([SeqInput([token], pos, [0, 1, 2])])
+        expected = plain.forward(seq, kv).float()
+        got = fast.forward(seq, kv).float()
+        torch.testing.assert_close(
+            got, expected, rtol=0.03, atol=0.03 * expected.abs().max().item()
+        )
+        assert int(got.argmax()) == int(expected.argmax())
+        token = int(expected.argmax())
