@@ -249,18 +249,22 @@ def measure_ours(eng: Ours, sz: Sizes, gen: torch.Generator) -> dict[str, float]
     ]
     eng.pool.execute(eng.plan(Link.DEVICE_TO_DEVICE, moves))
     out.update(measure_decode(eng, sz, first_tok, per_dec))
-    if eng.model.decode_kernel is not None:  # the same rows through gather + SDPA
-        kernel, eng.model.decode_kernel = eng.model.decode_kernel, None
-        plain = measure_decode(eng, sz, first_tok, per_dec)
-        eng.model.decode_kernel = kernel
-        out.update({f"{k}_gather_sdpa": v for k, v in plain.items()})
     out.update(measure_ttft(eng, sz, rand_ids))
     return out
 
 
 def measure_decode(eng: Ours, sz: Sizes, first_tok: list[int], per_dec: int) -> dict[str, float]:
     """Decode tok/s at each batch size: sequence ``i`` holds ``decode_ctx`` tokens in blocks
-    ``i * per_dec ..``, then ``decode_steps`` greedy steps."""
+    ``i * per_dec ..``, then ``decode_steps`` greedy steps; median of ``reps``.
+
+    With the native kernels the same steps also run without them (PyTorch's operators:
+    gather + SDPA, ``mv``), alternating with the kernel runs repetition by repetition so
+    both see the same machine (``*_gather_sdpa`` keys): on this shared 2-core machine two
+    back-to-back measurements can differ by more than the effect being measured."""
+    kernel = eng.model.decode_kernel
+    variants: dict[str, DecodeKernel | None] = {"": kernel}
+    if kernel is not None:
+        variants["_gather_sdpa"] = None
     out: dict[str, float] = {}
     for bsz in sz.decode_batches:
         tables = [tuple(range(i * per_dec, (i + 1) * per_dec)) for i in range(bsz)]
@@ -271,9 +275,17 @@ def measure_decode(eng: Ours, sz: Sizes, first_tok: list[int], per_dec: int) -> 
                 seqs = [SeqInput((toks[i],), sz.decode_ctx + s, tables[i]) for i in range(bsz)]
                 toks = eng.forward(seqs).argmax(-1).tolist()
 
-        decode(2)  # warm-up
-        t = median_seconds(lambda decode=decode: decode(sz.decode_steps), sz.reps, warmup=0)
-        out[f"decode_tok_s_batch{bsz}"] = bsz * sz.decode_steps / t
+        times: dict[str, list[float]] = {suffix: [] for suffix in variants}
+        for rep in range(sz.reps + 1):  # the first round warms up
+            for suffix, variant in variants.items():
+                eng.model.decode_kernel = variant
+                t0 = time.perf_counter()
+                decode(2 if rep == 0 else sz.decode_steps)
+                if rep:
+                    times[suffix].append(time.perf_counter() - t0)
+        for suffix, ts in times.items():
+            out[f"decode_tok_s_batch{bsz}{suffix}"] = bsz * sz.decode_steps / statistics.median(ts)
+    eng.model.decode_kernel = kernel
     return out
 
 
