@@ -17,13 +17,17 @@
 * **staging**: the first ``core.arena.staged_bytes`` of the next model's flat weights are
   copied into the device KV blocks the core lent for it (``core.stage_blocks``, in order);
   a switch to the staged model copies them device -> device into its region and only the
-  rest from host.
+  rest from host. On CPU the stage copy runs on a low-priority background thread
+  (:class:`~talaria.engine.staging.BackgroundCopy`) while later steps run; the core hears
+  ``stage_done`` from the first :meth:`EngineRunner.plan` after it finished, and a stage the
+  core abandons is cancelled before its blocks are reused.
 
 :meth:`EngineRunner.step` runs one ``schedule`` of the core: KV moves (in plan order, so
 demotions run before the restores that may reuse their blocks), a weight switch, a stage,
 then one forward over the step's prefill chunks and decodes, sampling one token per
-sequence whose prompt is complete. Everything runs synchronously on the caller's thread; on
-CUDA the stage copy is where a side stream (and an event the switch waits on) would go.
+sequence whose prompt is complete. Everything but a CPU stage copy runs on the caller's
+thread; on CUDA the stage copy is where a side stream (and an event the switch waits on)
+would go (not built: it copies inline there).
 
 Not thread-safe: one task drives a runner.
 """
