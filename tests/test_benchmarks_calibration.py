@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.engine_calibration import fit
+from talaria.errors import ConfigError
 from talaria.sim.hardware import cpu_profile_from_dict, load_cpu_profile
 
 
@@ -57,3 +58,64 @@ def test_cpu_profile_prefers_the_engine_fit(tmp_path: Path) -> None:
     assert plain.peak_flops_bf16 == raw["matmul_bf16_flop_s"]
     assert plain.hbm_bandwidth_Bps == raw["mem_copy_traffic_B_s"]
     assert load_cpu_profile().name == "cpu"
+
+
+def test_fit_recovers_kv_read_and_attention_rates() -> None:
+    """Models measured at two context lengths: the extra decode time per extra context byte
+    gives the KV rate; the extra chunk time after a cached prefix, less its KV reads, per
+    extra attention FLOP gives the attention rate."""
+    models = {}
+    for name, kvbpt, extra_flops, weights in (
+        ("a", 1e4, 2e9, 1e8),
+        ("b", 3e4, 6e9, 1e9),
+        ("c", 5e4, 1e10, 2.5e9),
+    ):
+        m = _model(weights, 2e9, 0.01)
+        extra_kv = 4 * (1024 - 256) * kvbpt
+        m.update(
+            kv_bytes_per_token=kvbpt,
+            attention_batch=4,
+            long_ctx=1024,
+            decode_step_s_short_ctx=0.05,
+            decode_step_s_long_ctx=0.05 + extra_kv / 2e9,
+            chunk_tokens=256,
+            chunk_s_fresh=0.3,
+            chunk_s_after_prefix=0.3 + 1024 * kvbpt / 2e9 + extra_flops / 1e11,
+            attention_flops_chunk_extra=extra_flops,
+            decode_step_s_batch8=m["decode_step_s_batch1"] + 7 * 256 * kvbpt / 2e9 + 7 * 0.004,
+        )
+        models[name] = m
+    got = fit(models)
+    assert got["decode_kv_B_s"] == pytest.approx(2e9, rel=1e-9)
+    assert got["attention_flop_s"] == pytest.approx(1e11, rel=1e-9)
+    assert got["decode_seq_s"] == pytest.approx(0.004, rel=1e-9)
+    assert got["step_overhead_s"] == pytest.approx(0.01 - 0.004, rel=1e-9)  # b1 pays both
+    # noise that makes the longer run faster leaves the rates out rather than negative
+    for m in models.values():
+        m["decode_step_s_long_ctx"] = 0.04
+    assert not {"decode_kv_B_s", "attention_flop_s", "decode_seq_s"} & set(fit(models))
+
+
+def test_cpu_profile_takes_attention_rates_from_the_fit() -> None:
+    shipped = json.loads(
+        (Path(__file__).resolve().parents[1] / "talaria" / "sim" / "cpu_profile.json").read_text()
+    )
+    doc = dict(shipped)
+    doc["engine"] = {
+        "measured_at": "test",
+        "fit": {
+            "prefill_flop_s": 5e11,
+            "decode_weight_B_s": 2e10,
+            "step_overhead_s": 0.02,
+            "decode_kv_B_s": 4e9,
+            "attention_flop_s": 2e11,
+            "decode_seq_s": 0.003,
+        },
+    }
+    prof = cpu_profile_from_dict(doc, "test")
+    assert prof.kv_read_Bps == 4e9 and prof.attention_flops_per_s == 2e11
+    assert prof.decode_seq_overhead_s == 0.003
+    assert prof.source_of("kv_read_Bps") and prof.source_of("attention_flops_per_s")
+    doc["engine"]["fit"]["decode_kv_B_s"] = -1.0
+    with pytest.raises(ConfigError, match="decode_kv_B_s"):
+        cpu_profile_from_dict(doc, "test")

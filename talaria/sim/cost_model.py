@@ -110,6 +110,19 @@ class CostModel:
         """Achieved device-memory read bandwidth of the whole group, bytes/s."""
         return self.n_devices * self.hw.hbm_bandwidth_Bps * self.hw.hbm_efficiency
 
+    @property
+    def attention_flops_per_s(self) -> float:
+        """Achieved attention FLOP/s of the group (the matmul rate unless the profile says)."""
+        rate = self.hw.attention_flops_per_s
+        return self.flops_per_s if rate is None else self.n_devices * rate
+
+    @property
+    def kv_read_Bps(self) -> float:
+        """Achieved rate of K/V reads and writes of the group (the HBM rate unless the
+        profile says)."""
+        rate = self.hw.kv_read_Bps
+        return self.hbm_Bps if rate is None else self.n_devices * rate
+
     def kv_replication(self, model: ModelSpec) -> float:
         """KV copies kept per token: ``n / n_kv_heads`` when TP exceeds the KV heads, else 1."""
         return max(1.0, self.n_devices / model.n_kv_heads)
@@ -141,9 +154,13 @@ class CostModel:
         self, model: ModelSpec, tokens: int, prefill_attn_tokens: float, decode_context: int
     ) -> float:
         """Matmul time of ``tokens`` tokens plus attention over the given context sums."""
-        flops = tokens * model.flops_per_token
-        flops += model.attention_flops(prefill_attn_tokens) + model.attention_flops(decode_context)
-        return flops / self.flops_per_s
+        attention = model.attention_flops(prefill_attn_tokens) + model.attention_flops(
+            decode_context
+        )
+        return (
+            tokens * model.flops_per_token / self.flops_per_s
+            + attention / self.attention_flops_per_s
+        )
 
     def kv_traffic_bytes(
         self,
@@ -194,10 +211,12 @@ class CostModel:
         if tokens == 0:
             return 0.0
         compute = self.compute_s(model, tokens, attn, context)
-        traffic = self.weight_bytes_touched(model, tokens)
-        traffic += self.kv_traffic_bytes(model, prefill, attn, seqs, context)
-        memory = traffic / self.hbm_Bps
-        return max(compute, memory) + self.tp_comm_s(model, tokens) + self.hw.step_overhead_s
+        memory = self.weight_bytes_touched(model, tokens) / self.hbm_Bps
+        memory += self.kv_traffic_bytes(model, prefill, attn, seqs, context) / self.kv_read_Bps
+        per_seq = seqs * (self.hw.decode_seq_overhead_s or 0.0)
+        return (
+            max(compute, memory) + self.tp_comm_s(model, tokens) + self.hw.step_overhead_s + per_seq
+        )
 
     def prefill_s(self, model: ModelSpec, new_tokens: int, cached_tokens: int = 0) -> float:
         """One step prefilling ``new_tokens`` after ``cached_tokens`` already in KV (no chunking).

@@ -54,6 +54,8 @@ NUMERIC_FIELDS: Final = (
     "allreduce_latency_s",
     "copy_latency_s",
 )
+OPTIONAL_FIELDS: Final = ("kv_read_Bps", "attention_flops_per_s", "decode_seq_overhead_s")
+"""Numbers a profile may leave None; cited in ``sources`` when set."""
 
 
 def _is_number(value: object) -> TypeGuard[float]:
@@ -101,6 +103,11 @@ def _fraction(_inst: Any, attr: attrs.Attribute[Any], value: float) -> None:
     require_fraction(attr.name, value)
 
 
+def _opt_positive(_inst: Any, attr: attrs.Attribute[Any], value: float | None) -> None:
+    if value is not None:
+        require_positive(attr.name, value)
+
+
 def _str_tuple(value: Iterable[str]) -> tuple[str, ...]:
     return tuple(value)
 
@@ -125,6 +132,14 @@ class HardwareProfile:
     (allreduce bandwidth). Fixed costs in seconds: ``step_overhead_s`` per engine iteration,
     ``allreduce_latency_s`` per tensor-parallel allreduce (a layer does two), and
     ``copy_latency_s`` per copy.
+
+    Attention may have rates of its own (per device, achieved; None: priced like the rest):
+    ``kv_read_Bps`` for reading cached K/V (else the HBM rate) and ``attention_flops_per_s``
+    for attention score and value FLOPs (else the matmul rate); and ``decode_seq_overhead_s``,
+    seconds per decoding sequence per step (else 0: a GPU engine's per-sequence work hides
+    under the step). The embedded CPU engine's attention runs far below its matmul and
+    weight-read rates and each decoding sequence adds host work, so its calibration sets
+    all three; the GPU profiles leave them None.
     """
 
     name: str = attrs.field(validator=_name)
@@ -147,6 +162,9 @@ class HardwareProfile:
     allreduce_latency_s: float = attrs.field(validator=_non_negative)
     copy_latency_s: float = attrs.field(validator=_non_negative)
     sources: tuple[str, ...] = attrs.field(converter=_str_tuple)
+    kv_read_Bps: float | None = attrs.field(default=None, validator=_opt_positive)
+    attention_flops_per_s: float | None = attrs.field(default=None, validator=_opt_positive)
+    decode_seq_overhead_s: float | None = attrs.field(default=None, validator=_opt_positive)
 
     def __attrs_post_init__(self) -> None:
         if not isinstance(self.description, str):
@@ -154,7 +172,8 @@ class HardwareProfile:
         if not all(isinstance(s, str) and s.strip() for s in self.sources):
             raise ConfigError(f"profile {self.name}: sources must be non-empty strings")
         cited = {s.split(":", 1)[0].strip() for s in self.sources if ":" in s}
-        missing = [f for f in NUMERIC_FIELDS if f not in cited]
+        optional = [f for f in OPTIONAL_FIELDS if getattr(self, f) is not None]
+        missing = [f for f in (*NUMERIC_FIELDS, *optional) if f not in cited]
         if missing:
             raise ConfigError(
                 f"profile {self.name}: every number needs a source; add a "
@@ -310,6 +329,7 @@ def cpu_profile_from_dict(
     )
     ram = int(m["ram_bytes"])
     flops, bandwidth, overhead, engine_note = _engine_fit(doc, m, origin)
+    kv_rate, attn_rate, seq_s, attn_sources = _attention_fit(doc, origin)
     return HardwareProfile(
         name="cpu",
         description=f"this machine: {machine.get('cpu', 'CPU')}, RAM as both tiers",
@@ -330,7 +350,10 @@ def cpu_profile_from_dict(
         step_overhead_s=overhead,
         allreduce_latency_s=0.0,
         copy_latency_s=float(m["torch_op_overhead_s"]),
-        sources=_cpu_sources(where, float(m["matmul_fp32_flop_s"]), engine_note),
+        sources=_cpu_sources(where, float(m["matmul_fp32_flop_s"]), engine_note) + attn_sources,
+        kv_read_Bps=kv_rate,
+        attention_flops_per_s=attn_rate,
+        decode_seq_overhead_s=seq_s,
     )
 
 
@@ -361,6 +384,37 @@ def _engine_fit(
         float(fitted["step_overhead_s"]),
         note,
     )
+
+
+def _attention_fit(
+    doc: Mapping[str, Any], origin: str
+) -> tuple[float | None, float | None, float | None, tuple[str, ...]]:
+    """(KV read B/s, attention FLOP/s, seconds per decoding sequence, their source lines)
+    from the engine fit's ``decode_kv_B_s`` / ``attention_flop_s`` / ``decode_seq_s`` when
+    present (None otherwise)."""
+    engine = doc.get("engine")
+    if not isinstance(engine, Mapping) or not isinstance(engine.get("fit"), Mapping):
+        return None, None, None, ()
+    fitted, measured_at = engine["fit"], engine.get("measured_at", "?")
+    out: list[float | None] = []
+    sources: list[str] = []
+    for key, field, what in (
+        ("decode_kv_B_s", "kv_read_Bps", "decode steps at two context lengths"),
+        ("attention_flop_s", "attention_flops_per_s", "prefill chunks after two prefix lengths"),
+        ("decode_seq_s", "decode_seq_overhead_s", "decode steps of 1 and 8 sequences"),
+    ):
+        value = fitted.get(key)
+        if value is None:
+            out.append(None)
+            continue
+        if not _is_number(value) or not value > 0:
+            raise ConfigError(f"{origin}: engine.fit.{key} must be a positive number")
+        out.append(float(value))
+        sources.append(
+            f"{field}: fit to engine microbenchmarks (benchmarks/engine_calibration.py, "
+            f"{measured_at}): {what}, {float(value):.3e}"
+        )
+    return out[0], out[1], out[2], tuple(sources)
 
 
 def _cpu_sources(where: str, fp32_flops: float, engine: str | None = None) -> tuple[str, ...]:

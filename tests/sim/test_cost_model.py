@@ -314,3 +314,35 @@ def test_costs_are_deterministic_and_monotone_in_context() -> None:
     a = [cm.decode_step_s(model, 8, c) for c in (0, 1000, 10_000, 100_000)]
     assert a == sorted(a)
     assert a == [cm.decode_step_s(model, 8, c) for c in (0, 1000, 10_000, 100_000)]
+
+
+def test_attention_rates_of_their_own_price_kv_reads_and_attention_flops() -> None:
+    """With ``kv_read_Bps`` / ``attention_flops_per_s`` set (the CPU engine's calibration),
+    KV traffic and attention FLOPs use them; weights and matmuls keep the main rates."""
+    sources = (
+        *(f"{f}: test" for f in NUMERIC_FIELDS),
+        "kv_read_Bps: t",
+        "attention_flops_per_s: t",
+    )
+    hw = make_hw(kv_read_Bps=1e8, attention_flops_per_s=1e10, sources=sources)
+    cm = CostModel(hw, 1)
+    # decode of 4 sequences over 4,000 context tokens:
+    # memory 2e6 B / 1e9 + (4 + 4000) * 256 B / 1e8 = 0.002 + 0.0102502 s;
+    # compute 4 * 2e6 / 1e12 + 512 * 4000 / 1e10 = 8e-6 + 2.048e-4 s
+    assert cm.decode_step_s(DENSE, 4, 4000) == pytest.approx(0.002 + 4004 * 256 / 1e8, rel=1e-12)
+    # a 100-token prefill after 1,000 cached: compute 100 * 2e6 / 1e12 + 512 * attn / 1e10
+    attn = 100 * 1000 + 100 * 101 / 2
+    compute = 100 * 2e6 / 1e12 + 512 * attn / 1e10
+    memory = 2e6 / 1e9 + (100 + attn / 100) * 256 / 1e8
+    assert cm.prefill_s(DENSE, 100, 1000) == pytest.approx(max(compute, memory), rel=1e-12)
+    seq_sources = (*sources, "decode_seq_overhead_s: t")
+    per_seq = CostModel(make_hw(decode_seq_overhead_s=0.005, sources=seq_sources), 1)
+    assert per_seq.decode_step_s(DENSE, 4, 4000) == pytest.approx(
+        max(8e-6 + 512 * 4000 / 1e12, 0.002 + 4004 * 256 / 1e9) + 4 * 0.005, rel=1e-12
+    )
+    plain = CostModel(make_hw(), 1)  # unset: the main rates, as before
+    assert plain.kv_read_Bps == plain.hbm_Bps and plain.attention_flops_per_s == plain.flops_per_s
+    with pytest.raises(ConfigError, match="kv_read_Bps"):
+        make_hw(kv_read_Bps=1e8)  # set but not cited
+    with pytest.raises(ConfigError, match="attention_flops_per_s"):
+        make_hw(attention_flops_per_s=-1.0, sources=sources)
