@@ -827,6 +827,13 @@ class LlamaModel:
         self.layers = tuple(_layer_views(weights, arch, i) for i in range(arch.n_layers))
         self.norm = weights["model.norm.weight"]
         self.lm_head = self.embed if arch.tie_word_embeddings else weights["lm_head.weight"]
+        # the kernel's small product, when it takes every projection of this model (checked
+        # once here: the views never change, so _linear checks only the batch size)
+        self._gemm = self.decode_kernel
+        if self._gemm is not None and not all(
+            self._gemm.gemm_supports(w) for w in self._projections()
+        ):
+            self._gemm = None
         inv_freq, self._rope_scale = arch.rope_inv_freq()
         self._inv_freq = inv_freq.to(self.device)
         self.scratch = Scratch()
@@ -861,18 +868,16 @@ class LlamaModel:
         """:func:`linear`, except up to ``MAX_SMALL_M`` bf16 rows go through the native
         kernel's small-batch product where there is one (small-batch decode reads every
         weight once per step; the kernel reads them near memory bandwidth)."""
-        k = self.decode_kernel
-        if (
-            k is not None
-            and x.shape[0] <= MAX_SMALL_M
-            and x.dtype == torch.bfloat16
-            and x.dim() == 2
-            and x.stride(1) == 1
-            and (b is None or b.is_contiguous())
-            and k.gemm_supports(w)
-        ):
-            return k.gemm_small(x, w, b)
+        if self._gemm is not None and x.shape[0] <= MAX_SMALL_M:
+            return self._gemm.gemm_small(x, w, b)  # validates x and b itself
         return linear(x, w, b, contiguous)
+
+    def _projections(self) -> Iterable[torch.Tensor]:
+        """Every weight :meth:`_linear` may be given, fused views included."""
+        for layer in self.layers:
+            yield from (layer.q, layer.k, layer.v, layer.o, layer.gate, layer.up, layer.down)
+            yield from (w for w in (layer.qkv, layer.gate_up) if w is not None)
+        yield self.lm_head
 
     def _mlp(self, layer: _Layer, h: torch.Tensor) -> torch.Tensor:
         """SwiGLU: ``down(silu(gate(h)) * up(h))``, ``h`` ``[T, hidden]``."""

@@ -300,6 +300,7 @@ def test_model_batch_one_decode_with_the_kernel_matches_pytorch(kernel: DecodeKe
     for view in views.values():
         view.copy_(torch.randn(view.shape, generator=gen) * 0.2)
     plain, fast = LlamaModel(arch, views), LlamaModel(arch, views, kernel)
+    assert fast._gemm is (kernel if kernel.avx512bf16 else None)  # every projection fits
     kv = KVPool(8, 0, KVPool.block_bytes_for([arch], BF16, 16)).paged(arch, BF16)
     prompt = [int(t) for t in torch.randint(0, 96, (30,), generator=gen)]
     plain.forward(BatchInput([SeqInput(prompt, 0, [0, 1, 2])]), kv)
