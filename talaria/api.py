@@ -40,6 +40,7 @@ from talaria.engine.sampling import SamplingParams, StopChecker
 from talaria.engine.tokenizer import Tokenizer
 from talaria.errors import BadRequest, ConfigError, ShuttingDown, TalariaError, UnknownModel
 from talaria.policy.baselines import policy as named_policy
+from talaria.policy.gaps import check_hint_s
 from talaria.runtime.live import Delta, Failed, Finished, LiveCluster, SessionSummary
 from talaria.types import EventKind, TokenSeq
 
@@ -496,14 +497,16 @@ class Talaria:
             raise BadRequest(
                 f"unknown event {event!r}; send one of {[k.value for k in EventKind]}"
             ) from None
-        for name, value in (("expected_s", expected_s), ("measured_s", measured_s)):
-            if value is not None and (
-                isinstance(value, bool)
-                or not isinstance(value, (int, float))
-                or not math.isfinite(value)
-                or value < 0
-            ):
-                raise BadRequest(f"{name} must be a non-negative number of seconds, got {value!r}")
+        check_hint_s("expected_s", expected_s)
+        if measured_s is not None and (
+            isinstance(measured_s, bool)
+            or not isinstance(measured_s, (int, float))
+            or not math.isfinite(measured_s)
+            or measured_s < 0
+        ):
+            raise BadRequest(
+                f"measured_s must be a non-negative number of seconds, got {measured_s!r}"
+            )
         summary = self.live.event(session_id, kind, expected_s)
         if summary is not None:
             self._sct.append(summary.sct_s)

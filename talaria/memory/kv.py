@@ -441,10 +441,12 @@ class KVManager:
 
     # ------------------------------------------------------------------ sessions
     def set_priority(self, session: SessionId, value: float) -> None:
-        """Value of keeping the session's KV on device (e.g. probability it returns soon)."""
+        """Value of keeping the session's KV on device (e.g. probability it returns soon).
+        A value that is not a number (NaN) counts as the lowest, 0, so eviction ranks stay
+        totally ordered whatever a policy computes."""
         st = self._sessions.get(session)
         if st is not None:
-            st.priority = value
+            st.priority = value if value == value else 0.0
 
     def pin(self, session: SessionId) -> int:
         """Pin the session's present (computed) blocks, a reservation: they are not evicted

@@ -179,6 +179,22 @@ class ClusterCore:
                 if hosts:
                     self._fits_all[model] = min(h.token_limit(model) for h in hosts)
 
+    def mark_up(self, instance: str) -> None:
+        """Put an instance taken out by ``mark_down`` back into routing (catalog order)."""
+        inst = self.instances[instance]
+        for model, hosts in self._hosts.items():
+            if inst in hosts or model not in inst.models:
+                continue
+            order = [i.name for i in self.cluster.instances_for(model)]
+            hosts.append(inst)
+            hosts.sort(key=lambda h: order.index(h.spec.name))
+            self._fits_all[model] = min(h.token_limit(model) for h in hosts)
+
+    @property
+    def healthy(self) -> set[str]:
+        """Names of the instances in routing."""
+        return {h.spec.name for hosts in self._hosts.values() for h in hosts}
+
     def check_integrity(self) -> None:
         for inst in self.instances.values():
             inst.check_integrity()

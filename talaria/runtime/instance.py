@@ -23,6 +23,7 @@ Not thread-safe: one task drives it.
 from __future__ import annotations
 
 import collections
+import logging
 import math
 from collections.abc import Iterable, Mapping, Sequence
 
@@ -38,6 +39,8 @@ from talaria.policy.rounds import RoundScheduler, SlotDemand
 from talaria.policy.router import InstanceView
 from talaria.runtime.costs import Estimator
 from talaria.types import Call, Link, Residency, SessionId, TokenSeq
+
+log = logging.getLogger(__name__)
 
 STAGE_HEADROOM = 0.05  # of the KV pool kept free when lending blocks to weight staging
 MIN_STAGE_SHARE = 0.1  # of a model's weights: a smaller partial stage is not started
@@ -145,6 +148,7 @@ class InstanceCounters:
     reclaims: int = 0
     calls_finished: int = 0
     calls_failed: int = 0
+    policy_faults: int = 0  # sessions whose gap reasoning raised (see ``_session_fault``)
 
 
 @attrs.define
@@ -196,6 +200,7 @@ class InstanceCore:
         self._max_tokens = {m.name: self._limit(m) for m in models}
         self._opening_pass = False
         self.stage_blocks: tuple[int, ...] = ()  # device blocks lent to the current stage
+        self._faults_logged: set[str] = set()  # exception types logged with a traceback
 
     @staticmethod
     def _host_weight_bytes(spec: InstanceSpec, models: Sequence[ModelSpec]) -> int:
@@ -309,8 +314,12 @@ class InstanceCore:
         if gap is None:
             return
         gap.expected_s = expected_s
-        self.admission.update_hint(session, expected_s, now)
-        p = self.admission.probability(gap.since_s, now, expected_s)
+        try:
+            self.admission.update_hint(session, expected_s, now)
+            p = self.admission.probability(gap.since_s, now, expected_s)
+        except Exception as exc:
+            self._session_fault(session, exc)
+            return
         self.kv.set_priority(session, p)
 
     def tool_ended(self, session: SessionId, now: float) -> None:
@@ -340,11 +349,18 @@ class InstanceCore:
         for m, queue in self.waiting.items():
             soonest: float | None = None
             returning = 0
+            faulty: list[tuple[SessionId, Exception]] = []
             if m in want:
-                for gap in self._gaps_of[m].values():
-                    left = self.gaps.expected_remaining_s(now - gap.since_s, gap.expected_s)
+                for sid, gap in self._gaps_of[m].items():
+                    try:
+                        left = self.gaps.expected_remaining_s(now - gap.since_s, gap.expected_s)
+                    except Exception as error:
+                        faulty.append((sid, error))
+                        continue
                     soonest = left if soonest is None else min(soonest, left)
                     returning += left <= linger
+            for sid, fault in faulty:
+                self._session_fault(sid, fault)
             oldest = now - queue[0].queued_s if queue else 0.0
             out[m] = SlotDemand(
                 len(queue), oldest, self._running_of[m], soonest, returning, len(self._gaps_of[m])
@@ -544,7 +560,11 @@ class InstanceCore:
             self.kv.unpin(res.session)
             gap = self._in_gap.get(res.session)
             if gap is not None:
-                p = self.admission.probability(gap.since_s, now, gap.expected_s)
+                try:
+                    p = self.admission.probability(gap.since_s, now, gap.expected_s)
+                except Exception as exc:
+                    self._session_fault(res.session, exc)
+                    continue
                 self.kv.set_priority(res.session, p)
 
     def _admit(self, now: float) -> tuple[MovePlan, ...]:
@@ -703,11 +723,47 @@ class InstanceCore:
         self.finished.append(req)
         self.counters.calls_finished += 1
         self._gap_add(call.session_id, _Gap(call.model, now, None))
-        p = self.admission.probability(now, now, None)
-        self.kv.set_priority(call.session_id, p)
         blocks = self.kv.session_device_blocks(call.session_id)
-        if self.admission.offer(call.session_id, call.model, blocks, now, None) is not None:
+        try:
+            p = self.admission.probability(now, now, None)
+            offered = self.admission.offer(call.session_id, call.model, blocks, now, None)
+        except Exception as exc:
+            self._session_fault(call.session_id, exc)
+            return
+        self.kv.set_priority(call.session_id, p)
+        if offered is not None:
             self.kv.pin(call.session_id)
+
+    def _session_fault(self, session: SessionId, exc: Exception) -> None:
+        """Policy code raised while reasoning about ``session``'s tool gap. Isolate it: the
+        session is an unlikely return from now on (its gap and reservation are dropped, its
+        KV stays cached at the lowest value, so nothing is lost), and the instance goes on
+        serving every session, this one included. Logged with a traceback once per
+        exception type, then one line each; counted in ``counters.policy_faults``."""
+        self.counters.policy_faults += 1
+        kind = type(exc).__name__
+        if kind in self._faults_logged:
+            log.warning(
+                "instance %s: gap policy failed for session %r again (%s: %s)",
+                self.spec.name,
+                session,
+                kind,
+                exc,
+            )
+        else:
+            self._faults_logged.add(kind)
+            log.error(
+                "instance %s: gap policy failed for session %r; it is treated as an "
+                "unlikely return",
+                self.spec.name,
+                session,
+                exc_info=exc,
+            )
+        self._gap_pop(session)
+        if self.admission.release(session) is not None:
+            self.kv.unpin(session)
+        self.kv.set_priority(session, 0.0)
+        self._bounds.clear()
 
     def end_session(self, session: SessionId) -> None:
         self.forget_session(session, ended=True)

@@ -48,6 +48,7 @@ from talaria.errors import (
     UnknownSession,
 )
 from talaria.memory.kv import CallKey
+from talaria.policy.gaps import check_hint_s
 from talaria.runtime.cluster import ClusterCore
 from talaria.runtime.costs import Estimator
 from talaria.runtime.instance import Request, Schedule
@@ -58,6 +59,8 @@ log = logging.getLogger(__name__)
 IDLE_POLL_S = 0.02  # an instance with work it may not start yet re-checks this often
 IDLE_WAIT_S = 0.25  # an instance with no work wakes this often (staging, reservations)
 MAX_CONSECUTIVE_FAILURES = 3  # an instance failing this many steps in a row is taken out
+RECOVER_AFTER_S = 5.0  # a downed instance is checked and brought back after this long ...
+RECOVER_MAX_S = 300.0  # ... doubling each time it goes down again, up to this
 STEP_LOG = 100_000  # executed schedules remembered for inspection (StepTiming)
 
 
@@ -189,6 +192,8 @@ class _Driver:
     aborts: list[tuple[CallKey, TalariaError]] = attrs.field(factory=list)
     failures: int = 0
     down: bool = False
+    backoff_s: float = 0.0  # wait before the next recovery attempt (set by the cluster)
+    downs: int = 0  # times taken out of service
     limiter: anyio.CapacityLimiter = attrs.field(factory=lambda: anyio.CapacityLimiter(1))
 
 
@@ -197,6 +202,9 @@ class LiveCluster:
 
     Use as ``async with LiveCluster(...) as live:``; leaving the block shuts down gracefully
     (calls in flight get ``shutdown_grace_s`` to finish, then fail with ``ShuttingDown``).
+    An instance taken out of service (a driver bug, or ``MAX_CONSECUTIVE_FAILURES`` failed
+    steps) comes back after ``recover_after_s`` seconds once its state checks out, the wait
+    doubling each time it goes down again (up to ``RECOVER_MAX_S``).
     """
 
     def __init__(
@@ -208,6 +216,7 @@ class LiveCluster:
         session_idle_s: float = 600.0,
         shutdown_grace_s: float = 30.0,
         on_session_end: Callable[[SessionSummary], None] | None = None,
+        recover_after_s: float = RECOVER_AFTER_S,
     ) -> None:
         if set(runners) != set(core.instances):
             raise BadRequest(
@@ -220,7 +229,9 @@ class LiveCluster:
         self.session_idle_s = session_idle_s
         self.shutdown_grace_s = shutdown_grace_s
         self.on_session_end = on_session_end
-        self.drivers = {name: _Driver(r) for name, r in runners.items()}
+        if not recover_after_s > 0:
+            raise BadRequest(f"recover_after_s must be positive, got {recover_after_s}")
+        self.drivers = {name: _Driver(r, backoff_s=recover_after_s) for name, r in runners.items()}
         for d in self.drivers.values():
             d.runner.sample = self._sample
         self.calls: dict[CallKey, LiveCall] = {}
@@ -364,10 +375,7 @@ class LiveCluster:
                 f"unknown session {session_id!r}: send a call with this session id first "
                 "(sessions also end after an 'end' event or when idle too long)"
             )
-        if expected_s is not None and not (0 <= expected_s < 1e7):
-            raise BadRequest(
-                f"expected_s must be a non-negative number of seconds, got {expected_s}"
-            )
+        check_hint_s("expected_s", expected_s)
         now = self.clock.now()
         self.core.event(session_id, kind, expected_s, now)
         self.events[kind.value] = self.events.get(kind.value, 0) + 1
@@ -412,18 +420,20 @@ class LiveCluster:
 
     async def _drive(self, name: str) -> None:
         """One instance's driver. A bug that escapes a step (in planning or committing,
-        where the core's state can no longer be trusted) takes the instance out of service
-        and fails its calls; the other instances and the loop go on."""
-        try:
-            await self._drive_loop(name)
-        except Exception as exc:
-            log.exception("instance %s stopped: its driver failed", name)
-            self._take_down(name, exc)
+        where the core's state can no longer be trusted) takes the instance out of routing
+        and fails its calls; the other instances and the loop go on, and the instance comes
+        back once its state checks out (``_recover``), so no input takes it down for ever."""
+        while True:
+            try:
+                await self._drive_loop(name)
+                return
+            except Exception as exc:
+                log.exception("instance %s stopped: its driver failed", name)
+                self._take_down(name, exc)
 
     def _take_down(self, name: str, exc: Exception) -> None:
         d = self.drivers[name]
-        d.down = True
-        self.core.mark_down(name)
+        self._mark_down(name, d)
         error = InstanceFailed(
             f"instance {name} stopped ({type(exc).__name__}: {exc}); retry the call"
         )
@@ -443,7 +453,7 @@ class LiveCluster:
         while True:
             self._apply_aborts(d)
             if d.down:
-                await self._idle(d, IDLE_WAIT_S)
+                await self._recover(name, d)
                 continue
             sched = runner.plan(self.clock.now())
             if sched.empty:
@@ -568,13 +578,38 @@ class LiveCluster:
         )
         keys = list(sched.requests) if sched.step is not None else []
         if d.failures >= MAX_CONSECUTIVE_FAILURES:
-            d.down = True
-            self.core.mark_down(name)
+            self._mark_down(name, d)
             keys = [lc.key for lc in self.calls.values() if lc.instance == name]
             log.error("instance %s taken out of service after %d failures", name, d.failures)
         for key in keys:
             if key in self.calls:
                 self._fail(name, key, error)
+
+    def _mark_down(self, name: str, d: _Driver) -> None:
+        if not d.down:
+            d.down = True
+            d.downs += 1
+            self.core.mark_down(name)
+
+    async def _recover(self, name: str, d: _Driver) -> None:
+        """A downed instance waits ``d.backoff_s`` (doubling up to ``RECOVER_MAX_S`` each
+        time it goes down again), then comes back into routing if its memory managers'
+        invariants hold and it holds no call; else it stays down and says why."""
+        await anyio.sleep(d.backoff_s)
+        self._apply_aborts(d)
+        inst = self.core.instances[name]
+        d.backoff_s = min(2.0 * d.backoff_s, RECOVER_MAX_S)
+        try:
+            inst.check_integrity()
+            if inst.running or any(inst.waiting.values()):
+                raise RuntimeError(f"it still holds calls {sorted(inst.running)}")
+        except Exception as exc:
+            log.error("instance %s stays out of service: %s", name, exc)
+            return
+        d.down = False
+        d.failures = 0
+        self.core.mark_up(name)
+        log.warning("instance %s is back in service", name)
 
     # ------------------------------------------------------------------ inspection
     def check_integrity(self) -> None:

@@ -29,7 +29,7 @@ from typing import Any, Literal
 import attrs
 
 from talaria.errors import BadRequest, ConfigError
-from talaria.session.hints import MAX_EXPECTED_S
+from talaria.session.hints import MAX_EXPECTED_S, MIN_EXPECTED_S
 from talaria.session.kinds import ToolKind, gap_key
 from talaria.session.priors import ToolPriors, load_tool_priors
 
@@ -152,10 +152,12 @@ class GapPredictor:
         return ToolKind.OTHER.value if full else key
 
     def predict(self, key: str) -> float:
-        """Expected duration in seconds of a tool with gap ``key`` (> 0, <= MAX_EXPECTED_S)."""
+        """Expected duration in seconds of a tool with gap ``key``, within the hint range
+        ``[MIN_EXPECTED_S, MAX_EXPECTED_S]`` (so it can always be sent as a hint)."""
         with self._lock:
             estimate = self._estimates.get(self._effective_key(key))
-        return min(estimate if estimate is not None else self.prior_s(key), MAX_EXPECTED_S)
+        value = estimate if estimate is not None else self.prior_s(key)
+        return min(max(value, MIN_EXPECTED_S), MAX_EXPECTED_S)
 
     def observe(self, key: str, observed_s: float) -> float:
         """Learn that a tool with gap ``key`` ran ``observed_s`` seconds; returns the new

@@ -17,20 +17,24 @@ from typing import Any
 import attrs
 
 from talaria.errors import BadRequest
+from talaria.policy.gaps import HINT_MAX_S, HINT_MIN_S, check_hint_s
 from talaria.session.ids import check_session_id
 from talaria.types import EventKind, SessionEvent
 
 __all__ = [
     "MAX_EXPECTED_S",
     "MAX_TOOL_NAME_LEN",
+    "MIN_EXPECTED_S",
     "EventKind",
     "HintCounters",
     "HintEvent",
     "HintStats",
 ]
 
-# The wire format's bounds: expected_s in [0, 86400); a tool name of 1..200 characters.
-MAX_EXPECTED_S = 86_399.0
+# The wire format's bounds: expected_s in [1 ms, 86399 s] (the gap model's hint range);
+# a tool name of 1..200 characters.
+MIN_EXPECTED_S = HINT_MIN_S
+MAX_EXPECTED_S = HINT_MAX_S
 MAX_TOOL_NAME_LEN = 200
 
 
@@ -50,8 +54,8 @@ class HintEvent:
 
     ``tool`` and ``expected_s`` belong to ``tool_start`` (``tool`` required there, at most
     ``MAX_TOOL_NAME_LEN`` characters),
-    ``measured_s`` to ``tool_end``; seconds are finite and >= 0, ``expected_s`` at most
-    ``MAX_EXPECTED_S``.
+    ``measured_s`` to ``tool_end``; seconds are finite and >= 0, ``expected_s`` within
+    ``[MIN_EXPECTED_S, MAX_EXPECTED_S]``.
     """
 
     session_id: str
@@ -75,7 +79,7 @@ class HintEvent:
             raise BadRequest(f"tool and expected_s belong to tool_start, not {self.kind.value}")
         if self.kind is not EventKind.TOOL_END and self.measured_s is not None:
             raise BadRequest(f"measured_s belongs to tool_end, not {self.kind.value}")
-        _seconds_or_none("expected_s", self.expected_s, MAX_EXPECTED_S)
+        check_hint_s("expected_s", self.expected_s)
         _seconds_or_none("measured_s", self.measured_s)
 
     def to_json(self) -> dict[str, Any]:

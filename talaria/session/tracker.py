@@ -34,6 +34,7 @@ from talaria.session.gaps import GapPredictor
 from talaria.session.hints import (
     MAX_EXPECTED_S,
     MAX_TOOL_NAME_LEN,
+    MIN_EXPECTED_S,
     EventKind,
     HintCounters,
     HintEvent,
@@ -103,7 +104,7 @@ class SessionTracker:
                     self.session_id,
                     EventKind.TOOL_START,
                     tool=tool[:MAX_TOOL_NAME_LEN],
-                    expected_s=min(max(gap_left, 0.0), MAX_EXPECTED_S),
+                    expected_s=min(max(gap_left, MIN_EXPECTED_S), MAX_EXPECTED_S),
                 )
             )
         return expected

@@ -494,6 +494,21 @@ def test_set_priority_of_unknown_session_is_ignored() -> None:
     assert snapshot(kv) == before
 
 
+def test_a_nan_priority_is_the_lowest_value_and_eviction_stays_ordered() -> None:
+    """A policy that computed NaN (0/0, inf - inf) must not make eviction order undefined:
+    the NaN session is evicted first, as if its value were 0."""
+    kv = make(device=4, host=8)
+    for i, name in enumerate(("nan", "likely")):
+        run_call(kv, name, 0, seq(7, 100 * i), 1, now=float(i))
+    kv.set_priority("nan", float("nan"))
+    kv.set_priority("likely", 0.9)
+    run_call(kv, "new", 0, seq(7, 500), 1, now=5.0)  # needs 2 blocks: evicts "nan" first
+    assert kv.match("m", "t", seq(7, 0)).device_tokens == 0  # demoted to host
+    assert kv.match("m", "t", seq(7, 0)).host_tokens == 4
+    assert kv.match("m", "t", seq(7, 100)).device_tokens == 4  # its full block stayed
+    kv.check_integrity()
+
+
 # ---------------------------------------------------------------------------- bad input
 
 

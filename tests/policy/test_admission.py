@@ -159,3 +159,71 @@ def test_return_probability_only_decays_as_the_gap_lasts() -> None:
     probs = [adm.probability(0.0, t, None) for t in elapsed]
     assert all(a > b for a, b in itertools.pairwise(probs))
     assert probs[-1] < adm.policy.reservation_min_probability
+
+
+# ---------------------------------------------------------------------------- properties
+# Any sequence of offers, hints, expiries, returns and reclaims, at any times (gaps from
+# microseconds to decades, hints at the wire format's bounds), leaves the table consistent
+# and every probability and value a finite number in range.
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from talaria.policy.gaps import HINT_MAX_S, HINT_MIN_S  # noqa: E402
+
+_hints = st.one_of(st.none(), st.floats(HINT_MIN_S, HINT_MAX_S))
+_ops = st.lists(
+    st.tuples(
+        st.sampled_from(["offer", "hint", "expire", "release", "reclaim"]),
+        st.integers(0, 5),  # session
+        st.floats(0.0, 1e9),  # seconds after the previous operation
+        _hints,
+        st.integers(0, 64),  # blocks
+    ),
+    max_size=40,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    ops=_ops,
+    ttl=st.sampled_from([0.0, 5.0]),
+    p_min=st.floats(1e-9, 1.0),
+    horizon=st.floats(1e-3, 1e4),
+)
+def test_any_operation_sequence_keeps_the_table_sound(
+    ops: list[tuple[str, int, float, float | None, int]], ttl: float, p_min: float, horizon: float
+) -> None:
+    adm = admission(
+        kv_pin_ttl_s=ttl, reservation_min_probability=p_min, reservation_horizon_s=horizon
+    )
+    now = 0.0
+    for op, s, dt, hint, blocks in ops:
+        now += dt
+        sid = f"s{s}"
+        if op == "offer":
+            res = adm.offer(sid, "m", blocks, now, hint)
+            if res is not None:
+                assert 0.0 <= res.probability <= 1.0
+                assert res.deadline_s >= now or res.deadline_s == res.expires_s
+        elif op == "hint":
+            adm.update_hint(sid, hint, now)
+        elif op == "expire":
+            for res in adm.expire(now):
+                assert res.deadline_s <= now and res.session not in adm.held
+        elif op == "release":
+            adm.release(sid)
+        else:
+            order = adm.reclaim_order(now)
+            values = [r.value(now, adm.gaps, horizon) for r in order]
+            assert all(0.0 <= v <= 1.0 for v in values)
+            assert values == sorted(values) and not any(r.hard for r in order)
+            if order:
+                adm.reclaim(order[0].session)
+        held = adm.held.values()
+        assert adm.reserved_blocks == sum(r.blocks for r in held)
+        weighted = adm.weighted_reserved_blocks(now)
+        assert math.isfinite(weighted) and 0.0 <= weighted <= adm.reserved_blocks + 1e-9
+        for r in held:
+            assert 0.0 <= adm.probability(r.since_s, now, r.expected_gap_s) <= 1.0
+    assert adm.reservations_made >= len(adm.held)

@@ -158,3 +158,57 @@ def test_models_ahead_in_round_robin_order() -> None:
     with pytest.raises(UnknownModel):
         r.open("zzz", 0.0)
     assert r.current == "a"  # the refused open changed nothing
+
+
+# ---------------------------------------------------------------------------- properties
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_demand = st.builds(
+    SlotDemand,
+    waiting=st.integers(0, 1000),
+    oldest_wait_s=st.floats(0.0, 1e9),
+    running=st.integers(0, 256),
+    expected_back_s=st.one_of(st.none(), st.floats(0.0, 1e9)),
+    returning=st.integers(0, 1000),
+    in_gap=st.integers(0, 1000),
+)
+_demands = st.dictionaries(st.sampled_from("abc"), _demand)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    demands=st.lists(_demands, min_size=1, max_size=20),
+    opened=st.sampled_from("abc"),
+    times=st.lists(st.floats(0.0, 1e6), min_size=20, max_size=20),
+    sp=st.booleans(),
+)
+def test_slot_decisions_stay_within_the_models_and_their_work(
+    demands: list[dict[str, SlotDemand]], opened: str, times: list[float], sp: bool
+) -> None:
+    r = rounds(SP if sp else NO_SP)
+    r.open(opened, 0.0)
+    r.end_opening_pass()
+    now = 0.0
+    for demand, dt in zip(demands, times, strict=False):
+        now += dt
+        current = r.current
+        nxt = r.next_model(demand)
+        waiting = {m for m, d in demand.items() if d.waiting}
+        assert (nxt is None) == (not waiting) and (nxt is None or nxt in waiting)
+        guess = r.predict_next(demand)
+        assert guess is None or (guess in r.models and guess != current)
+        for m in r.models:
+            ahead = r.models_ahead(m)
+            assert m not in ahead and set(ahead) <= set(r.models)
+        closing = r.should_close(now, demand)
+        others_wait = any(d.waiting for m, d in demand.items() if m != current)
+        if current is not None and r.slot is not None and r.slot.admitting and not others_wait:
+            assert not closing  # nobody else needs the device: no switch is worth its cost
+        if closing and nxt is not None:
+            r.open(nxt, now)
+            r.end_opening_pass()
+        assert r.may_admit(r.current or "") == bool(
+            r.slot and r.slot.admitting and not r.slot.closing
+        )

@@ -6,6 +6,8 @@ every expected value below is computable on paper.
 
 from __future__ import annotations
 
+import math
+
 import attrs
 import pytest
 
@@ -202,3 +204,74 @@ def test_decision_is_plain_data() -> None:
     d2 = route(list(reversed(views)), Routing.EXPECTED_COMPLETION, 8000, 10)
     assert d1.instance == d2.instance == "a"
     assert attrs.asdict(d1.chosen) == attrs.asdict(d2.chosen)
+
+
+# ---------------------------------------------------------------------------- properties
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_seconds = st.floats(0.0, 1e6)
+_rates = st.floats(1e-3, 1e9)
+
+
+@st.composite
+def _views(draw: st.DrawFn, name: str) -> InstanceView:
+    total = draw(st.integers(1, 200_000))
+    device = draw(st.integers(0, total))
+    host = draw(st.integers(0, total - device))
+    return InstanceView(
+        name=name,
+        residency=draw(st.sampled_from(list(Residency))),
+        slot_wait_s=draw(_seconds),
+        switch_s=draw(_seconds),
+        queue_s=draw(_seconds),
+        match=PrefixMatch(total, device, host, 16),
+        prefill_tok_s=draw(_rates),
+        restore_tok_s=draw(_rates),
+        decode_step_s=draw(st.floats(0.0, 10.0)),
+        load_tokens=draw(st.integers(0, 10**7)),
+        served_last=draw(st.booleans()),
+    )
+
+
+@settings(max_examples=300, deadline=None)
+@given(v=_views("a"), known=st.integers(0, 10**6), out=st.integers(0, 10**5))
+def test_estimates_are_finite_non_negative_and_account_for_every_token(
+    v: InstanceView, known: int, out: int
+) -> None:
+    e = estimate(v, known, out)
+    parts = (e.slot_wait_s, e.switch_s, e.kv_prep_s, e.queue_s, e.service_s)
+    assert all(math.isfinite(p) and p >= 0.0 for p in parts)
+    assert e.total_s == pytest.approx(sum(parts))
+    tokens = (e.reused_tokens, e.restore_tokens, e.recompute_tokens, e.new_tokens)
+    assert min(tokens) >= 0 and sum(tokens) == v.match.total_tokens
+
+
+@settings(max_examples=300, deadline=None)
+@given(v=_views("a"), known=st.integers(0, 10**6), out=st.integers(0, 10**5), k=st.integers(0))
+def test_more_kv_on_device_is_never_slower(v: InstanceView, known: int, out: int, k: int) -> None:
+    """Turning ``k`` tokens that must be computed into device-cached ones cannot raise the
+    estimate: device tokens cost nothing, every other tier costs time."""
+    m = v.match
+    k = min(k, m.gone_tokens)
+    better = attrs.evolve(v, match=attrs.evolve(m, device_tokens=m.device_tokens + k))
+    assert estimate(better, known, out).total_s <= estimate(v, known, out).total_s * (1 + 1e-12)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    vs=st.lists(st.sampled_from("abcdef"), min_size=1, max_size=6, unique=True).flatmap(
+        lambda names: st.tuples(*[_views(n) for n in names])
+    ),
+    routing=st.sampled_from(list(Routing)),
+    known=st.integers(0, 10**6),
+    out=st.integers(0, 10**4),
+)
+def test_every_rule_picks_a_candidate_and_talaria_picks_the_minimum(
+    vs: tuple[InstanceView, ...], routing: Routing, known: int, out: int
+) -> None:
+    d = route(vs, routing, known, out)
+    assert d.instance in {v.name for v in vs} and len(d.estimates) == len(vs)
+    if routing is Routing.EXPECTED_COMPLETION:
+        assert d.chosen.total_s == min(e.total_s for e in d.estimates)

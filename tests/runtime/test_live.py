@@ -221,3 +221,99 @@ async def test_shutdown_fails_what_cannot_finish_and_refuses_new_calls() -> None
     c.core.check_integrity()
     assert not any(i.running for i in c.core.instances.values())
     assert math.isfinite(live.clock.now())
+
+
+async def test_a_session_back_after_thirty_minutes_in_a_tool_gap_is_served() -> None:
+    """Issue 11: a session idle far past the gap model's old range (it raised past ~970 s
+    without a hint, ~4 ms after a 0 s hint) is just an unlikely return. On a virtual clock
+    with ``session_idle_s`` raised to an hour, two sessions sit in tool gaps for 30 minutes
+    (one without a hint, one with the smallest hint the wire format allows) while others are
+    served on both models; then both come back and get their answers."""
+    from talaria.clock import VirtualClock
+    from talaria.policy.gaps import HINT_MIN_S
+
+    clock = VirtualClock()
+    c = tiny_cluster()
+    async with live_of(c, clock=clock, session_idle_s=3600.0) as live:
+        first = {}
+        for sid in ("quiet", "hinted"):
+            first[sid], _ = await run_call(live, sid, "llama-tiny", prompt_for(8))
+        live.event("hinted", EventKind.TOOL_START, HINT_MIN_S)
+        served = 0
+        for minute in range(1, 31):  # others keep calling while the two stay away
+            clock.advance_to(60.0 * minute)
+            model = "llama-tiny" if minute % 2 else "qwen-tiny"
+            ids, _ = await run_call(live, f"busy{minute}", model, prompt_for(minute))
+            served += len(ids) == 6
+            await anyio.sleep(0.01)  # the drivers plan on the advanced clock meanwhile
+        assert served == 30
+        for sid in ("quiet", "hinted"):
+            assert live.sessions[sid].in_flight == 0  # not expired: the idle limit is 1 h
+            again = prompt_for(8).extend(first[sid]).extend([9, 9, 9])
+            ids, fin = await run_call(live, sid, "llama-tiny", again)
+            assert len(ids) == 6 and fin.finish_reason == "length"
+        inst = c.core.instances["cpu-0"]
+        assert inst.counters.policy_faults == 0 and not live.drivers["cpu-0"].down
+        live.check_integrity()
+
+
+async def test_a_failure_in_planning_takes_the_instance_out_only_for_a_while() -> None:
+    """A bug that escapes planning fails the calls the instance holds, takes it out of
+    routing, and after the recovery wait (integrity checked) it serves again: no input
+    takes an instance down for ever."""
+    c = tiny_cluster()
+    runner = c.runners["cpu-0"]
+    real = runner.plan
+    broken = {"left": 1}
+
+    def plan(now: float) -> Any:
+        sched = real(now)
+        if broken["left"] and not sched.empty:
+            broken["left"] -= 1
+            raise RuntimeError("injected planning bug")
+        return sched
+
+    runner.plan = plan  # type: ignore[method-assign]
+    async with live_of(c, recover_after_s=0.05) as live:
+        with pytest.raises(InstanceFailed, match="injected planning bug"):
+            await run_call(live, "victim", "llama-tiny", prompt_for(2))
+        with anyio.fail_after(10):
+            while live.drivers["cpu-0"].down:
+                await anyio.sleep(0.02)
+        ids, fin = await run_call(live, "after", "llama-tiny", prompt_for(3))
+        assert len(ids) == 6 and fin.finish_reason == "length"
+        assert live.drivers["cpu-0"].downs == 1
+        live.check_integrity()
+
+
+async def test_a_gap_policy_bug_for_one_session_is_isolated_to_that_session() -> None:
+    """Defence in depth: if the gap model raises for one session (any bug in policy code),
+    that session becomes an unlikely return (its reservation dropped, its KV kept cached),
+    the instance stays in service and every session, that one included, gets its answers."""
+    import attrs as attrs_mod
+
+    from talaria.policy.gaps import GapModel
+
+    @attrs_mod.frozen
+    class Broken(GapModel):
+        def expected_remaining_s(self, elapsed_s: float, expected_s: float | None) -> float:
+            if expected_s == 0.5:  # the hint the victim sends
+                raise ZeroDivisionError("injected gap-model bug")
+            return super().expected_remaining_s(elapsed_s, expected_s)
+
+    c = tiny_cluster()
+    inst = c.core.instances["cpu-0"]
+    inst.gaps = inst.admission.gaps = Broken()
+    async with live_of(c) as live:
+        first, _ = await run_call(live, "victim", "llama-tiny", prompt_for(1))
+        live.event("victim", EventKind.TOOL_START, 0.5)
+        assert "victim" in inst.admission.held
+        for i in range(3):  # the idle slot asks the gap model about the victim
+            ids, _ = await run_call(live, f"other{i}", "llama-tiny", prompt_for(10 + i))
+            assert len(ids) == 6
+        assert inst.counters.policy_faults >= 1 and not live.drivers["cpu-0"].down
+        assert "victim" not in inst.admission.held
+        again = prompt_for(1).extend(first).extend([4, 4])
+        ids, fin = await run_call(live, "victim", "llama-tiny", again)
+        assert len(ids) == 6 and fin.cached_tokens > 0  # its KV was kept
+        live.check_integrity()

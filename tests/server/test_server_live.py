@@ -263,3 +263,23 @@ def test_client_leaving_a_stream_releases_the_call(http: httpx.Client) -> None:
     assert 'status="499"' in metrics
     after = http.post(CHAT, json=ask("Say hi.", max_tokens=3, stream=True))
     assert sse(after)[-1] == "[DONE]"
+
+
+def test_one_clients_hints_cannot_take_the_server_down(http: httpx.Client) -> None:
+    """Issue 11's reproduction over a real socket: a call, a ``tool_start`` with
+    ``expected_s: 0`` (refused now, naming the bound), the smallest hint allowed, and 1.5 s
+    later another session's call: it is served and the instance stays healthy."""
+    ok = http.post(CHAT, json=ask("Say hi.", max_tokens=4), headers={"X-Session-ID": "hint-s1"})
+    assert ok.status_code == 200
+    zero = http.post("/v1/sessions/hint-s1/events", json={"event": "tool_start", "expected_s": 0})
+    assert zero.status_code == 400
+    assert "[0.001, 86399]" in zero.json()["error"]["message"]
+    tiny = {"event": "tool_start", "tool": "bash", "expected_s": 0.001}
+    assert http.post("/v1/sessions/hint-s1/events", json=tiny).status_code == 200
+    time.sleep(1.5)  # the old gap model raised 4 ms into such a gap, on every step after
+    other = http.post(CHAT, json=ask("Say hi.", max_tokens=4), headers={"X-Session-ID": "hint-s2"})
+    assert other.status_code == 200 and other.json()["choices"][0]["message"]["content"]
+    back = http.post(CHAT, json=ask("Again.", max_tokens=4), headers={"X-Session-ID": "hint-s1"})
+    assert back.status_code == 200
+    health = http.get("/health").json()
+    assert health["status"] == "ok" and health["instances"] == {"cpu-0": True}
