@@ -16,11 +16,14 @@ from typing import Any
 import attrs
 
 from swebench_replay.metrics import add_ratios, check_conservation, policy_summary
+from swebench_replay.references import add_bound_ratios, reference_entries
 from swebench_replay.traces import ToolTimeTable
 from swebench_replay.workload import ReplaySet
 from talaria.config import ClusterConfig, PolicyConfig
 from talaria.errors import ConfigError
+from talaria.policy.baselines import TALARIA
 from talaria.runtime.costs import CostModelEstimator, Estimator
+from talaria.session.gaps import GapPredictor
 from talaria.sim.catalog import paper_cluster
 from talaria.sim.cost_model import CostModel
 from talaria.sim.hardware import profile
@@ -42,6 +45,8 @@ class ReplayOptions:
     gap_scale: float = 1.0
     hints: bool = True
     substrate: Substrate = Substrate.SIM
+    references: bool = True  # compute the isolated and model-serial references too
+    no_hints_run: bool = True  # with hints on, also replay talaria without them
 
     def __attrs_post_init__(self) -> None:
         if not self.policies:
@@ -98,10 +103,19 @@ def simulate(
     on_call_done: Callable[[int], None] | None = None,
 ) -> SimResult:
     """One policy through the simulator, with the conservation checks of the issue."""
-    result = Simulator(cluster, policy, estimators_for(cluster)).run(scripts, on_call_done)
+    sim = Simulator(cluster, policy, estimators_for(cluster), learner=GapPredictor.default)
+    result = sim.run(scripts, on_call_done)
     tool_s = {s.session_id: sum(c.tool_seconds for c in s.calls) for s in scripts}
     check_conservation(result, replay.n_calls, tool_s)
     return result
+
+
+def _run_alone(
+    scripts: Sequence[SessionScript], policy: PolicyConfig, cluster: ClusterConfig
+) -> SimResult:
+    return Simulator(cluster, policy, estimators_for(cluster), learner=GapPredictor.default).run(
+        scripts
+    )
 
 
 def run_replay(
@@ -122,6 +136,16 @@ def run_replay(
 
         result = simulate(replay, scripts, policy, cluster, tick)
         policies[policy.name] = policy_summary(result)
+    talaria = next((p for p in options.policies if p.name == TALARIA.name), None)
+    if options.hints and options.no_hints_run and talaria is not None:
+        # the same sessions with clients that send no hints: the server's own gap learning
+        untold = to_scripts(replay, tool_table, options.gap_scale, hints=False)
+        entry = policy_summary(simulate(replay, untold, talaria, cluster))
+        entry["hints"] = False
+        policies[f"{talaria.name}-no-hints"] = entry
+    if options.references:
+        policies.update(reference_entries(scripts, cluster, TALARIA, _run_alone))
+        add_bound_ratios(policies)
     add_ratios(policies)
     return {
         "substrate": options.substrate.value,

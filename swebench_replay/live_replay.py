@@ -215,7 +215,10 @@ async def _play(
                 done.append((req, inst))
                 tick(len(done))
                 if i + 1 < len(script.calls):
-                    live.event(script.session_id, EventKind.TOOL_START, sc.hint_s)
+                    if sc.hint_s is not None:  # a client that sends hints names the tool
+                        live.event(
+                            script.session_id, EventKind.TOOL_START, sc.hint_s, tool=sc.tool_kind
+                        )
                     await anyio.sleep(sc.tool_seconds)
                     tool += sc.tool_seconds
             live.event(script.session_id, EventKind.END)

@@ -41,8 +41,15 @@ def _table(title: str, columns: Sequence[str]) -> Table:
     return table
 
 
+def _ratio(p: Mapping[str, Any], key: str) -> str:
+    value = p.get(key)
+    return "" if value is None else f"{value:.2f}"
+
+
 def policy_table(results: Mapping[str, Any], title: str | None = None) -> Table:
-    """Session completion time per policy: percentiles, speedup over ``round``, TTFT."""
+    """Session completion time per policy: percentiles, speedup over ``round``, distance to
+    the model-serial reference (SCT over the reference's), TTFT. References come last, in
+    italics, marked "(reference)": yardsticks, not policies."""
     table = _table(
         title or _title(results),
         [
@@ -52,20 +59,28 @@ def policy_table(results: Mapping[str, Any], title: str | None = None) -> Table:
             "mean s",
             "x round p50",
             "x round p95",
+            "/serial p50",
+            "/serial p95",
             "TTFT p50 s",
             "TTFT p95 s",
         ],
     )
-    for name, p in results["policies"].items():
+    table.columns[0].no_wrap = True
+    rows = sorted(results["policies"].items(), key=lambda kv: bool(kv[1].get("reference")))
+    for name, p in rows:
+        ref = bool(p.get("reference"))
         table.add_row(
-            name,
+            f"{name} (ref)" if ref else name,
             f"{p['sct_p50_s']:.1f}",
             f"{p['sct_p95_s']:.1f}",
             f"{p['sct_mean_s']:.1f}",
             f"{p.get('speedup_p50_vs_round', 0):.2f}",
             f"{p.get('speedup_p95_vs_round', 0):.2f}",
+            _ratio(p, "sct_p50_over_model-serial"),
+            _ratio(p, "sct_p95_over_model-serial"),
             f"{p['ttft_p50_s']:.2f}",
             f"{p['ttft_p95_s']:.2f}",
+            style="italic dim" if ref else None,
         )
     return table
 
@@ -129,9 +144,12 @@ def plot_sct_cdf(results: Mapping[str, Any], path: Path) -> Path:
         if not xs:
             continue
         ys = [(i + 1) / len(xs) for i in range(len(xs))]
-        style = "-" if not name.startswith("talaria-") else "--"
-        width = 2.4 if name in ("talaria", "round") else 1.2
-        ax.step(xs, ys, where="post", label=name, linestyle=style, linewidth=width)
+        ref = bool(p.get("reference"))
+        style = ":" if ref else "--" if name.startswith("talaria-") else "-"
+        width = 2.4 if name in ("talaria", "round") else 1.6 if ref else 1.2
+        label = f"{name} (reference)" if ref else name
+        color = "black" if name == "model-serial" else "grey" if ref else None
+        ax.step(xs, ys, where="post", label=label, linestyle=style, linewidth=width, color=color)
     wl = results["workload"]
     ax.set_xlabel("session completion time (s)")
     ax.set_ylabel("fraction of sessions")

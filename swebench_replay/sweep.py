@@ -33,6 +33,8 @@ def _point(
         hardware=args.hardware,
         n_instances=args.instances,
         gap_scale=gap_scale,
+        references=False,  # the sweep compares speedups over round; no yardsticks
+        no_hints_run=False,
     )
     task = progress.add_task(
         f"{sessions} sessions, gap x{gap_scale:g}", total=workload.replay.n_calls * len(names)

@@ -507,7 +507,7 @@ class Talaria:
             raise BadRequest(
                 f"measured_s must be a non-negative number of seconds, got {measured_s!r}"
             )
-        summary = self.live.event(session_id, kind, expected_s)
+        summary = self.live.event(session_id, kind, expected_s, tool=tool, measured_s=measured_s)
         if summary is not None:
             self._sct.append(summary.sct_s)
         return summary

@@ -117,7 +117,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=None,
         help="override every policy's slot quantum (seconds a model's slot may run while "
-        "another model waits; default 30)",
+        "another model waits; default 30; talaria's session-aware slot order has no "
+        "quantum: it closes a slot on a 2x clear win or a call starved 300 s)",
     )
     rp.add_argument(
         "--out", type=Path, default=None, help="output folder (default runs/replay-SUBSTRATE)"

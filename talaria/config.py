@@ -153,6 +153,24 @@ class Routing(enum.Enum):
     CACHE_AFFINITY = "cache-affinity"  # longest device prefix match unless over a load cap
 
 
+class SlotOrder(enum.Enum):
+    """Which model's slot opens next on a time-sliced instance, and when it closes."""
+
+    ROUND_ROBIN = "round-robin"  # every model with work in turn, a quantum each (slot_max_s)
+    OLDEST_WAITING = "oldest-waiting"  # the model of the oldest waiting call (a serverless,
+    # per-request queue: FCFS across models), a quantum each
+    SHORTEST_REMAINING = "shortest-remaining"  # Talaria: the model whose sessions have the
+    # least expected remaining work, kept while they return, with a starvation bound
+
+
+class QueueOrder(enum.Enum):
+    """The order of a model's waiting calls on an instance."""
+
+    FCFS = "fcfs"  # by arrival of the call (per request)
+    PROGRAM_FCFS = "program-fcfs"  # Continuum: by the arrival of the call's session (program),
+    # sessions holding a KV pin first
+
+
 class Eviction(enum.Enum):
     """How KV victims are chosen when device blocks run short."""
 
@@ -167,6 +185,16 @@ class PolicyConfig:
     Times are seconds. ``slot_max_s`` bounds a slot while other models have work waiting;
     ``slot_linger_s`` keeps an idle slot open while a session of its model is expected back
     within that time; ``reservation_horizon_s`` is the window in which a return counts.
+
+    ``slot_order`` picks the slot policy (``SlotOrder``). With ``SHORTEST_REMAINING`` the
+    quantum and linger knobs give way to three of its own: ``slot_starvation_s``, the longest a
+    waiting call may wait before its model's slot opens next (default 300 s: half the OpenAI
+    client's default 600 s timeout, so a starved call is still answered before a default client
+    gives up); ``slot_preempt_ratio``, how many times more remaining work the open slot's model
+    must have than a waiting model's before the slot gives way to it (2: a switch is only
+    worth it for a clear win, the break-even rule of ski rental); and the switch cost itself,
+    which bounds how long an idle slot waits for its sessions' returns (linger while the
+    soonest return is expected within a switch away and back).
     """
 
     name: str = attrs.field(validator=_name)
@@ -183,6 +211,11 @@ class PolicyConfig:
     reclaim_after_wait_s: float = attrs.field(default=0.5, validator=_non_negative)
     slot_max_s: float = attrs.field(default=30.0, validator=_positive)
     slot_linger_s: float = attrs.field(default=2.0, validator=_non_negative)
+    slot_order: SlotOrder = SlotOrder.ROUND_ROBIN
+    queue_order: QueueOrder = QueueOrder.FCFS
+    continuum_ttl: bool = False  # TTL pins sized per call by Continuum's rule, not kv_pin_ttl_s
+    slot_starvation_s: float = attrs.field(default=300.0, validator=_positive)
+    slot_preempt_ratio: float = attrs.field(default=2.0, validator=_positive)
     max_batch_tokens: int = attrs.field(default=8192, validator=_positive_int)
     max_running: int = attrs.field(default=256, validator=_positive_int)
     cache_affinity_load_cap: float = attrs.field(default=2.0, validator=_positive)
@@ -194,6 +227,15 @@ class PolicyConfig:
             raise ConfigError(f"routing must be a Routing, got {self.routing!r}")
         if not isinstance(self.eviction, Eviction):
             raise ConfigError(f"eviction must be an Eviction, got {self.eviction!r}")
+        if not isinstance(self.slot_order, SlotOrder):
+            raise ConfigError(f"slot_order must be a SlotOrder, got {self.slot_order!r}")
+        if not isinstance(self.queue_order, QueueOrder):
+            raise ConfigError(f"queue_order must be a QueueOrder, got {self.queue_order!r}")
+        if self.slot_preempt_ratio < 1.0:
+            raise ConfigError(
+                f"slot_preempt_ratio must be >= 1 (1: preempt on any win), "
+                f"got {self.slot_preempt_ratio!r}"
+            )
 
 
 @attrs.frozen

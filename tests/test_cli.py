@@ -50,7 +50,17 @@ def test_replay_writes_results_and_plot(tmp_path: Path, capsys: pytest.CaptureFi
     wl = doc["workload"]
     assert wl["sessions"] == 4
     assert wl["seed"] == 0 and wl["arrival"] == "all"
-    assert set(doc["policies"]) == {"talaria", "round"}
+    assert set(doc["policies"]) == {
+        "talaria",
+        "round",
+        "talaria-no-hints",
+        "isolated",
+        "model-serial",
+    }
+    assert {n for n, p in doc["policies"].items() if p.get("reference")} == {
+        "isolated",
+        "model-serial",
+    }
     for entry in doc["policies"].values():
         assert all(k in entry for k in DESIGN_POLICY_KEYS)
         assert entry["calls"] == wl["calls"]

@@ -26,6 +26,7 @@ from talaria.errors import ConfigError
 from talaria.runtime.cluster import ClusterCore
 from talaria.runtime.costs import CostModelEstimator, Estimator
 from talaria.runtime.instance import InstanceCore
+from talaria.session.gaps import GapPredictor
 from talaria.sim.cost_model import CostModel
 from talaria.sim.hardware import profile
 
@@ -139,7 +140,7 @@ def cluster_from_loaded(
         )
         for i in cluster.instances
     }
-    core = ClusterCore(cluster, policy, estimators)
+    core = ClusterCore(cluster, policy, estimators, learner=GapPredictor.default())
     eos = {name: tuple(m.eos_token_ids) for name, m in loaded.items()}
     kernel = optional_decode_kernel(device) if native_kernels else None
     runners = {

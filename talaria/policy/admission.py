@@ -12,8 +12,12 @@ blocks stay pinned on device so its continuation reuses them. A reservation
   ``reclaim_after_wait_s``, the least valuable reservations are released and their KV is
   demoted to host (never silently dropped), most valuable last.
 
-A TTL pin (``kv_pin_ttl_s``, the Continuum-style baseline) is a reservation with probability
-one that is never reclaimed and expires after the TTL.
+A TTL pin is a reservation with probability one that is not reclaimed by value and expires
+after its TTL: a fixed ``kv_pin_ttl_s``, or with ``continuum_ttl`` the TTL Continuum's
+cost-benefit rule picks for each call (``ContinuumTTL``: learned tool-duration CDFs, the
+queueing delay an eviction costs, the context's reload time; 0 means no pin). Continuum also
+releases pins when a waiting call cannot be admitted and nothing runs (latest program first:
+``stuck_order``).
 
 This class decides; it does not touch the KV manager. The instance core applies the
 decisions (``kv.pin`` / ``kv.unpin`` / ``kv.offload``). Mutates only its own table.
@@ -28,6 +32,7 @@ from collections.abc import Iterable
 import attrs
 
 from talaria.config import PolicyConfig
+from talaria.policy.continuum import ContinuumTTL
 from talaria.policy.gaps import GapModel
 from talaria.types import SessionId
 
@@ -43,6 +48,8 @@ class Reservation:
     probability: float  # of returning within the horizon, when last evaluated
     hard: bool = False  # a TTL pin: not reclaimable
     deadline_s: float = 0.0  # when it expires: hold runs out or the return becomes unlikely
+    reload_s: float = 0.0  # seconds to rebuild its KV if lost (Continuum's TTL input)
+    program_s: float = 0.0  # when its session (program) started (Continuum's release order)
 
     def value(self, now: float, gaps: GapModel, horizon_s: float) -> float:
         """Expected benefit per pinned block: P(back within horizon) per unit of KV."""
@@ -62,13 +69,15 @@ class Admission:
         self._deadlines: list[tuple[float, int, SessionId]] = []  # heap, stale entries skipped
         self._seq = 0
         self._decay_cache: dict[float | None, float] = {}
+        self.continuum = ContinuumTTL() if policy.continuum_ttl else None
         self.reservations_made = 0
         self.reservations_reclaimed = 0
         self.reservations_expired = 0
 
     @property
     def enabled(self) -> bool:
-        return self.policy.soft_reservations or self.policy.kv_pin_ttl_s > 0
+        p = self.policy
+        return p.soft_reservations or p.kv_pin_ttl_s > 0 or p.continuum_ttl
 
     @property
     def held(self) -> dict[SessionId, Reservation]:
@@ -99,23 +108,32 @@ class Admission:
         blocks: int,
         now: float,
         expected_gap_s: float | None,
+        reload_s: float = 0.0,
+        program_s: float = 0.0,
+        tool: str | None = None,
     ) -> Reservation | None:
         """A session entered a tool gap. Returns the reservation to hold, or None.
 
-        The caller pins the session's KV when a reservation is returned.
+        The caller pins the session's KV when a reservation is returned. ``reload_s``,
+        ``program_s`` and ``tool`` feed Continuum's TTL (``continuum_ttl``).
         """
         if session in self._held or blocks <= 0:
             return None
-        if self.policy.kv_pin_ttl_s > 0:
+        ttl = self._ttl_s(tool, reload_s)
+        if ttl is not None:
+            if ttl <= 0.0:
+                return None
             res = Reservation(
                 session,
                 model,
                 blocks,
                 now,
                 expected_gap_s,
-                now + self.policy.kv_pin_ttl_s,
+                now + ttl,
                 1.0,
                 True,
+                reload_s=reload_s,
+                program_s=program_s,
             )
         elif self.policy.soft_reservations:
             p = self.probability(now, now, expected_gap_s)
@@ -129,6 +147,12 @@ class Admission:
         self._schedule_expiry(res)
         self.reservations_made += 1
         return res
+
+    def _ttl_s(self, tool: str | None, reload_s: float) -> float | None:
+        """A TTL pin's TTL (Continuum's rule, else the fixed one); None: no TTL pins."""
+        if self.continuum is not None:
+            return self.continuum.ttl_s(tool, reload_s)
+        return self.policy.kv_pin_ttl_s if self.policy.kv_pin_ttl_s > 0 else None
 
     def _decay_s(self, expected_gap_s: float | None) -> float:
         """Gap length after which a return within the horizon is below the minimum
@@ -156,6 +180,33 @@ class Admission:
             res.expected_gap_s = expected_gap_s
             res.probability = self.probability(res.since_s, now, expected_gap_s)
             self._schedule_expiry(res)
+
+    def retime(self, session: SessionId, tool: str | None, now: float) -> Reservation | None:
+        """Continuum: the tool of ``session``'s gap became known (its hint came after the
+        pin): size the TTL for that tool, from the gap's start. Returns the reservation when
+        it ends here (TTL 0, or already run out): the caller unpins."""
+        res = self._held.get(session)
+        if res is None or self.continuum is None:
+            return None
+        res.expires_s = res.since_s + self.continuum.ttl_s(tool, res.reload_s)
+        if res.expires_s <= max(now, res.since_s):
+            return self._held.pop(session)
+        self._schedule_expiry(res)
+        return None
+
+    def keep(self, res: Reservation) -> None:
+        """Continuum: an expired pin whose program already has a call waiting stays until
+        that call is admitted (its release is the admission's)."""
+        res.deadline_s = math.inf
+        self._held[res.session] = res
+        self.reservations_expired -= 1
+
+    def stuck_order(self, exclude: Iterable[SessionId] = ()) -> list[Reservation]:
+        """Continuum's release order when a waiting call cannot be admitted and nothing
+        runs: TTL pins of the latest-started programs first."""
+        skip = set(exclude)
+        cands = [r for r in self._held.values() if r.hard and r.session not in skip]
+        return sorted(cands, key=lambda r: (-r.program_s, r.session))
 
     def release(self, session: SessionId) -> Reservation | None:
         """The session came back (or ended): drop its reservation. Caller unpins."""

@@ -8,8 +8,18 @@ Decisions only, no I/O: the instance core asks, on every scheduling step,
   without SP (the paper's ``round`` baseline) admission closes after the slot's opening
   pass, so a call arriving later waits for the next round.
 * ``should_close(...)``: is it time to stop admitting (and, once the batch drains, switch)?
-* ``next_model(...)``: which model's slot opens next (round-robin among models with work).
+* ``next_model(...)``: which model's slot opens next.
 * ``predict_next(...)``: which model to stage while the current slot runs.
+
+The order is the policy's ``SlotOrder``: round-robin with a quantum (``round`` and the
+per-request baselines), the model of the oldest waiting call with a quantum (a serverless
+per-request queue), or Talaria's session-aware order (``SHORTEST_REMAINING``): the slot goes
+to the model whose sessions have the least expected remaining work (``SlotDemand.remaining_s``,
+estimated by the instance core from what it can know online), stays open while they keep
+returning (no quantum; an idle slot lingers while the soonest return is expected within a
+switch away and back), gives way to another model only for a clear win
+(``slot_preempt_ratio``), and never lets a waiting call wait more than ``slot_starvation_s``
+(the most-starved model goes next, oldest call first).
 
 Mutates only its own slot state. Times are seconds on the caller's clock.
 """
@@ -20,7 +30,7 @@ from collections.abc import Mapping, Sequence
 
 import attrs
 
-from talaria.config import PolicyConfig
+from talaria.config import PolicyConfig, SlotOrder
 from talaria.errors import ConfigError, UnknownModel
 
 
@@ -42,6 +52,9 @@ class SlotDemand:
     expected_back_s: float | None = None  # soonest expected return of one of its sessions
     returning: int = 0  # its sessions expected back within the linger window
     in_gap: int = 0  # its sessions in a tool gap after a call served here
+    remaining_s: float = 0.0  # expected device seconds its sessions still need (estimate)
+    switch_s: float = 0.0  # seconds to make the model active from its residency now
+    reload_s: float = 0.0  # seconds to bring it back from host once switched away
 
 
 class RoundScheduler:
@@ -83,10 +96,18 @@ class RoundScheduler:
             self.slot.admitting = False
 
     def should_close(self, now: float, demand: Mapping[str, SlotDemand]) -> bool:
-        """Whether the open slot should stop (marks it closing). True also when no slot."""
+        """Whether the open slot should stop admitting. Marks it closing (a mutation: the
+        decision sticks until the next slot opens). True also when no slot is open."""
         slot = self.slot
         if slot is None:
             return True
+        order = self.policy.slot_order
+        if order is SlotOrder.SHORTEST_REMAINING:
+            if self._session_aware_close(now, demand):
+                slot.closing = True
+            return slot.closing
+        if order is not SlotOrder.ROUND_ROBIN and order is not SlotOrder.OLDEST_WAITING:
+            raise ConfigError(f"unknown slot order {order!r}")
         mine = demand.get(slot.model, SlotDemand())
         if not slot.admitting and mine.running == 0 and mine.waiting:
             # the slot stopped admitting and drained: end the round even if no other model
@@ -120,29 +141,70 @@ class RoundScheduler:
         queued = sum(d.waiting for m, d in demand.items() if self.slot and m != self.slot.model)
         return back * queued <= linger * max(1, mine.returning)
 
-    def next_model(self, demand: Mapping[str, SlotDemand]) -> str | None:
-        """The next model with waiting work, round-robin after the current one."""
+    def _session_aware_close(self, now: float, demand: Mapping[str, SlotDemand]) -> bool:
+        """``SHORTEST_REMAINING``'s close rule (see the module docstring). Pure."""
+        slot = self.slot
+        if slot is None:
+            return True
+        mine = demand.get(slot.model, SlotDemand())
+        others = {m: d for m, d in demand.items() if m != slot.model and d.waiting}
+        if not others:
+            # nobody else needs the device: keep the model (no switch cost); without SP,
+            # end the drained slot so that it reopens for the calls that arrived meanwhile
+            return not slot.admitting and mine.running == 0 and bool(mine.waiting)
+        if any(d.oldest_wait_s >= self.policy.slot_starvation_s for d in others.values()):
+            return True
+        if not slot.admitting and mine.running == 0:
+            return True
+        best = min(others.values(), key=lambda d: d.remaining_s)
+        if mine.remaining_s > self.policy.slot_preempt_ratio * (best.remaining_s + best.switch_s):
+            return True
+        if mine.running or mine.waiting:
+            return False
+        back = mine.expected_back_s
+        return back is None or back > best.switch_s + mine.reload_s
+
+    def _ring(self) -> list[str]:
+        """Every model, round-robin order after the current one's index."""
         n = len(self.models)
-        for step in range(1, n + 1):
-            model = self.models[(self._last_index + step) % n]
-            if demand.get(model, SlotDemand()).waiting:
-                return model
-        return None
+        return [self.models[(self._last_index + k) % n] for k in range(1, n + 1)]
+
+    def next_model(self, demand: Mapping[str, SlotDemand]) -> str | None:
+        """The model whose slot opens next, among those with waiting work (see
+        ``SlotOrder``); None when no model has waiting work. Ties go round-robin."""
+        ring = self._ring()
+        waiting = [m for m in ring if demand.get(m, SlotDemand()).waiting]
+        if not waiting:
+            return None
+        order = self.policy.slot_order
+        if order is SlotOrder.ROUND_ROBIN:
+            return waiting[0]
+        if order is SlotOrder.OLDEST_WAITING:
+            return max(waiting, key=lambda m: demand[m].oldest_wait_s)
+        if order is SlotOrder.SHORTEST_REMAINING:
+            starving = [
+                m for m in waiting if demand[m].oldest_wait_s >= self.policy.slot_starvation_s
+            ]
+            if starving:
+                return max(starving, key=lambda m: demand[m].oldest_wait_s)
+            return min(waiting, key=lambda m: demand[m].remaining_s + demand[m].switch_s)
+        raise ConfigError(f"unknown slot order {order!r}")
 
     def predict_next(self, demand: Mapping[str, SlotDemand]) -> str | None:
-        """The model most likely to get the next slot: the next in round-robin order with
-        waiting work, else the next with sessions in a tool gap (they will be back)."""
+        """The model most likely to get the next slot: the one ``next_model`` would pick
+        among the other models with waiting work, else the next with sessions in a tool gap
+        (they will be back; with ``SHORTEST_REMAINING``, the least remaining work first)."""
         current = self.current
-        n = len(self.models)
-        order = [self.models[(self._last_index + k) % n] for k in range(1, n + 1)]
-        order = [m for m in order if m != current]
-        for m in order:
-            if demand.get(m, SlotDemand()).waiting:
-                return m
-        for m in order:
-            if demand.get(m, SlotDemand()).in_gap:
-                return m
-        return None
+        others = {m: d for m, d in demand.items() if m != current}
+        pick = self.next_model(others)
+        if pick is not None:
+            return pick
+        gapped = [m for m in self._ring() if m != current and demand.get(m, SlotDemand()).in_gap]
+        if not gapped:
+            return None
+        if self.policy.slot_order is SlotOrder.SHORTEST_REMAINING:
+            return min(gapped, key=lambda m: demand[m].remaining_s)
+        return gapped[0]
 
     def models_ahead(self, model: str) -> tuple[str, ...]:
         """Models whose slots come before ``model``'s next slot in round-robin order."""

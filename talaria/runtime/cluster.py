@@ -11,6 +11,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Mapping
+from typing import Protocol
 
 import attrs
 
@@ -23,6 +24,19 @@ from talaria.runtime.instance import InstanceCore, Request
 from talaria.types import Call, EventKind, SessionId, TokenSeq
 
 DEFAULT_EXPECTED_OUTPUT = 128  # tokens, before a session has answered once
+UNTOLD_KEY = "untold"  # the learner's key for gaps no hint described (answer to next call)
+SESSION_GAP_ALPHA = 0.2  # weight of each observed gap in a session's own estimate (log space)
+
+
+class GapLearner(Protocol):
+    """What the server learns tool gaps with (``talaria.session.GapPredictor`` is one):
+    expected seconds per gap key, updated by observed durations. ``observe`` mutates."""
+
+    def key_for(self, tool: str, command: str | None = None) -> str: ...
+
+    def predict(self, key: str) -> float: ...
+
+    def observe(self, key: str, observed_s: float) -> float: ...
 
 
 @attrs.define
@@ -34,6 +48,12 @@ class SessionInfo:
     last_output: int = DEFAULT_EXPECTED_OUTPUT
     calls: int = 0
     ended: bool = False
+    started_s: float | None = None  # when its first call arrived
+    last_answer_s: float | None = None  # when its last call was answered
+    gap_key: str | None = None  # the tool of the gap it is in (from tool_start)
+    gap_start_s: float | None = None  # when that tool started (tool_start's time)
+    hinted: bool = False  # a hint described the current gap
+    gap_s: float | None = None  # its own hint-less gaps, a log-space moving average
 
 
 class ClusterCore:
@@ -45,9 +65,15 @@ class ClusterCore:
         policy: PolicyConfig,
         estimators: Mapping[str, Estimator],
         gaps: GapModel | None = None,
+        learner: GapLearner | None = None,
     ) -> None:
+        """``learner`` (optional) makes the server learn tool gaps: a ``tool_end``'s measured
+        seconds (or the time since its ``tool_start``) per tool kind, and without hints the
+        time from an answer to the session's next call (globally and per session); its
+        predictions stand in for the hints a client did not send."""
         self.cluster = cluster
         self.policy = policy
+        self.learner = learner
         self.instances: dict[str, InstanceCore] = {
             spec.name: InstanceCore(
                 spec, cluster.models_on(spec), policy, estimators[spec.name], gaps
@@ -80,8 +106,18 @@ class ClusterCore:
         chosen = self.instances[decision.instance]
         if info.last_instance is not None and info.last_instance != decision.instance:
             self.instances[info.last_instance].forget_session(call.session_id, ended=False)
-        req = Request(call, history, target_output, now, known_tokens=info.known_tokens)
+        if info.calls == 0:
+            info.started_s = now
+        req = Request(
+            call,
+            history,
+            target_output,
+            now,
+            known_tokens=info.known_tokens,
+            session_start_s=info.started_s,
+        )
         chosen.submit(req)
+        self._learn_untold_gap(info, now)
         info.last_instance = decision.instance
         info.calls += 1
         self.sessions[call.session_id] = info
@@ -140,23 +176,80 @@ class ClusterCore:
         return route(exact, policy.routing, info.known_tokens, info.last_output)
 
     def on_finished(self, req: Request) -> None:
+        """A call was answered: remember its history, and give the instance the server's
+        own prediction of the gap it starts (a client's hint replaces it)."""
         info = self.sessions.get(req.call.session_id)
-        if info is not None:
-            info.known_tokens = req.prompt_len + req.generated
-            info.last_output = req.generated
+        if info is None:
+            return
+        info.known_tokens = req.prompt_len + req.generated
+        info.last_output = req.generated
+        info.last_answer_s = req.finished_s
+        info.gap_key, info.gap_start_s, info.hinted = None, None, False
+        if self.learner is not None and info.last_instance is not None:
+            now = req.finished_s if req.finished_s is not None else req.call.arrival_s
+            predicted = info.gap_s if info.gap_s is not None else self.learner.predict(UNTOLD_KEY)
+            self.instances[info.last_instance].hint(req.call.session_id, predicted, now)
+
+    def _learn_untold_gap(self, info: SessionInfo, now: float) -> None:
+        """A continuation arrived after a gap no hint described: learn its length."""
+        if self.learner is None or info.last_answer_s is None or info.hinted:
+            return
+        observed = max(0.0, now - info.last_answer_s)
+        self.learner.observe(UNTOLD_KEY, observed)
+        floor = 1e-3
+        x = math.log(max(observed, floor))
+        prev = info.gap_s
+        info.gap_s = math.exp(
+            x if prev is None else math.log(prev) + SESSION_GAP_ALPHA * (x - math.log(prev))
+        )
+        info.last_answer_s = None
+
+    def _learn_tool(
+        self,
+        info: SessionInfo,
+        kind: EventKind,
+        tool: str | None,
+        expected_s: float | None,
+        measured_s: float | None,
+        now: float,
+    ) -> float | None:
+        """Hint bookkeeping for the learner; returns the expected gap to give the instance
+        (the client's, else the learner's prediction for the tool)."""
+        info.hinted = True
+        if self.learner is None:
+            return expected_s
+        if kind is EventKind.TOOL_START:
+            info.gap_key = self.learner.key_for(tool) if tool else None
+            info.gap_start_s = now
+            if expected_s is None and info.gap_key is not None:
+                return self.learner.predict(info.gap_key)
+        elif kind is EventKind.TOOL_END and info.gap_key is not None:
+            took = measured_s if measured_s is not None else now - (info.gap_start_s or now)
+            self.learner.observe(info.gap_key, max(0.0, took))
+            info.gap_key = None
+        return expected_s
 
     def event(
-        self, session: SessionId, kind: EventKind, expected_s: float | None, now: float
+        self,
+        session: SessionId,
+        kind: EventKind,
+        expected_s: float | None,
+        now: float,
+        tool: str | None = None,
+        measured_s: float | None = None,
     ) -> None:
-        """A client hint. ``UnknownSession`` if the session was never seen or has ended."""
+        """A client hint. ``UnknownSession`` if the session was never seen or has ended.
+        ``tool`` (tool_start) and ``measured_s`` (tool_end) feed the gap learner."""
         info = self.sessions.get(session)
         if info is None or info.ended:
             raise UnknownSession(
                 f"unknown session {session!r}: send a call with this session id first"
             )
+        if kind is not EventKind.END:
+            expected_s = self._learn_tool(info, kind, tool, expected_s, measured_s, now)
         inst = self.instances.get(info.last_instance or "")
         if kind is EventKind.TOOL_START and inst is not None:
-            inst.hint(session, expected_s, now)
+            inst.hint(session, expected_s, now, tool=tool)
         elif kind is EventKind.TOOL_END and inst is not None:
             inst.tool_ended(session, now)
         elif kind is EventKind.END:

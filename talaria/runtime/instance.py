@@ -29,12 +29,13 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import attrs
 
-from talaria.config import InstanceSpec, ModelSpec, PolicyConfig
+from talaria.config import InstanceSpec, ModelSpec, PolicyConfig, QueueOrder, SlotOrder
 from talaria.errors import ConfigError, ContextTooLong, UnknownModel
 from talaria.memory.kv import Allocation, CallKey, KVManager, MovePlan, PrefixMatch
 from talaria.memory.weights import SwitchPlan, WeightArena
-from talaria.policy.admission import Admission
+from talaria.policy.admission import Admission, Reservation
 from talaria.policy.gaps import GapModel
+from talaria.policy.remaining import PRIOR_OUTPUT_TOKENS, CallCost, SessionLengths
 from talaria.policy.rounds import RoundScheduler, SlotDemand
 from talaria.policy.router import InstanceView
 from talaria.runtime.costs import Estimator
@@ -69,6 +70,12 @@ class Request:
     error: str | None = None
     blocks: tuple[int, ...] = ()  # device block table in token order, set at admission
     stopped: bool = False  # ended early (end-of-sequence); see ``InstanceCore.stop``
+    session_start_s: float | None = None  # its session's first call (program-level FCFS)
+
+    @property
+    def program_s(self) -> float:
+        """When the call's session (program) started: its own arrival if not known."""
+        return self.session_start_s if self.session_start_s is not None else self.call.arrival_s
 
     @property
     def key(self) -> CallKey:
@@ -156,6 +163,7 @@ class _Gap:
     model: str
     since_s: float
     expected_s: float | None
+    tool: str | None = None  # the tool a hint named
 
 
 class InstanceCore:
@@ -201,6 +209,12 @@ class InstanceCore:
         self._opening_pass = False
         self.stage_blocks: tuple[int, ...] = ()  # device blocks lent to the current stage
         self._faults_logged: set[str] = set()  # exception types logged with a traceback
+        # the session-aware slot order's estimate of each model's remaining work
+        self.lengths = SessionLengths()
+        self.call_cost = CallCost(
+            {m.name: PRIOR_OUTPUT_TOKENS * estimator.decode_step_s(m.name, 1, 0) for m in models}
+        )
+        self._calls_done: dict[SessionId, int] = {}  # calls of each session answered here
 
     @staticmethod
     def _host_weight_bytes(spec: InstanceSpec, models: Sequence[ModelSpec]) -> int:
@@ -295,6 +309,9 @@ class InstanceCore:
         admission, where its blocks are reused."""
         self._bounds.clear()
         self.check_fits(req.call, req.target_output)
+        gap = self._in_gap.get(req.call.session_id)
+        if gap is not None and self.admission.continuum is not None:
+            self.admission.continuum.observe_tool(gap.tool, req.queued_s - gap.since_s)
         self._gap_pop(req.call.session_id)
         self.waiting[req.call.model].append(req)
         self._queued_tokens[req.call.model] += req.prompt_len
@@ -302,18 +319,30 @@ class InstanceCore:
 
     def forget_session(self, session: SessionId, ended: bool) -> None:
         """The session went elsewhere (or ended): release what this instance holds for it."""
+        done = self._calls_done.pop(session, 0)
+        if ended:
+            self.lengths.observe(done)
+            if self.admission.continuum is not None:
+                self.admission.continuum.observe_program(done)
         self._gap_pop(session)
         if self.admission.release(session) is not None:
             self.kv.unpin(session)
         if ended:
             self.kv.end_session(session)
 
-    def hint(self, session: SessionId, expected_s: float | None, now: float) -> None:
-        """A client's tool-start hint for a session this instance served last."""
+    def hint(
+        self, session: SessionId, expected_s: float | None, now: float, tool: str | None = None
+    ) -> None:
+        """A client's tool-start hint for a session this instance served last (``tool``: the
+        tool it named; Continuum's TTL is sized for it)."""
         gap = self._in_gap.get(session)
         if gap is None:
             return
         gap.expected_s = expected_s
+        if tool is not None:
+            gap.tool = tool
+            if self.admission.retime(session, tool, now) is not None:
+                self.kv.unpin(session)
         try:
             self.admission.update_hint(session, expected_s, now)
             p = self.admission.probability(gap.since_s, now, expected_s)
@@ -363,9 +392,40 @@ class InstanceCore:
                 self._session_fault(sid, fault)
             oldest = now - queue[0].queued_s if queue else 0.0
             out[m] = SlotDemand(
-                len(queue), oldest, self._running_of[m], soonest, returning, len(self._gaps_of[m])
+                len(queue),
+                oldest,
+                self._running_of[m],
+                soonest,
+                returning,
+                len(self._gaps_of[m]),
+                *self._remaining(m, now),
             )
         return out
+
+    def _remaining(self, model: str, now: float) -> tuple[float, float, float]:
+        """(expected device seconds ``model``'s sessions still need here, seconds to switch
+        to it, seconds to load it back from host) for the session-aware slot order; zeros for
+        the other orders. A session in a
+        tool gap longer than ``slot_starvation_s`` no longer counts: it is not coming back
+        soon enough to hold a slot."""
+        if self.policy.slot_order is not SlotOrder.SHORTEST_REMAINING:
+            return 0.0, 0.0, 0.0
+        left = self.lengths.expected_left
+        done = self._calls_done
+        calls = sum(left(done.get(r.call.session_id, 0)) for r in self.waiting[model])
+        calls += sum(
+            left(done.get(r.call.session_id, 0))
+            for r in self.running.values()
+            if r.call.model == model
+        )
+        horizon = self.policy.slot_starvation_s
+        calls += sum(
+            left(done.get(sid, 0))
+            for sid, gap in self._gaps_of[model].items()
+            if now - gap.since_s <= horizon
+        )
+        reload_s = self.estimator.copy_s(self.models[model].weight_bytes, Link.HOST_TO_DEVICE)
+        return calls * self.call_cost.of(model), self.switch_s(model), reload_s
 
     def switch_s(self, model: str) -> float:
         """Seconds to make ``model`` active from its residency (memoized until the arena
@@ -504,11 +564,12 @@ class InstanceCore:
 
     def _release_model_reservations(self, model: str | None) -> None:
         """A slot closes: its sessions cannot be served until the model's next slot, so their
-        reservations end; their KV stays cached and is demoted by value as room is needed."""
+        reservations end; their KV stays cached and is demoted by value as room is needed.
+        A TTL pin (Continuum's) lives out its TTL whatever the slots do."""
         if model is None:
             return
         for sid, res in list(self.admission.held.items()):
-            if res.model == model:
+            if res.model == model and not res.hard:
                 self.admission.release(sid)
                 self.kv.unpin(sid)
 
@@ -556,7 +617,13 @@ class InstanceCore:
 
     def _expire(self, now: float) -> None:
         """Unpin expired reservations; their KV stays cached, valued by return probability."""
-        for res in self.admission.expire(now):
+        expired = self.admission.expire(now)
+        if expired and self.admission.continuum is not None:
+            queued = {r.call.session_id for q in self.waiting.values() for r in q}
+            for res in [r for r in expired if r.session in queued]:
+                self.admission.keep(res)  # Continuum: its waiting call releases it
+            expired = [r for r in expired if r.session not in queued]
+        for res in expired:
             self.kv.unpin(res.session)
             gap = self._in_gap.get(res.session)
             if gap is not None:
@@ -572,6 +639,8 @@ class InstanceCore:
         if model is None or not self.rounds.may_admit(model):
             return ()
         moves: list[MovePlan] = []
+        if self.policy.queue_order is QueueOrder.PROGRAM_FCFS:
+            self._program_order(model)
         queue = self.waiting[model]
         while queue and len(self.running) < self.policy.max_running:
             req = queue[0]
@@ -584,6 +653,8 @@ class InstanceCore:
                 self._cancel_stage()  # KV for a waiting call comes before staged weights
             if not self.kv.can_allocate(model, call.tenant, call.prompt, req.target_output):
                 moves.extend(self._reclaim_for(req, now))
+                if not self.running and self.admission.continuum is not None:
+                    moves.extend(self._release_stuck(req, now))
                 if not self.kv.can_allocate(model, call.tenant, call.prompt, req.target_output):
                     break
             queue.popleft()
@@ -598,6 +669,22 @@ class InstanceCore:
             self.rounds.end_opening_pass()
         return tuple(moves)
 
+    def _program_order(self, model: str) -> None:
+        """Continuum's program-level FCFS: waiting calls of sessions holding a pin first,
+        then by their session's first arrival, then by their own."""
+        held = self.admission.held
+        queue = self.waiting[model]
+        ordered = sorted(
+            queue, key=lambda r: (r.call.session_id not in held, r.program_s, r.queued_s)
+        )
+        queue.clear()
+        queue.extend(ordered)
+
+    def _release_stuck(self, req: Request, now: float) -> list[MovePlan]:
+        """Continuum: a waiting call cannot be admitted and nothing runs: release TTL pins,
+        latest-started program first, until it fits (their KV is demoted or dropped)."""
+        return self._demote_until_fits(req, self.admission.stuck_order([req.call.session_id]), now)
+
     def _admitted(self, req: Request, alloc: Allocation, now: float) -> None:
         slot = self.rounds.slot
         req.admitted_s = now
@@ -605,6 +692,8 @@ class InstanceCore:
         req.restored_tokens = alloc.restored_tokens
         have = alloc.reused_tokens + alloc.restored_tokens
         req.recomputed_tokens = max(0, min(req.known_tokens, req.prompt_len) - have)
+        if req.recomputed_tokens and self.admission.continuum is not None:
+            self.admission.continuum.observe_wait(now - req.queued_s)  # it lost its KV
         req.blocks = alloc.device_blocks
         req.computed = have
         if req.computed >= req.prompt_len:  # whole prompt cached: recompute the last token
@@ -620,9 +709,17 @@ class InstanceCore:
         enough. Their KV is demoted to host, not dropped."""
         if not self.admission.should_reclaim(now - req.queued_s):
             return []
+        order = self.admission.reclaim_order(now, exclude=[req.call.session_id])
+        return self._demote_until_fits(req, order, now)
+
+    def _demote_until_fits(
+        self, req: Request, order: Sequence[Reservation], now: float
+    ) -> list[MovePlan]:
+        """Release the reservations of ``order`` one by one, demoting their KV, until
+        ``req`` fits. Returns the block moves to run."""
         call = req.call
         moves = []
-        for res in self.admission.reclaim_order(now, exclude=[call.session_id]):
+        for res in order:
             self.admission.reclaim(res.session)
             self.kv.unpin(res.session)
             ev = self.kv.offload(res.session, now)
@@ -722,17 +819,32 @@ class InstanceCore:
         req.finished_s = now
         self.finished.append(req)
         self.counters.calls_finished += 1
+        self._calls_done[call.session_id] = self._calls_done.get(call.session_id, 0) + 1
+        if req.admitted_s is not None:
+            self.call_cost.observe(call.model, now - req.admitted_s)
         self._gap_add(call.session_id, _Gap(call.model, now, None))
         blocks = self.kv.session_device_blocks(call.session_id)
         try:
             p = self.admission.probability(now, now, None)
-            offered = self.admission.offer(call.session_id, call.model, blocks, now, None)
+            offered = self.admission.offer(
+                call.session_id,
+                call.model,
+                blocks,
+                now,
+                None,
+                reload_s=self._reload_s(call.model, len(history)),
+                program_s=req.program_s,
+            )
         except Exception as exc:
             self._session_fault(call.session_id, exc)
             return
         self.kv.set_priority(call.session_id, p)
         if offered is not None:
             self.kv.pin(call.session_id)
+
+    def _reload_s(self, model: str, tokens: int) -> float:
+        """Seconds to recompute ``tokens`` of context (attention included) on this instance."""
+        return self.estimator.step_s(model, tokens, tokens * (tokens + 1) / 2, 0, 0)
 
     def _session_fault(self, session: SessionId, exc: Exception) -> None:
         """Policy code raised while reasoning about ``session``'s tool gap. Isolate it: the

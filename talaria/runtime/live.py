@@ -365,7 +365,13 @@ class LiveCluster:
 
     # ------------------------------------------------------------------ events
     def event(
-        self, session_id: SessionId, kind: EventKind, expected_s: float | None = None
+        self,
+        session_id: SessionId,
+        kind: EventKind,
+        expected_s: float | None = None,
+        *,
+        tool: str | None = None,
+        measured_s: float | None = None,
     ) -> SessionSummary | None:
         """A client hint. ``UnknownSession`` if the session never sent a call or ended.
         Returns the session's summary on ``END``."""
@@ -377,7 +383,7 @@ class LiveCluster:
             )
         check_hint_s("expected_s", expected_s)
         now = self.clock.now()
-        self.core.event(session_id, kind, expected_s, now)
+        self.core.event(session_id, kind, expected_s, now, tool=tool, measured_s=measured_s)
         self.events[kind.value] = self.events.get(kind.value, 0) + 1
         for d in self.drivers.values():
             d.wake.set()

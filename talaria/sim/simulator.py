@@ -27,7 +27,7 @@ from talaria.config import ClusterConfig, PolicyConfig
 from talaria.errors import TalariaError
 from talaria.memory.kv import MovePlan
 from talaria.policy.gaps import GapModel
-from talaria.runtime.cluster import ClusterCore
+from talaria.runtime.cluster import ClusterCore, GapLearner
 from talaria.runtime.costs import Estimator
 from talaria.runtime.instance import InstanceCore, Request, StepPlan
 from talaria.types import Call, EventKind, SessionScript
@@ -121,11 +121,15 @@ class Simulator:
         policy: PolicyConfig,
         estimators: Mapping[str, Estimator],
         gaps: GapModel | None = None,
+        learner: Callable[[], GapLearner] | None = None,
     ) -> None:
+        """``learner`` makes each run's cluster core learn tool gaps (a fresh learner per
+        run, so every policy starts from the same priors)."""
         self.cluster_config = cluster
         self.policy = policy
         self.estimators = estimators
         self.gaps = gaps
+        self.learner = learner
 
     def run(
         self,
@@ -133,7 +137,9 @@ class Simulator:
         on_call_done: Callable[[int], None] | None = None,
     ) -> SimResult:
         """Simulate ``scripts`` to completion. ``on_call_done(n)`` reports progress."""
-        run = _Run(ClusterCore(self.cluster_config, self.policy, self.estimators, self.gaps))
+        learner = self.learner() if self.learner is not None else None
+        core = ClusterCore(self.cluster_config, self.policy, self.estimators, self.gaps, learner)
+        run = _Run(core)
         return run.execute(scripts, self.policy.name, on_call_done)
 
 
@@ -221,7 +227,14 @@ class _Run:
         sc = srun.script.calls[srun.next_call]
         srun.next_call += 1
         if srun.next_call < len(srun.script.calls):
-            self.core.event(srun.script.session_id, EventKind.TOOL_START, sc.hint_s, self.now)
+            if sc.hint_s is not None:  # a client that sends hints names the tool too
+                self.core.event(
+                    srun.script.session_id,
+                    EventKind.TOOL_START,
+                    sc.hint_s,
+                    self.now,
+                    tool=sc.tool_kind,
+                )
             srun.tool_s += sc.tool_seconds
             self.push(self.now + sc.tool_seconds, _Ev.ARRIVE, "", sidx)
         else:

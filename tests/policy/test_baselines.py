@@ -5,7 +5,7 @@ from __future__ import annotations
 import attrs
 import pytest
 
-from talaria.config import Eviction, PolicyConfig, Routing
+from talaria.config import Eviction, PolicyConfig, QueueOrder, Routing, SlotOrder
 from talaria.errors import ConfigError
 from talaria.policy.baselines import (
     ABLATIONS,
@@ -23,10 +23,12 @@ DESIGN_NAMES = (
     "talaria-no-hostkv",
     "talaria-no-staging",
     "talaria-no-reserve",
+    "talaria-no-slot-order",
     "least-loaded",
     "sticky",
     "ttl-pin",
     "cache-affinity",
+    "oldest-first",
 )
 
 
@@ -48,6 +50,7 @@ def test_talaria_has_every_mechanism_on() -> None:
     assert t.routing is Routing.EXPECTED_COMPLETION and t.eviction is Eviction.VALUE
     assert t.session_prefill and t.host_kv and t.weight_staging and t.soft_reservations
     assert t.kv_pin_ttl_s == 0.0
+    assert t.slot_order is SlotOrder.SHORTEST_REMAINING
 
 
 def test_round_is_the_paper_baseline() -> None:
@@ -68,6 +71,7 @@ def test_round_is_the_paper_baseline() -> None:
         ("talaria-no-staging", {"weight_staging": False}),
         # lingering exists to keep a slot for reserved sessions expected back: it goes too
         ("talaria-no-reserve", {"soft_reservations": False, "slot_linger_s": 0.0}),
+        ("talaria-no-slot-order", {"slot_order": SlotOrder.ROUND_ROBIN}),
     ],
 )
 def test_each_ablation_differs_from_talaria_in_its_mechanism_only(
@@ -82,14 +86,20 @@ def test_per_request_baselines_route_by_their_idea_without_talarias_mechanisms()
         "sticky": Routing.STICKY,
         "ttl-pin": Routing.STICKY,
         "cache-affinity": Routing.CACHE_AFFINITY,
+        "oldest-first": Routing.LEAST_LOADED,
     }
     for name, how in routing.items():
         p = POLICIES[name]
         assert p.routing is how, name
+        order = SlotOrder.OLDEST_WAITING if name == "oldest-first" else SlotOrder.ROUND_ROBIN
+        assert p.slot_order is order, name
         assert not p.host_kv and not p.weight_staging and not p.soft_reservations, name
         assert p.eviction is Eviction.LRU and p.slot_linger_s == 0.0, name
-    assert POLICIES["ttl-pin"].kv_pin_ttl_s == 2.0
-    assert all(POLICIES[n].kv_pin_ttl_s == 0.0 for n in POLICIES if n != "ttl-pin")
+    ttl = POLICIES["ttl-pin"]  # Continuum as published: its TTL rule and program-level FCFS
+    assert ttl.continuum_ttl and ttl.queue_order is QueueOrder.PROGRAM_FCFS
+    assert all(not POLICIES[n].continuum_ttl for n in POLICIES if n != "ttl-pin")
+    assert all(POLICIES[n].queue_order is QueueOrder.FCFS for n in POLICIES if n != "ttl-pin")
+    assert all(POLICIES[n].kv_pin_ttl_s == 0.0 for n in POLICIES)
 
 
 def test_policy_by_name() -> None:

@@ -212,3 +212,62 @@ def test_slot_decisions_stay_within_the_models_and_their_work(
         assert r.may_admit(r.current or "") == bool(
             r.slot and r.slot.admitting and not r.slot.closing
         )
+
+
+# ---------------------------------------------------------------------------- session-aware
+
+from talaria.config import SlotOrder  # noqa: E402
+
+SRW = PolicyConfig(name="srw", slot_order=SlotOrder.SHORTEST_REMAINING, slot_starvation_s=100.0)
+
+
+def srw_demand(**per_model: SlotDemand) -> dict[str, SlotDemand]:
+    return dict(per_model)
+
+
+def test_session_aware_opens_the_least_remaining_work_first() -> None:
+    r = rounds(SRW)
+    demand = {
+        "a": SlotDemand(waiting=3, remaining_s=90.0, switch_s=1.0),
+        "b": SlotDemand(waiting=3, remaining_s=30.0, switch_s=5.0),
+        "c": SlotDemand(waiting=1, remaining_s=40.0, switch_s=1.0),
+    }
+    assert r.next_model(demand) == "b"  # 30 + 5 < 40 + 1 < 90 + 1
+    starving = {**demand, "a": SlotDemand(waiting=3, oldest_wait_s=100.0, remaining_s=90.0)}
+    assert r.next_model(starving) == "a"  # waited the starvation bound: it goes next
+
+
+def test_session_aware_keeps_the_slot_while_its_sessions_work_or_return_soon() -> None:
+    r = rounds(SRW)
+    r.open("a", 0.0)
+    other = SlotDemand(waiting=2, remaining_s=50.0, switch_s=2.0)
+    busy = {"a": SlotDemand(running=3, remaining_s=60.0), "b": other}
+    assert not r.should_close(500.0, busy)  # no quantum: 500 s in, still its turn
+    back = {"a": SlotDemand(expected_back_s=3.0, remaining_s=60.0, reload_s=2.0), "b": other}
+    assert not r.should_close(501.0, back)  # back in 3 s <= switch away (2) + back (2)
+    late = {"a": SlotDemand(expected_back_s=5.0, remaining_s=60.0, reload_s=2.0), "b": other}
+    assert r.should_close(502.0, late)
+
+
+def test_session_aware_gives_way_for_a_clear_win_or_a_starving_call() -> None:
+    r = rounds(SRW)
+    r.open("a", 0.0)
+    big = SlotDemand(running=4, remaining_s=200.0)
+    assert not r.should_close(1.0, {"a": big, "b": SlotDemand(waiting=1, remaining_s=100.0)})
+    assert r.should_close(
+        1.0, {"a": big, "b": SlotDemand(waiting=1, remaining_s=98.0, switch_s=1.0)}
+    )
+    r.open("a", 0.0)
+    starving = SlotDemand(waiting=1, oldest_wait_s=100.0, remaining_s=1e9)
+    assert r.should_close(2.0, {"a": SlotDemand(running=1), "b": starving})
+    r.open("a", 0.0)
+    assert not r.should_close(3.0, {"a": SlotDemand(), "c": SlotDemand()})  # nobody waits
+
+
+def test_oldest_waiting_opens_the_model_of_the_oldest_call() -> None:
+    r = rounds(PolicyConfig(name="fcfs", slot_order=SlotOrder.OLDEST_WAITING))
+    demand = {
+        "a": SlotDemand(waiting=9, oldest_wait_s=1.0),
+        "c": SlotDemand(waiting=1, oldest_wait_s=5.0),
+    }
+    assert r.next_model(demand) == "c"

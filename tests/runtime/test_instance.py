@@ -9,6 +9,7 @@ KV pool holds exactly ``device_blocks`` blocks. The estimator has round numbers:
 from __future__ import annotations
 
 import itertools
+import math
 
 import attrs
 import pytest
@@ -246,13 +247,15 @@ def test_a_returning_session_reuses_its_reserved_kv() -> None:
 
 def sp_scenario(policy: PolicyConfig) -> tuple[Driver, Request, Request]:
     """Two models. A's slot opens with s1 (short answer) and s3 (long answer); B's session
-    waits. s1 finishes and its continuation arrives while s3 still runs in A's slot."""
+    arrives and waits. s1 finishes and its continuation arrives while s3 still runs in A's
+    slot. (B arrives once A's slot is chosen: with B waiting from the start, the
+    session-aware order would open B's slot first, one session against two.)"""
     inst = core(policy, models=("A", "B"), device_blocks=32, host_blocks=32)
     d = Driver(inst)
     a1 = d.submit("A1", 0, TokenSeq(tokens(8)), out=2)
     d.submit("A3", 0, TokenSeq(tokens(8)), out=10)
-    b2 = d.submit("B2", 0, TokenSeq(tokens(8)), out=2)
     assert d.step().switch is not None  # A's weights from host
+    b2 = d.submit("B2", 0, TokenSeq(tokens(8)), out=2)
     d.step()  # opening pass: A1 and A3 prefill
     d.step()  # one decode: A1 answered
     assert a1.finished_s is not None and b2.admitted_s is None
@@ -262,7 +265,22 @@ def sp_scenario(policy: PolicyConfig) -> tuple[Driver, Request, Request]:
 
 
 def test_with_sp_a_continuation_joins_its_models_open_slot() -> None:
+    """The session-aware order (talaria) serves B as soon as A's batch drains: a switch away
+    and back (2 us here) costs less than waiting for A's sessions' expected returns."""
     d, cont, b2 = sp_scenario(TALARIA)
+    inst = d.inst
+    assert cont.admitted_s == cont.queued_s and cont.sp_admitted
+    assert inst.counters.sp_admissions == 1
+    assert cont.reused_tokens == 8  # the two full blocks of its 10-token history
+    d.run()
+    assert cont.finished_s is not None and b2.finished_s is not None
+    assert b2.admitted_s is not None and b2.admitted_s >= cont.finished_s
+    assert "A1" in inst._in_gap and "A3" in inst._in_gap  # served while A's were away
+    assert inst.counters.model_switches == 2 and inst.counters.sp_admissions == 1
+
+
+def test_with_sp_and_round_robin_slots_an_idle_slot_lingers_for_returns() -> None:
+    d, cont, b2 = sp_scenario(POLICIES["talaria-no-slot-order"])
     inst = d.inst
     assert cont.admitted_s == cont.queued_s and cont.sp_admitted
     assert inst.counters.sp_admissions == 1
@@ -387,4 +405,85 @@ def test_tool_end_makes_a_long_announced_gap_an_imminent_return() -> None:
     expected = inst.admission.probability(since, since + 1.0, 1.0)
     assert inst.kv.sessions["s1"].priority == pytest.approx(expected, rel=1e-12)
     inst.tool_ended("nobody", since + 1.0)  # unknown sessions are ignored
+    inst.check_integrity()
+
+
+# ---------------------------------------------------------------------------- gap learning
+
+
+def learning_core() -> tuple[ClusterCore, object]:
+    from talaria.session.gaps import GapModelConfig, GapPredictor
+    from talaria.session.priors import load_tool_priors
+
+    specs = [instance_spec(TALARIA, 2, 10, 16, name="i0")]
+    config = ClusterConfig(models=(model("A"), model("B")), instances=specs)
+    learner = GapPredictor(load_tool_priors(), GapModelConfig(alpha=0.5, clip_ratio=None))
+    cc = ClusterCore(config, TALARIA, {"i0": FakeEstimator()}, learner=learner)
+    return cc, learner
+
+
+def one_call(cc: ClusterCore, sid: str, index: int, prompt: TokenSeq, now: float) -> Request:
+    inst, req, _ = cc.place(Call(sid, index, "A", prompt, 2), 2, prompt.extend(tokens(2)), now)
+    Driver(inst, now).run()
+    cc.on_finished(req)
+    return req
+
+
+def test_the_server_learns_tool_gaps_from_tool_end_and_predicts_unhinted_ones() -> None:
+    """tool_start without expected_s takes the learner's prediction for the tool; tool_end's
+    measured seconds teach it; the next tool_start of that tool expects the learned value."""
+    cc, learner = learning_core()
+    inst = cc.instances["i0"]
+    req = one_call(cc, "s", 0, TokenSeq(tokens(8)), 0.0)
+    prior = learner.predict("tests")  # type: ignore[attr-defined]
+    cc.event("s", EventKind.TOOL_START, None, 1.0, tool="tests")
+    assert inst._in_gap["s"].expected_s == prior
+    cc.event("s", EventKind.TOOL_END, None, 2.0, measured_s=prior * 4)
+    learned = learner.predict("tests")  # type: ignore[attr-defined]
+    assert learned == pytest.approx(prior * 2.0)  # log-space halfway (alpha 0.5, no clip)
+    assert learner.observations("tests") == 1  # type: ignore[attr-defined]
+    assert req.history is not None
+    one_call(cc, "s", 1, req.history.extend(tokens(2)), 3.0)
+    cc.event("s", EventKind.TOOL_START, None, 4.0, tool="tests")
+    assert inst._in_gap["s"].expected_s == pytest.approx(learned)
+    cc.check_integrity()
+
+
+def test_without_hints_the_time_to_the_next_call_is_learned_per_session() -> None:
+    cc, learner = learning_core()
+    inst = cc.instances["i0"]
+    first = one_call(cc, "s", 0, TokenSeq(tokens(8)), 0.0)
+    assert first.finished_s is not None
+    untold = learner.predict("untold")  # type: ignore[attr-defined]
+    assert inst._in_gap["s"].expected_s == untold  # the server's guess, no hint sent
+    assert first.history is not None
+    back = first.finished_s + 3.0  # the session came back 3 s after its answer
+    second = one_call(cc, "s", 1, first.history.extend(tokens(2)), back)
+    assert learner.observations("untold") == 1  # type: ignore[attr-defined]
+    assert cc.sessions["s"].gap_s == pytest.approx(3.0)
+    assert inst._in_gap["s"].expected_s == pytest.approx(3.0)  # its own history now
+    assert second.finished_s is not None
+    cc.check_integrity()
+
+
+# ---------------------------------------------------------------------------- Continuum
+
+
+def test_program_level_fcfs_admits_the_oldest_program_first() -> None:
+    """ttl-pin (Continuum): a full pool admits one call at a time; the waiting calls go by
+    their session's first arrival, not their own."""
+    ttl = POLICIES["ttl-pin"]
+    inst = core(ttl, device_blocks=6, host_blocks=0)
+    d = Driver(inst)
+    reqs = {}
+    for sid, started in (("young", 5.0), ("old", 1.0), ("middle", 3.0)):
+        call = Call(sid, 3, "A", TokenSeq(tokens(16)), 4, 4, arrival_s=d.now)
+        req = Request(call, call.prompt.extend(tokens(4)), 4, d.now, session_start_s=started)
+        inst.submit(req)  # 20 tokens each: 5 of the 6 blocks, one call at a time
+        reqs[sid] = req
+        d.now += 0.01
+    d.run()
+    admitted = sorted(reqs, key=lambda s: reqs[s].admitted_s or math.inf)
+    assert admitted == ["old", "middle", "young"]
+    assert all(r.finished_s is not None for r in reqs.values())
     inst.check_integrity()

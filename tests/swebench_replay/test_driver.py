@@ -77,7 +77,16 @@ def test_results_document_has_the_design_format(
     assert all(isinstance(m, str) for m in wl["models"])
     assert _is(wl["seed"], int) and wl["seed"] == SEED
     assert wl["arrival"] == "all"
-    assert set(results["policies"]) == {"talaria", "round"}
+    assert set(results["policies"]) == {
+        "talaria",
+        "round",
+        "talaria-no-hints",  # the same sessions without hints: the server learns the gaps
+        "isolated",
+        "model-serial",
+    }
+    assert results["policies"]["talaria-no-hints"]["hints"] is False
+    refs = {n for n, e in results["policies"].items() if e.get("reference")}
+    assert refs == {"isolated", "model-serial"}
     for name, entry in results["policies"].items():
         for key, kind in POLICY_KEYS.items():
             assert key in entry, f"{name} lacks {key}"
@@ -195,3 +204,53 @@ def test_replay_options_validation() -> None:
     for bad in (0.0, -1.0, float("nan")):
         with pytest.raises(ConfigError, match="gap_scale"):
             _options(gap_scale=bad)
+
+
+def test_references_are_computed_beside_the_policies(
+    workload: Workload, results: dict[str, Any]
+) -> None:
+    """isolated: each session alone; model-serial: the groups one after another, shortest
+    first, so the first group's sessions finish as in their group's run alone and every
+    session of a later group finishes after the whole earlier group."""
+    pol = results["policies"]
+    iso, serial = pol["isolated"], pol["model-serial"]
+    assert iso["reference_policy"] == serial["reference_policy"] == "talaria"
+    assert iso["calls"] == serial["calls"] == workload.replay.n_calls
+    assert iso["sct_p50_s"] <= serial["sct_p50_s"] and iso["sct_p95_s"] <= serial["sct_p95_s"]
+    for name in ("talaria", "round"):
+        assert pol[name]["sct_p50_over_model-serial"] == pytest.approx(
+            pol[name]["sct_p50_s"] / serial["sct_p50_s"]
+        )
+        assert pol[name]["sct_p50_over_isolated"] >= 1.0  # nothing beats a session alone
+    assert serial["sct_p50_over_model-serial"] == 1.0
+
+
+def test_model_serial_orders_groups_by_makespan(workload: Workload) -> None:
+    from swebench_replay.references import model_serial
+
+    scripts = to_scripts(workload.replay, workload.tool_table)
+    cluster = cluster_for("h200-tp8", 1)
+
+    def alone(part: Any) -> Any:
+        return simulate_scripts(part, cluster)
+
+    groups: dict[str, list[Any]] = {}
+    for sc in scripts:
+        groups.setdefault(sc.model, []).append(sc)
+    makespans = sorted((alone(g).end_s, m) for m, g in groups.items())
+    result = model_serial(scripts, alone)
+    ends = {s.session_id: s.end_s for s in result.sessions}
+    offset = 0.0
+    for makespan, model in makespans:
+        own = alone(groups[model])
+        for s in own.sessions:
+            assert ends[s.session_id] == pytest.approx(s.end_s + offset)
+        offset += makespan
+    assert result.end_s == pytest.approx(offset)
+
+
+def simulate_scripts(part: Any, cluster: Any) -> Any:
+    from swebench_replay.driver import estimators_for
+    from talaria.sim.simulator import Simulator
+
+    return Simulator(cluster, policy("talaria"), estimators_for(cluster)).run(part)
