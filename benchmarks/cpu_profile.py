@@ -1,7 +1,7 @@
 """Measure this machine for the simulator's ``cpu`` hardware profile.
 
-Writes the measured rates to ``talaria/sim/cpu_profile.json`` (or ``--json PATH``), which
-:func:`talaria.sim.hardware.load_cpu_profile` turns into a :class:`HardwareProfile`.
+Writes the measured rates to ``talaria/cost/cpu_profile.json`` (or ``--json PATH``), which
+:func:`talaria.cost.hardware.load_cpu_profile` turns into a :class:`HardwareProfile`.
 
 What is measured, on ``--threads`` cores (default 2):
 
@@ -37,7 +37,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-DEFAULT_JSON = Path(__file__).resolve().parents[1] / "talaria" / "sim" / "cpu_profile.json"
+DEFAULT_JSON = Path(__file__).resolve().parents[1] / "talaria" / "cost" / "cpu_profile.json"
 SCHEMA_VERSION = 1
 
 

@@ -16,8 +16,8 @@ model of the embedded replay, and fits these numbers:
   extra KV reads, per extra attention FLOP); batch 8 against batch 1 gives the time each
   decoding sequence adds to a step;
 
-and writes them as the ``engine`` section of ``talaria/sim/cpu_profile.json`` (``--json``),
-which :func:`talaria.sim.hardware.cpu_profile_from_dict` prefers to the raw rates. Nothing
+and writes them as the ``engine`` section of ``talaria/cost/cpu_profile.json`` (``--json``),
+which :func:`talaria.cost.hardware.cpu_profile_from_dict` prefers to the raw rates. Nothing
 here reads replay results. About 4 minutes on 2 cores (loading the models is most of it).
 """
 
@@ -42,7 +42,7 @@ from talaria.config import InstanceSpec
 from talaria.policy.baselines import POLICIES
 from talaria.types import Call, TokenSeq
 
-DEFAULT_JSON = Path(__file__).resolve().parents[1] / "talaria" / "sim" / "cpu_profile.json"
+DEFAULT_JSON = Path(__file__).resolve().parents[1] / "talaria" / "cost" / "cpu_profile.json"
 MODELS = ("smollm2-135m", "qwen2.5-0.5b-dummy", "llama-3.2-1b-dummy")
 GB = 10**9
 ATTN_BATCH = 4  # decode batch measured at two context lengths
@@ -260,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
         type=Path,
         default=DEFAULT_JSON,
         help="profile file to update: its 'engine' section is replaced (default: the shipped "
-        "talaria/sim/cpu_profile.json)",
+        "talaria/cost/cpu_profile.json)",
     )
     p.add_argument("--dry-run", action="store_true", help="measure and print, write nothing")
     p.add_argument(

@@ -32,13 +32,13 @@ from rich.progress import track
 from rich.table import Table
 
 from talaria.config import ClusterConfig
+from talaria.cost.cost_model import CostModel
+from talaria.cost.estimator import CostModelEstimator, Estimator
+from talaria.cost.hardware import profile
 from talaria.policy.baselines import POLICIES
 from talaria.runtime.cluster import ClusterCore
-from talaria.runtime.costs import CostModelEstimator, Estimator
 from talaria.runtime.instance import InstanceCore, Request
 from talaria.sim.catalog import PAPER_MODELS
-from talaria.sim.cost_model import CostModel
-from talaria.sim.hardware import profile
 from talaria.types import Call, EventKind, TokenSeq
 
 

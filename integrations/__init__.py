@@ -46,6 +46,7 @@ __all__ = [
     "TextToolCall",
     "parse_tool_calls",
     "render_tool_calls",
+    "requested_tool_names",
     "tool_calls_as_text",
 ]
 
@@ -87,6 +88,21 @@ def parse_tool_calls(
         if calls:
             return calls
     return ()
+
+
+def requested_tool_names(params: Mapping[str, Any]) -> tuple[str, ...] | None:
+    """Names of the OpenAI ``tools`` in a request's body or params; None when there are none
+    or ``tool_choice`` is "none"."""
+    tools = params.get("tools")
+    if not tools or params.get("tool_choice") == "none":
+        return None
+    names = []
+    for tool in tools:
+        function = tool.get("function") if isinstance(tool, Mapping) else None
+        name = function.get("name") if isinstance(function, Mapping) else None
+        if isinstance(name, str):
+            names.append(name)
+    return tuple(names)
 
 
 def render_tool_calls(calls: Sequence[tuple[str, Mapping[str, Any] | str]]) -> str:

@@ -15,18 +15,22 @@ from typing import Any
 
 import attrs
 
-from swebench_replay.metrics import add_ratios, check_conservation, policy_summary
+from swebench_replay.metrics import (
+    add_ratios,
+    check_conservation,
+    policy_summary,
+    results_document,
+)
 from swebench_replay.references import add_bound_ratios, reference_entries
 from swebench_replay.traces import ToolTimeTable
 from swebench_replay.workload import ReplaySet
 from talaria.config import ClusterConfig, PolicyConfig
+from talaria.cost import cluster_estimators
+from talaria.cost.estimator import Estimator
 from talaria.errors import ConfigError
 from talaria.policy.baselines import TALARIA
-from talaria.runtime.costs import CostModelEstimator, Estimator
 from talaria.session.gaps import GapPredictor
 from talaria.sim.catalog import paper_cluster
-from talaria.sim.cost_model import CostModel
-from talaria.sim.hardware import profile
 from talaria.sim.simulator import SimResult, Simulator
 from talaria.types import ScriptedCall, SessionScript
 
@@ -88,11 +92,7 @@ def cluster_for(hardware: str, n_instances: int) -> ClusterConfig:
 
 
 def estimators_for(cluster: ClusterConfig) -> dict[str, Estimator]:
-    out: dict[str, Estimator] = {}
-    for spec in cluster.instances:
-        cost = CostModel(profile(spec.hardware), spec.n_devices)
-        out[spec.name] = CostModelEstimator(cost, cluster.models_on(spec))
-    return out
+    return cluster_estimators(cluster)
 
 
 def simulate(
@@ -147,23 +147,12 @@ def run_replay(
         policies.update(reference_entries(scripts, cluster, TALARIA, _run_alone))
         add_bound_ratios(policies)
     add_ratios(policies)
-    return {
-        "substrate": options.substrate.value,
-        "hardware": options.hardware,
-        "instances": [
-            {"name": i.name, "devices": i.n_devices, "device_memory_bytes": i.device_memory_bytes}
-            for i in cluster.instances
-        ],
-        "workload": {
-            "trace": replay.trace,
-            "sessions": len(replay.sessions),
-            "calls": replay.n_calls,
-            "models": list(replay.models),
-            "seed": replay.seed,
-            "arrival": replay.arrival.describe(),
-            "tool_times_filled": replay.tool_times_filled,
-            "gap_scale": options.gap_scale,
-            "hints": options.hints,
-        },
-        "policies": policies,
-    }
+    return results_document(
+        options.substrate.value,
+        options.hardware,
+        cluster.instances,
+        replay,
+        options.gap_scale,
+        options.hints,
+        policies,
+    )

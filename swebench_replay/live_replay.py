@@ -27,20 +27,25 @@ import attrs
 import torch
 
 from swebench_replay.driver import to_scripts
-from swebench_replay.metrics import add_ratios, check_conservation, policy_summary
+from swebench_replay.metrics import (
+    add_ratios,
+    check_conservation,
+    policy_summary,
+    results_document,
+)
 from swebench_replay.traces import ToolTimeTable
 from swebench_replay.workload import ReplaySet
 from talaria.backends.embedded import EmbeddedCluster, cluster_from_loaded, load_catalog_model
 from talaria.config import InstanceSpec, PolicyConfig
+from talaria.cost import cluster_estimators
+from talaria.engine.catalog import DEFAULT_MODELS
 from talaria.engine.loader import LoadedModel
 from talaria.engine.runner import flatten_weights
 from talaria.engine.sampling import SamplingParams, StopChecker
 from talaria.errors import ConfigError, TalariaError
-from talaria.runtime.costs import CostModelEstimator, Estimator
 from talaria.runtime.instance import Request
 from talaria.runtime.live import Failed, Finished, LiveCluster, StepTiming
-from talaria.sim.cost_model import CostModel
-from talaria.sim.hardware import profile
+from talaria.session.gaps import GapPredictor
 from talaria.sim.simulator import (
     SessionRecord,
     SimResult,
@@ -51,7 +56,6 @@ from talaria.sim.simulator import (
 from talaria.types import Call, EventKind, SessionScript, TokenSeq
 
 GB = 10**9
-EMBEDDED_MODELS = ("smollm2-135m", "qwen2.5-0.5b-dummy", "llama-3.2-1b-dummy")
 
 
 @attrs.frozen
@@ -63,7 +67,7 @@ class EmbeddedOptions:
     host KV."""
 
     policies: tuple[PolicyConfig, ...]
-    models: tuple[str, ...] = EMBEDDED_MODELS
+    models: tuple[str, ...] = DEFAULT_MODELS
     device_memory_bytes: int = 3 * GB
     host_memory_bytes: int = 6 * GB
     block_size: int = 16
@@ -129,30 +133,13 @@ def run_embedded_replay(
         del cluster
         gc.collect()
     add_ratios(policies)
-    spec = options.instance()
-    return {
-        "substrate": "embedded",
-        "hardware": "cpu",
-        "instances": [
-            {"name": spec.name, "devices": 1, "device_memory_bytes": spec.device_memory_bytes}
-        ],
-        "engine": {"models": list(options.models), "dtype": str(options.dtype)},
-        "workload": {
-            "trace": replay.trace,
-            "sessions": len(replay.sessions),
-            "calls": replay.n_calls,
-            "models": list(replay.models),
-            "seed": replay.seed,
-            "arrival": replay.arrival.describe(),
-            "token_scale": replay.token_scale,
-            "tool_times_filled": replay.tool_times_filled,
-            "gap_scale": options.gap_scale,
-            "hints": options.hints,
-        },
-        "policies": policies,
-        "fidelity": fidelity,
-        "step_costs": step_costs,
-    }
+    doc = results_document(
+        "embedded", "cpu", [options.instance()], replay, options.gap_scale, options.hints, policies
+    )
+    doc["engine"] = {"models": list(options.models), "dtype": str(options.dtype)}
+    doc["fidelity"] = fidelity
+    doc["step_costs"] = step_costs
+    return doc
 
 
 def _ticker(on_progress: Progress | None, name: str) -> Callable[[int], None]:
@@ -279,11 +266,8 @@ def _simulate(
     """The same scripts through the simulator, on the same cluster configuration, priced by
     the ``cpu`` profile."""
     config = cluster.core.cluster
-    estimators: dict[str, Estimator] = {
-        i.name: CostModelEstimator(CostModel(profile(i.hardware), i.n_devices), config.models_on(i))
-        for i in config.instances
-    }
-    return Simulator(config, policy, estimators).run(scripts)
+    sim = Simulator(config, policy, cluster_estimators(config), learner=GapPredictor.default)
+    return sim.run(scripts)
 
 
 def step_breakdown(steps: Sequence[StepTiming]) -> dict[str, dict[str, float]]:

@@ -11,6 +11,8 @@ from typing import Any
 
 import numpy as np
 
+from swebench_replay.workload import ReplaySet
+from talaria.config import InstanceSpec
 from talaria.sim.simulator import CallRecord, SessionRecord, SimResult
 
 
@@ -78,6 +80,40 @@ def check_conservation(result: SimResult, expected_calls: int, tool_s: Mapping[s
             raise ValueError(f"session {s.session_id}: SCT {s.sct_s} below its tool time")
 
 
+def results_document(
+    substrate: str,
+    hardware: str,
+    instances: Sequence[InstanceSpec],
+    replay: ReplaySet,
+    gap_scale: float,
+    hints: bool,
+    policies: Mapping[str, Any],
+) -> dict[str, Any]:
+    """A replay's ``results.json`` (DESIGN.md "Results format"), shared by the simulated and
+    the real-engine replays; callers add their own sections (``engine``, ``fidelity``)."""
+    return {
+        "substrate": substrate,
+        "hardware": hardware,
+        "instances": [
+            {"name": i.name, "devices": i.n_devices, "device_memory_bytes": i.device_memory_bytes}
+            for i in instances
+        ],
+        "workload": {
+            "trace": replay.trace,
+            "sessions": len(replay.sessions),
+            "calls": replay.n_calls,
+            "models": list(replay.models),
+            "seed": replay.seed,
+            "arrival": replay.arrival.describe(),
+            "token_scale": replay.token_scale,
+            "tool_times_filled": replay.tool_times_filled,
+            "gap_scale": gap_scale,
+            "hints": hints,
+        },
+        "policies": dict(policies),
+    }
+
+
 __all__ = [
     "CallRecord",
     "SessionRecord",
@@ -85,4 +121,5 @@ __all__ = [
     "check_conservation",
     "percentile",
     "policy_summary",
+    "results_document",
 ]

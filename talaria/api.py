@@ -35,7 +35,7 @@ import torch
 
 from talaria.backends.embedded import EmbeddedCluster, build_embedded_cluster
 from talaria.config import InstanceSpec, PolicyConfig
-from talaria.engine.catalog import ENTRIES
+from talaria.engine.catalog import DEFAULT_MODELS, ENTRIES
 from talaria.engine.sampling import SamplingParams, StopChecker
 from talaria.engine.tokenizer import Tokenizer
 from talaria.errors import BadRequest, ConfigError, ShuttingDown, TalariaError, UnknownModel
@@ -45,7 +45,6 @@ from talaria.runtime.live import Delta, Failed, Finished, LiveCluster, SessionSu
 from talaria.types import EventKind, TokenSeq
 
 GB = 10**9
-DEFAULT_MODELS = ("smollm2-135m", "qwen2.5-0.5b-dummy", "llama-3.2-1b-dummy")
 DEFAULT_MAX_TOKENS = 1024
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 

@@ -29,7 +29,6 @@ EMBEDDED_SESSIONS = 12
 EMBEDDED_CALLS = 96
 EMBEDDED_TOKEN_SCALE = 1 / 8
 EMBEDDED_CONTEXT = 8192
-EMBEDDED_MODELS = ("smollm2-135m", "qwen2.5-0.5b-dummy", "llama-3.2-1b-dummy")
 
 
 def _common_workload_args(p: argparse.ArgumentParser) -> None:
@@ -221,6 +220,8 @@ def _cmd_replay(args: argparse.Namespace, console: Console) -> int:
     from swebench_replay.setup import load_workload
 
     embedded = args.substrate == "embedded"
+    from talaria.engine.catalog import DEFAULT_MODELS
+
     policies = parse_policies(args.policies or ("talaria,round" if embedded else "all"))
     if args.slot_max_s is not None:
         policies = tuple(attrs.evolve(p, slot_max_s=args.slot_max_s) for p in policies)
@@ -231,7 +232,7 @@ def _cmd_replay(args: argparse.Namespace, console: Console) -> int:
         target_calls=args.calls or (EMBEDDED_CALLS if embedded else 960),
         seed=args.seed,
         arrival=args.arrival,
-        models=EMBEDDED_MODELS if embedded else None,
+        models=DEFAULT_MODELS if embedded else None,
         max_context=EMBEDDED_CONTEXT if embedded else None,
         token_scale=args.token_scale or (EMBEDDED_TOKEN_SCALE if embedded else 1.0),
     )
@@ -329,6 +330,7 @@ def _cmd_models(args: argparse.Namespace, console: Console) -> int:
     from rich.table import Table
 
     from talaria.engine.catalog import listings
+    from talaria.sim.catalog import PAPER_MODELS
 
     table = Table(title="models", title_justify="left")
     for col in ("name", "source", "arch", "params", "bf16 GB", "KV KB/token", "from"):
@@ -336,7 +338,7 @@ def _cmd_models(args: argparse.Namespace, console: Console) -> int:
             col, justify="right" if col in ("params", "bf16 GB", "KV KB/token") else "left"
         )
     missing = False
-    for row in listings():
+    for row in listings(PAPER_MODELS):
         missing |= not row.available
         table.add_row(
             row.name if row.available else f"[red]{row.name}[/]",

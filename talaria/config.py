@@ -221,6 +221,12 @@ class PolicyConfig:
     cache_affinity_load_cap: float = attrs.field(default=2.0, validator=_positive)
     cache_affinity_abs_tokens: int = attrs.field(default=8192, validator=_positive_int)
     admission_budget_fraction: float = attrs.field(default=1.0, validator=_fraction)
+    # What the router assumes one queued or running call of a model still costs when it
+    # estimates how long that model's slot will hold the device (the slot wait of a call of
+    # another model): this many answer tokens at the batch's decode step plus a prefill of
+    # this many tokens, capped by slot_max_s per model.
+    slot_wait_output_tokens: int = attrs.field(default=100, validator=_positive_int)
+    slot_wait_prefill_tokens: int = attrs.field(default=2048, validator=_positive_int)
 
     def __attrs_post_init__(self) -> None:
         if not isinstance(self.routing, Routing):

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from benchmarks.engine_calibration import fit
+from talaria.cost.hardware import cpu_profile_from_dict, load_cpu_profile
 from talaria.errors import ConfigError
-from talaria.sim.hardware import cpu_profile_from_dict, load_cpu_profile
 
 
 def _model(weight_bytes: float, flops_per_token: float, overhead: float) -> dict[str, float]:
@@ -37,7 +37,7 @@ def test_fit_recovers_bandwidth_overhead_and_flop_rate() -> None:
 
 def test_cpu_profile_prefers_the_engine_fit(tmp_path: Path) -> None:
     shipped = json.loads(
-        (Path(__file__).resolve().parents[1] / "talaria" / "sim" / "cpu_profile.json").read_text()
+        (Path(__file__).resolve().parents[1] / "talaria" / "cost" / "cpu_profile.json").read_text()
     )
     raw = shipped["measured"]
     doc = {k: v for k, v in shipped.items() if k != "engine"}
@@ -98,7 +98,7 @@ def test_fit_recovers_kv_read_and_attention_rates() -> None:
 
 def test_cpu_profile_takes_attention_rates_from_the_fit() -> None:
     shipped = json.loads(
-        (Path(__file__).resolve().parents[1] / "talaria" / "sim" / "cpu_profile.json").read_text()
+        (Path(__file__).resolve().parents[1] / "talaria" / "cost" / "cpu_profile.json").read_text()
     )
     doc = dict(shipped)
     doc["engine"] = {

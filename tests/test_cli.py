@@ -84,7 +84,7 @@ def test_replay_options_reach_the_results(
             "--calls",
             "40",
             "--policies",
-            "round",
+            "talaria-no-slot-order",
             "--seed",
             "5",
             "--arrival",
@@ -104,6 +104,16 @@ def test_replay_options_reach_the_results(
     assert wl["arrival"] == "staggered:2"
     assert wl["gap_scale"] == 0.5
     assert wl["hints"] is False
+    # the quantum took effect (on a round-robin policy whose slots run their quantum out):
+    # 6 switches with 10 s, 3 with the default 30 s on the same replay
+    name = "talaria-no-slot-order"
+    quantum_10 = json.loads((out / "results.json").read_text())["policies"][name]
+    default = tmp_path / "default"
+    argv = ["replay", "--synthetic", "--sessions", "4", "--calls", "40", "--policies", name]
+    argv += ["--seed", "5", "--arrival", "staggered:2", "--gap-scale", "0.5", "--no-hints"]
+    assert main([*argv, "--out", str(default)]) == 0
+    quantum_30 = json.loads((default / "results.json").read_text())["policies"][name]
+    assert (quantum_10["model_switches"], quantum_30["model_switches"]) == (6, 3)
 
 
 def test_replay_unknown_policy(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

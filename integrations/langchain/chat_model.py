@@ -25,12 +25,12 @@ from langchain_core.utils import secret_from_env
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from pydantic import Field, PrivateAttr, SecretStr
 
+from integrations import requested_tool_names
 from integrations.langchain.convert import (
     ai_message,
     final_chunk,
     openai_messages,
     stream_tool_chunks,
-    tool_names,
 )
 from talaria.session import normalize_session_id, session_id_from_langchain
 
@@ -248,7 +248,7 @@ class ChatTalaria(BaseChatModel):
         metadata = run_manager.metadata if run_manager is not None else None
         sid = _session_id(kwargs, metadata, self.session_id)
         body = openai_messages(messages, self.tool_calls_as_text)
-        return _Request(body, params, sid, tool_names(params))
+        return _Request(body, params, sid, requested_tool_names(params))
 
     def _options(self, request: _Request, stream: bool) -> dict[str, Any]:
         headers = {} if request.session_id is None else {"X-Session-ID": request.session_id}

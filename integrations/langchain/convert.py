@@ -31,7 +31,6 @@ __all__ = [
     "final_chunk",
     "openai_messages",
     "stream_tool_chunks",
-    "tool_names",
     "usage_metadata",
 ]
 
@@ -45,21 +44,6 @@ def openai_messages(messages: Sequence[BaseMessage], calls_as_text: bool) -> lis
     converted = convert_to_openai_messages(list(messages), text_format="string")
     plain = [dict(m) for m in converted]
     return tool_calls_as_text(plain) if calls_as_text else plain
-
-
-def tool_names(params: Mapping[str, Any]) -> tuple[str, ...] | None:
-    """Names of the OpenAI ``tools`` in a request's params; None when there are none or
-    ``tool_choice`` is "none"."""
-    tools = params.get("tools")
-    if not tools or params.get("tool_choice") == "none":
-        return None
-    names = []
-    for tool in tools:
-        function = tool.get("function") if isinstance(tool, Mapping) else None
-        name = function.get("name") if isinstance(function, Mapping) else None
-        if isinstance(name, str):
-            names.append(name)
-    return tuple(names)
 
 
 def usage_metadata(usage: Any) -> UsageMetadata | None:

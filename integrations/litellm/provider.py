@@ -31,7 +31,7 @@ from litellm.types.utils import (
     ModelResponse,
 )
 
-from integrations import TextToolCall, parse_tool_calls, tool_calls_as_text
+from integrations import TextToolCall, parse_tool_calls, requested_tool_names, tool_calls_as_text
 from integrations.litellm.call import Answer, Call, CallError, Piece
 from integrations.litellm.embedded import DEFAULT_STARTUP_TIMEOUT_S, EmbeddedTalaria
 from integrations.litellm.errors import to_litellm_error
@@ -358,7 +358,7 @@ class TalariaLLM(CustomLLM):
             plain = tool_calls_as_text(plain)
         total, connect = self._timeouts(timeout)
         call = Call(model, plain, body, session_id, hdrs, total, connect)
-        return call, _tool_names(body)
+        return call, requested_tool_names(body)
 
     def _timeouts(self, timeout: float | httpx.Timeout | None) -> tuple[float, float]:
         total: float | None = None
@@ -465,19 +465,6 @@ def _session_and_headers(
         if isinstance(given, (str, int)) and not isinstance(given, bool) and str(given).strip():
             return normalize_session_id(str(given).strip()), hdrs
     return session_id_from_litellm({"litellm_params": litellm_params or {}}), hdrs
-
-
-def _tool_names(body: Mapping[str, Any]) -> tuple[str, ...] | None:
-    tools = body.get("tools")
-    if not tools or body.get("tool_choice") == "none":
-        return None
-    names = []
-    for tool in tools:
-        function = tool.get("function") if isinstance(tool, Mapping) else None
-        name = function.get("name") if isinstance(function, Mapping) else None
-        if isinstance(name, str):
-            names.append(name)
-    return tuple(names)
 
 
 def _parsed(text: str, tools: tuple[str, ...] | None) -> tuple[TextToolCall, ...]:

@@ -16,6 +16,7 @@ import attrs
 import torch
 
 from talaria.config import ClusterConfig, InstanceSpec, PolicyConfig
+from talaria.cost import cluster_estimators, estimator_for
 from talaria.engine.catalog import Source, entry
 from talaria.engine.kernels import optional_decode_kernel
 from talaria.engine.loader import LoadedModel, load_dummy, load_gguf, smollm2_gguf
@@ -24,11 +25,8 @@ from talaria.engine.runner import EngineRunner
 from talaria.engine.tokenizer import Tokenizer
 from talaria.errors import ConfigError
 from talaria.runtime.cluster import ClusterCore
-from talaria.runtime.costs import CostModelEstimator, Estimator
 from talaria.runtime.instance import InstanceCore
 from talaria.session.gaps import GapPredictor
-from talaria.sim.cost_model import CostModel
-from talaria.sim.hardware import profile
 
 
 @attrs.frozen
@@ -68,8 +66,7 @@ def build_embedded(
         raise ConfigError("name at least one model to serve")
     loaded = {name: load_catalog_model(name, dtype) for name in models}
     specs = [m.arch.to_spec(name, dtype, source=m.source) for name, m in loaded.items()]
-    cost = CostModel(profile(spec.hardware), spec.n_devices)
-    core = InstanceCore(spec, specs, policy, CostModelEstimator(cost, specs))
+    core = InstanceCore(spec, specs, policy, estimator_for(spec, specs))
     runner = EngineRunner(
         core,
         {name: (m.arch, m.tensors) for name, m in loaded.items()},
@@ -134,13 +131,7 @@ def cluster_from_loaded(
         raise ConfigError("name at least one model to serve")
     specs = [m.arch.to_spec(name, dtype, source=m.source) for name, m in loaded.items()]
     cluster = ClusterConfig(specs, tuple(instances))
-    estimators: dict[str, Estimator] = {
-        i.name: CostModelEstimator(
-            CostModel(profile(i.hardware), i.n_devices), cluster.models_on(i)
-        )
-        for i in cluster.instances
-    }
-    core = ClusterCore(cluster, policy, estimators, learner=GapPredictor.default())
+    core = ClusterCore(cluster, policy, cluster_estimators(cluster), learner=GapPredictor.default())
     eos = {name: tuple(m.eos_token_ids) for name, m in loaded.items()}
     kernel = optional_decode_kernel(device) if native_kernels else None
     runners = {

@@ -14,12 +14,13 @@ Nothing here downloads anything; an entry whose source is missing says how to ge
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import Any, Final
 
 import attrs
 
+from talaria.config import ModelSpec
 from talaria.engine.model import ModelArch
 from talaria.errors import UnknownModel
 
@@ -116,6 +117,11 @@ ENTRIES: Final[Mapping[str, CatalogEntry]] = MappingProxyType(
 )
 
 
+# The embedded default: SmolLM2-135M (real weights) beside two random-weight models, so that
+# switching and memory pressure are real on a CPU (``talaria serve``, the embedded replay).
+DEFAULT_MODELS: Final = ("smollm2-135m", "qwen2.5-0.5b-dummy", "llama-3.2-1b-dummy")
+
+
 def entry(name: str) -> CatalogEntry:
     try:
         return ENTRIES[name]
@@ -172,11 +178,10 @@ def _row(e: CatalogEntry, arch: ModelArch, where: str, dtype: Any) -> Listing:
     )
 
 
-def listings() -> list[Listing]:
-    """Every embedded entry (with where it comes from) and the simulator-only models."""
+def listings(simulated: Sequence[ModelSpec] = ()) -> list[Listing]:
+    """Every embedded entry (with where it comes from), then the ``simulated`` models
+    (simulator-only specs, such as ``talaria.sim.catalog.PAPER_MODELS``)."""
     import torch
-
-    from talaria.sim.catalog import PAPER_MODELS
 
     rows = []
     for e in ENTRIES.values():
@@ -184,7 +189,7 @@ def listings() -> list[Listing]:
             rows.append(_gguf_listing(e))
         else:
             rows.append(_row(e, arch_of(e), f"{e.config_source}, seed {e.seed}", torch.bfloat16))
-    for m in PAPER_MODELS:
+    for m in simulated:
         rows.append(
             Listing(
                 m.name,

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 import attrs
 
 from talaria.config import Routing
-from talaria.errors import Overloaded
+from talaria.errors import ConfigError, Overloaded
 from talaria.memory.kv import PrefixMatch
 from talaria.types import Residency
 
@@ -133,9 +133,11 @@ def route(
     elif routing is Routing.STICKY:
         last = [v.name for v in views if v.served_last]
         chosen = last[0] if last else least_loaded()
-    else:
+    elif routing is Routing.CACHE_AFFINITY:
         best = min(views, key=lambda v: (-v.match.device_tokens, v.load_tokens, v.name))
         floor = min(v.load_tokens for v in views)
         over = best.load_tokens > load_cap * floor and best.load_tokens - floor > load_abs_tokens
         chosen = least_loaded() if over or best.match.device_tokens == 0 else best.name
+    else:
+        raise ConfigError(f"unknown routing {routing!r}")
     return Decision(chosen, ests, routing)

@@ -16,10 +16,10 @@ from typing import Protocol
 import attrs
 
 from talaria.config import ClusterConfig, PolicyConfig, Routing
+from talaria.cost.estimator import Estimator
 from talaria.errors import ContextTooLong, Overloaded, UnknownSession
 from talaria.policy.gaps import GapModel
 from talaria.policy.router import Decision, InstanceView, estimate, route
-from talaria.runtime.costs import Estimator
 from talaria.runtime.instance import InstanceCore, Request
 from talaria.types import Call, EventKind, SessionId, TokenSeq
 
@@ -163,8 +163,8 @@ class ClusterCore:
                 policy.cache_affinity_load_cap,
                 policy.cache_affinity_abs_tokens,
             )
-        model, n, out = call.model, call.prompt_tokens, info.last_output
-        bounds = [(inst.bound_s(model, n, out), i) for i, inst in enumerate(candidates)]
+        model, out = call.model, info.last_output
+        bounds = [(inst.bound_s(model, out), i) for i, inst in enumerate(candidates)]
         heapq.heapify(bounds)
         exact: list[InstanceView] = []
         best = math.inf

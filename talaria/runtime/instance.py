@@ -30,6 +30,7 @@ from collections.abc import Iterable, Mapping, Sequence
 import attrs
 
 from talaria.config import InstanceSpec, ModelSpec, PolicyConfig, QueueOrder, SlotOrder
+from talaria.cost.estimator import Estimator
 from talaria.errors import ConfigError, ContextTooLong, UnknownModel
 from talaria.memory.kv import Allocation, CallKey, KVManager, MovePlan, PrefixMatch
 from talaria.memory.weights import SwitchPlan, WeightArena
@@ -37,8 +38,7 @@ from talaria.policy.admission import Admission, Reservation
 from talaria.policy.gaps import GapModel
 from talaria.policy.remaining import PRIOR_OUTPUT_TOKENS, CallCost, SessionLengths
 from talaria.policy.rounds import RoundScheduler, SlotDemand
-from talaria.policy.router import InstanceView
-from talaria.runtime.costs import Estimator
+from talaria.policy.router import InstanceView, estimate
 from talaria.types import Call, Link, Residency, SessionId, TokenSeq
 
 log = logging.getLogger(__name__)
@@ -204,7 +204,7 @@ class InstanceCore:
         self._queued_tokens: dict[str, int] = dict.fromkeys(self.models, 0)
         self._load_tokens = 0  # prompt + answer tokens of calls queued or running
         self._switch_memo: dict[str, float] = {}
-        self._bounds: dict[str, tuple[float, float]] = {}  # cleared whenever state changes
+        self._bounds: dict[str, InstanceView] = {}  # optimistic views; cleared on any change
         self._max_tokens = {m.name: self._limit(m) for m in models}
         self._opening_pass = False
         self.stage_blocks: tuple[int, ...] = ()  # device blocks lent to the current stage
@@ -273,18 +273,40 @@ class InstanceCore:
         limit = self._max_tokens.get(call.model)
         return limit is not None and call.prompt_tokens + extra_tokens <= limit
 
-    def bound_s(self, model: str, prompt_tokens: int, expected_output: int) -> float:
-        """A lower bound of the router's estimate for a call of ``model`` here: as if its
-        whole prompt were cached on device. Memoized until this instance's state changes."""
-        cached = self._bounds.get(model)
-        if cached is None:
-            est = self.estimator
-            batch = self._running_of[model] + 1
-            base = self._slot_wait_s(model) + self.switch_s(model)
-            base += (self._queued_tokens[model] + 1) / est.prefill_tok_s(model)
-            cached = (base, est.decode_step_s(model, batch, 0))
-            self._bounds[model] = cached
-        return cached[0] + expected_output * cached[1]
+    def bound_s(self, model: str, expected_output: int) -> float:
+        """A lower bound of the router's estimate for any call of ``model`` here: the
+        estimate of the optimistic view (``optimistic_view``), so it cannot exceed the exact
+        one. Memoized until this instance's state changes."""
+        view = self._bounds.get(model)
+        if view is None:
+            view = self._bounds[model] = self.optimistic_view(model)
+        return estimate(view, 0, expected_output).total_s
+
+    def optimistic_view(self, model: str) -> InstanceView:
+        """The view of a call of ``model`` that no real call can beat here: nothing to
+        compute for its prompt (every token cached on device, so no KV preparation and no
+        prefill) and decode steps at zero context; slot wait, switch and queue as they are."""
+        batch = self._running_of[model] + 1
+        match = PrefixMatch(0, 0, 0, self.kv.tpb(model))
+        return self._view(model, match, self.estimator.decode_step_s(model, batch, 0), False)
+
+    def _view(
+        self, model: str, match: PrefixMatch, decode_step_s: float, served_last: bool
+    ) -> InstanceView:
+        est = self.estimator
+        return InstanceView(
+            name=self.spec.name,
+            residency=self.arena.residency(model),
+            slot_wait_s=self._slot_wait_s(model),
+            switch_s=self.switch_s(model),
+            queue_s=self._queued_tokens[model] / est.prefill_tok_s(model),
+            match=match,
+            prefill_tok_s=est.prefill_tok_s(model),
+            restore_tok_s=est.restore_tok_s(model),
+            decode_step_s=decode_step_s,
+            load_tokens=self._load_tokens,
+            served_last=served_last,
+        )
 
     def check_fits(self, call: Call, extra_tokens: int) -> None:
         """Raise ``ContextTooLong`` if the call could never fit this instance's KV pool."""
@@ -448,33 +470,13 @@ class InstanceCore:
         self._switch_memo[model] = value
         return value
 
-    def view(self, call: Call, now: float, served_last: bool, exact: bool = True) -> InstanceView:
-        """What the router needs to rank this instance for ``call`` (no mutation).
-
-        ``exact=False`` skips the prefix lookup and reports the whole prompt as cached on
-        device: the estimate is then a lower bound, which the router uses to prune.
-        """
+    def view(self, call: Call, now: float, served_last: bool) -> InstanceView:
+        """What the router needs to rank this instance for ``call`` (no mutation)."""
         model = call.model
-        est = self.estimator
         batch = self._running_of[model] + 1
-        if exact:
-            match = self.kv.match(model, call.tenant, call.prompt)
-        else:
-            n = call.prompt_tokens
-            match = PrefixMatch(n, n, 0, self.kv.tpb(model))
-        return InstanceView(
-            name=self.spec.name,
-            residency=self.arena.residency(model),
-            slot_wait_s=self._slot_wait_s(model),
-            switch_s=self.switch_s(model),
-            queue_s=self._queued_tokens[model] / est.prefill_tok_s(model),
-            match=match,
-            prefill_tok_s=est.prefill_tok_s(model),
-            restore_tok_s=est.restore_tok_s(model),
-            decode_step_s=est.decode_step_s(model, batch, batch * call.prompt_tokens),
-            load_tokens=self._load_tokens,
-            served_last=served_last,
-        )
+        match = self.kv.match(model, call.tenant, call.prompt)
+        step = self.estimator.decode_step_s(model, batch, batch * call.prompt_tokens)
+        return self._view(model, match, step, served_last)
 
     def _slot_wait_s(self, model: str) -> float:
         """Expected seconds until ``model``'s slot admits: the rest of the current slot,
@@ -491,12 +493,16 @@ class InstanceCore:
         return wait
 
     def _work_s(self, model: str) -> float:
+        """Seconds ``model``'s slot is expected to hold the device for its queued and running
+        calls (the policy's ``slot_wait_*`` assumption per call, capped by the quantum)."""
         est = self.estimator
         calls = len(self.waiting[model]) + self._running_of[model]
         if calls == 0:
             return 0.0
-        per_call = est.decode_step_s(model, calls, 0) * 100 + 2048 / est.prefill_tok_s(model)
-        return min(self.policy.slot_max_s, per_call)
+        p = self.policy
+        per_call = est.decode_step_s(model, calls, 0) * p.slot_wait_output_tokens
+        per_call += p.slot_wait_prefill_tokens / est.prefill_tok_s(model)
+        return min(p.slot_max_s, per_call)
 
     # ------------------------------------------------------------------ scheduling
     def schedule(self, now: float) -> Schedule:

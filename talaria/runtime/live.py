@@ -38,6 +38,7 @@ import torch
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from talaria.clock import Clock, WallClock
+from talaria.cost.estimator import Estimator
 from talaria.engine.runner import EngineRunner, Executed
 from talaria.engine.sampling import SamplingParams, StopChecker, make_generator, sample_row
 from talaria.errors import (
@@ -50,7 +51,6 @@ from talaria.errors import (
 from talaria.memory.kv import CallKey
 from talaria.policy.gaps import check_hint_s
 from talaria.runtime.cluster import ClusterCore
-from talaria.runtime.costs import Estimator
 from talaria.runtime.instance import Request, Schedule
 from talaria.types import Call, EventKind, SessionId, TokenSeq
 

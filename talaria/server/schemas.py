@@ -15,10 +15,11 @@ from typing import Any, Literal, Protocol
 import attrs
 from pydantic import BaseModel, ConfigDict, Field
 
+from talaria.errors import BadRequest
 from talaria.server.errors import HttpError, bad_request
+from talaria.session import ids
 
 MAX_STOP = 16  # stop strings per request
-MAX_SESSION_ID = 256  # characters
 Role = Literal["system", "developer", "user", "assistant", "tool", "function"]
 
 
@@ -199,18 +200,14 @@ class EventRequest(StrictModel):
 
 
 def check_session_id(value: str, source: str) -> str:
-    """Return ``value`` if it is a usable session id (1..256 printable ASCII characters, no
-    spaces); raise ``HttpError`` (400) naming ``source`` otherwise."""
-    ok = 0 < len(value) <= MAX_SESSION_ID and all(33 <= ord(c) <= 126 for c in value)
-    if not ok:
+    """Return ``value`` if it is a usable session id (``talaria.session.ids``' rule: 1..256
+    printable ASCII characters, no spaces); raise ``HttpError`` (400) naming ``source``."""
+    try:
+        return ids.check_session_id(value)
+    except BadRequest as exc:
         raise HttpError(
-            400,
-            f"{source} must be 1 to {MAX_SESSION_ID} printable ASCII characters without "
-            f"spaces, got {value[:40]!r}.",
-            code="invalid_session_id",
-            param="session_id",
-        )
-    return value
+            400, f"{source}: {exc}.", code="invalid_session_id", param="session_id"
+        ) from None
 
 
 # --- response shapes -------------------------------------------------------------------------

@@ -23,7 +23,7 @@ from typing import Any, Final, cast
 import attrs
 
 from talaria.config import ClusterConfig, ModelSpec
-from talaria.sim.hardware import profile
+from talaria.cost.hardware import profile
 
 
 @attrs.frozen

@@ -24,11 +24,11 @@ from collections.abc import Callable, Mapping, Sequence
 import attrs
 
 from talaria.config import ClusterConfig, PolicyConfig
+from talaria.cost.estimator import Estimator
 from talaria.errors import TalariaError
 from talaria.memory.kv import MovePlan
 from talaria.policy.gaps import GapModel
 from talaria.runtime.cluster import ClusterCore, GapLearner
-from talaria.runtime.costs import Estimator
 from talaria.runtime.instance import InstanceCore, Request, StepPlan
 from talaria.types import Call, EventKind, SessionScript
 

@@ -5,6 +5,7 @@ import pytest
 from talaria.cli import main
 from talaria.engine.catalog import ENTRIES, Source, arch_of, entry, listings
 from talaria.errors import UnknownModel
+from talaria.sim.catalog import PAPER_MODELS
 
 
 def test_dummy_entries_have_their_published_parameter_counts() -> None:
@@ -14,7 +15,7 @@ def test_dummy_entries_have_their_published_parameter_counts() -> None:
 
 
 def test_listing_finds_the_smollm2_gguf_and_reads_its_shape() -> None:
-    rows = {r.name: r for r in listings()}
+    rows = {r.name: r for r in listings(PAPER_MODELS)}
     smol = rows["smollm2-135m"]
     assert smol.available and smol.where.endswith("SmolLM2-135M-Instruct.Q4_1.gguf")
     assert (smol.architecture, smol.params) == ("llama", 134_515_008)

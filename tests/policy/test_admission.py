@@ -100,7 +100,9 @@ def test_expire_when_the_return_probability_decays() -> None:
     res = adm.offer("s", "m", 8, now=0.0, expected_gap_s=0.1)
     assert res is not None
     assert adm.expire(5.0) == []
-    assert 5.0 < res.deadline_s <= 10.0  # when P(back within the horizon) falls below 0.05
+    # when P(back within the horizon) falls below 0.05: 9.1655 s (bisection to 1e-9)
+    assert res.deadline_s == pytest.approx(9.16545909, rel=1e-8)
+    assert adm.gaps.prob_back_within(res.deadline_s, 0.1, 0.1) == pytest.approx(0.05, rel=1e-8)
     assert adm.expire(10.0) == [res]
 
 

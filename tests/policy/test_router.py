@@ -275,3 +275,10 @@ def test_every_rule_picks_a_candidate_and_talaria_picks_the_minimum(
     assert d.instance in {v.name for v in vs} and len(d.estimates) == len(vs)
     if routing is Routing.EXPECTED_COMPLETION:
         assert d.chosen.total_s == min(e.total_s for e in d.estimates)
+
+
+def test_an_unknown_routing_is_refused_not_treated_as_cache_affinity() -> None:
+    from talaria.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="unknown routing"):
+        route([view("a")], "cache-affinity", 0, 10)  # type: ignore[arg-type]

@@ -487,3 +487,51 @@ def test_program_level_fcfs_admits_the_oldest_program_first() -> None:
     assert admitted == ["old", "middle", "young"]
     assert all(r.finished_s is not None for r in reqs.values())
     inst.check_integrity()
+
+
+# ---------------------------------------------------------------------------- routing bound
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from talaria.policy.router import estimate  # noqa: E402
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    calls=st.lists(
+        st.tuples(st.sampled_from("AB"), st.integers(1, 8), st.integers(1, 6), st.integers(0, 3)),
+        min_size=1,
+        max_size=8,
+    ),
+    probe=st.tuples(st.sampled_from("AB"), st.integers(1, 24), st.integers(1, 40)),
+    known=st.integers(0, 30),
+    reuse=st.booleans(),
+)
+def test_the_routing_bound_never_exceeds_the_exact_estimate(
+    calls: list[tuple[str, int, int, int]], probe: tuple[str, int, int], known: int, reuse: bool
+) -> None:
+    """Whatever the instances hold (queued, running, finished and cached sessions), the
+    optimistic view's estimate is at most the exact estimate of any call: the pruning search
+    can never skip the best instance."""
+    cc = cluster_core()
+    prompts = []
+    for i, (m, n, out, steps) in enumerate(calls):
+        prompt = TokenSeq(tokens(4 * n))  # whole blocks: a finished prompt is cached in full
+        prompts.append((m, prompt))
+        inst, _, _ = cc.place(Call(f"s{i}", 0, m, prompt, out), out, None, float(i))
+        for _ in range(steps):
+            sched = inst.schedule(float(i))
+            if sched.switch is not None:
+                inst.switch_done(sched.switch.model, float(i))
+            elif sched.step is not None:
+                inst.complete_step(sched.step, float(i), 1)
+    model, n, out = probe
+    prompt = TokenSeq(tokens(n))
+    if reuse:  # a prompt some instance may hold in full: nothing left to prefill
+        model, prompt = prompts[0]
+    call = Call("probe", 0, model, prompt, out)
+    for inst in cc.instances.values():
+        exact = estimate(inst.view(call, 9.0, False), known, out).total_s
+        assert inst.bound_s(model, out) <= exact + 1e-12
+    cc.check_integrity()

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from talaria.config import GB
+from talaria.cost.hardware import profile
 from talaria.errors import ConfigError
 from talaria.sim.catalog import PAPER_MODELS, PAPER_SHAPES, paper_cluster, param_counts
-from talaria.sim.hardware import profile
 
 BY_NAME = {m.name: m for m in PAPER_MODELS}
 QWEN = BY_NAME["Qwen/Qwen3-235B-A22B"]

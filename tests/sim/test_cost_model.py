@@ -13,16 +13,16 @@ import attrs
 import pytest
 
 from talaria.config import ModelSpec
-from talaria.errors import BadRequest, ConfigError
-from talaria.sim.cost_model import CostModel, shared_params_estimate
-from talaria.sim.hardware import (
+from talaria.cost.cost_model import CostModel, shared_params_estimate
+from talaria.cost.hardware import (
     NUMERIC_FIELDS,
-    PROFILES,
     HardwareProfile,
     cpu_profile_from_dict,
     load_cpu_profile,
     profile,
+    profiles,
 )
+from talaria.errors import BadRequest, ConfigError
 from talaria.types import Link
 
 
@@ -113,10 +113,10 @@ def test_profile_requires_a_source_for_every_number() -> None:
 
 
 def test_profiles_mapping_is_read_only_and_lookup_names_known_profiles() -> None:
-    assert set(PROFILES) == {"h200-tp8", "cpu"}
-    assert profile("h200-tp8") is PROFILES["h200-tp8"]
+    assert set(profiles()) == {"h200-tp8", "cpu"}
+    assert profile("h200-tp8") is profiles()["h200-tp8"]
     with pytest.raises(TypeError):
-        PROFILES["x"] = make_hw()  # type: ignore[index]
+        profiles()["x"] = make_hw()  # type: ignore[index]
     with pytest.raises(ConfigError, match=r"known profiles: \['cpu', 'h200-tp8'\]"):
         profile("a100")
 

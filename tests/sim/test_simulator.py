@@ -16,13 +16,12 @@ import attrs
 import pytest
 
 from talaria.config import ClusterConfig, InstanceSpec, ModelSpec, PolicyConfig
+from talaria.cost import cluster_estimators
+from talaria.cost.estimator import Estimator
 from talaria.policy.baselines import POLICIES
 from talaria.runtime.cluster import ClusterCore
-from talaria.runtime.costs import CostModelEstimator, Estimator
 from talaria.sim import simulator
 from talaria.sim.catalog import paper_cluster
-from talaria.sim.cost_model import CostModel
-from talaria.sim.hardware import profile
 from talaria.sim.simulator import SimResult, Simulator, _Run
 from talaria.types import ScriptedCall, SessionScript, TokenSeq
 from tests.helpers import RoundNumberEstimator as FakeEstimator
@@ -223,12 +222,7 @@ def test_counters_are_consistent_with_the_records() -> None:
 
 
 def paper_estimators(cluster: ClusterConfig) -> dict[str, Estimator]:
-    return {
-        spec.name: CostModelEstimator(
-            CostModel(profile(spec.hardware), spec.n_devices), cluster.models_on(spec)
-        )
-        for spec in cluster.instances
-    }
+    return cluster_estimators(cluster)
 
 
 def paper_workload(cluster: ClusterConfig) -> list[SessionScript]:

@@ -100,7 +100,7 @@ def test_results_document_has_the_design_format(
 
 def test_every_call_answered_once(workload: Workload, results: dict[str, Any]) -> None:
     n_calls = workload.replay.n_calls
-    assert 40 <= n_calls <= 60
+    assert n_calls == TARGET_CALLS == 50
     for entry in results["policies"].values():
         assert entry["calls"] == n_calls == results["workload"]["calls"]
         assert entry["sessions"] == N_SESSIONS

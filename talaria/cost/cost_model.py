@@ -1,7 +1,7 @@
 """Roofline cost model: seconds for engine iterations and copies on one instance.
 
 An instance is a tensor-parallel group of ``n_devices`` devices of one
-:class:`~talaria.sim.hardware.HardwareProfile`. Everything here is pure and deterministic:
+:class:`~talaria.cost.hardware.HardwareProfile`. Everything here is pure and deterministic:
 the same arguments give the same seconds, and nothing is tuned here (efficiency factors
 come from the profile).
 
@@ -46,8 +46,8 @@ from typing import Final
 import attrs
 
 from talaria.config import ModelSpec
+from talaria.cost.hardware import HardwareProfile
 from talaria.errors import BadRequest, ConfigError
-from talaria.sim.hardware import HardwareProfile
 from talaria.types import Link
 
 ACTIVATION_BYTES: Final = 2

@@ -1,7 +1,7 @@
 """What an instance core needs to know about time: the ``Estimator`` protocol.
 
 The simulator prices steps and copies with it; the router ranks placements with its rates.
-``CostModelEstimator`` implements it with the roofline cost model of ``talaria.sim`` for
+``CostModelEstimator`` implements it with the roofline cost model of ``talaria.cost`` for
 one instance (a hardware profile and a tensor-parallel degree); a live runtime uses the same
 class with a profile measured on its own hardware.
 """
@@ -12,8 +12,8 @@ from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from talaria.config import ModelSpec
+from talaria.cost.cost_model import CostModel
 from talaria.errors import UnknownModel
-from talaria.sim.cost_model import CostModel
 from talaria.types import Link
 
 # Typical shape used to turn step costs into per-token rates for routing estimates.
@@ -45,7 +45,7 @@ class Estimator(Protocol):
 
 
 class CostModelEstimator:
-    """``Estimator`` backed by ``talaria.sim.cost_model.CostModel``."""
+    """``Estimator`` backed by ``talaria.cost.cost_model.CostModel``."""
 
     def __init__(self, cost: CostModel, models: Sequence[ModelSpec]) -> None:
         self.cost = cost

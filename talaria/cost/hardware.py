@@ -3,13 +3,13 @@
 A :class:`HardwareProfile` describes ONE server: its devices (per-device memory, HBM bandwidth,
 dense bf16 FLOP/s, interconnect and host-link bandwidth), its host memory and disk, and the
 efficiency factors that turn datasheet peaks into achieved rates. The cost model
-(:mod:`talaria.sim.cost_model`) reads the factors from here and never tunes them itself.
+(:mod:`talaria.cost.cost_model`) reads the factors from here and never tunes them itself.
 
 Units are in the field names: ``_bytes``, ``_Bps`` (bytes per second), ``_s`` (seconds);
 ``peak_flops_bf16`` is FLOP/s. Every numeric field must be named by at least one entry of
 ``sources`` (``"<field>: <where the number comes from>"``); construction fails otherwise.
 
-Two profiles ship in :data:`PROFILES`:
+Two profiles ship (:func:`profiles`):
 
 - ``h200-tp8``: one 8 x H200 SXM server (DGX/HGX H200), datasheet numbers plus conservative,
   cited efficiency factors;
@@ -19,6 +19,7 @@ Two profiles ship in :data:`PROFILES`:
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Iterable, Mapping
@@ -453,10 +454,10 @@ def _cpu_sources(where: str, fp32_flops: float, engine: str | None = None) -> tu
 
 
 def load_cpu_profile(path: Path | None = None) -> HardwareProfile:
-    """Read a ``cpu_profile.json`` (default: the one shipped in ``talaria.sim``)."""
+    """Read a ``cpu_profile.json`` (default: the one shipped in ``talaria.cost``)."""
     if path is None:
-        resource = resources.files("talaria.sim").joinpath(CPU_PROFILE_FILE)
-        origin, text = f"talaria/sim/{CPU_PROFILE_FILE}", resource.read_text(encoding="utf-8")
+        resource = resources.files("talaria.cost").joinpath(CPU_PROFILE_FILE)
+        origin, text = f"talaria/cost/{CPU_PROFILE_FILE}", resource.read_text(encoding="utf-8")
     else:
         origin, text = str(path), Path(path).read_text(encoding="utf-8")
     try:
@@ -468,17 +469,19 @@ def load_cpu_profile(path: Path | None = None) -> HardwareProfile:
     return cpu_profile_from_dict(doc, origin)
 
 
-PROFILES: Final[Mapping[str, HardwareProfile]] = MappingProxyType(
-    {p.name: p for p in (_h200_tp8(), load_cpu_profile())}
-)
-"""Known profiles by name (read-only)."""
+@functools.cache
+def profiles() -> Mapping[str, HardwareProfile]:
+    """Known profiles by name (read-only), read on first use (the ``cpu`` profile's file is
+    only read when a profile is first asked for, never at import)."""
+    return MappingProxyType({p.name: p for p in (_h200_tp8(), load_cpu_profile())})
 
 
 def profile(name: str) -> HardwareProfile:
     """The profile called ``name``; ConfigError listing the known names otherwise."""
+    known = profiles()
     try:
-        return PROFILES[name]
+        return known[name]
     except KeyError:
         raise ConfigError(
-            f"unknown hardware profile {name!r}; known profiles: {sorted(PROFILES)}"
+            f"unknown hardware profile {name!r}; known profiles: {sorted(known)}"
         ) from None

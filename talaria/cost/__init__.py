@@ -1,0 +1,41 @@
+"""The cost model: one place that prices a schedule, for the router's estimates (live and
+simulated alike) and the simulator's clock.
+
+* ``hardware.py``: hardware profiles with the source of every number, loaded on first use.
+* ``cost_model.py``: the roofline ``CostModel`` (engine steps, weight and KV copies).
+* ``estimator.py``: the ``Estimator`` protocol an instance core reasons with, and
+  ``CostModelEstimator``, its cost-model implementation.
+
+Imports nothing above it (no runtime, no simulator, no torch).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from talaria.config import ClusterConfig, InstanceSpec, ModelSpec
+from talaria.cost.cost_model import CostModel
+from talaria.cost.estimator import CostModelEstimator, Estimator
+from talaria.cost.hardware import HardwareProfile, profile, profiles
+
+__all__ = [
+    "CostModel",
+    "CostModelEstimator",
+    "Estimator",
+    "HardwareProfile",
+    "cluster_estimators",
+    "estimator_for",
+    "profile",
+    "profiles",
+]
+
+
+def estimator_for(spec: InstanceSpec, models: Sequence[ModelSpec]) -> CostModelEstimator:
+    """The cost-model estimator of one instance: its hardware profile, its tensor-parallel
+    degree, the models it serves."""
+    return CostModelEstimator(CostModel(profile(spec.hardware), spec.n_devices), models)
+
+
+def cluster_estimators(cluster: ClusterConfig) -> dict[str, Estimator]:
+    """``estimator_for`` every instance of ``cluster``, by instance name."""
+    return {i.name: estimator_for(i, cluster.models_on(i)) for i in cluster.instances}

@@ -1,0 +1,88 @@
+"""The package import graph (DESIGN.md: imports point down the picture, never back up).
+
+Read from the source with ``ast`` (module-level and function-level imports alike), so the
+test sees every dependency, lazy ones included."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1] / "talaria"
+# The one cycle left: engine.runner reads the instance core's plan types and runtime.live
+# drives the engine runner directly. Issue 13's substrate boundary removes it; when it goes,
+# this set must shrink (the test fails on a stale entry too).
+KNOWN_CYCLES = {frozenset({"engine", "runtime"})}
+TORCH_FREE = ("policy", "memory", "cost", "sim", "config", "types", "clock", "errors")
+
+
+def _subpackage(path: Path) -> str:
+    rel = path.relative_to(ROOT)
+    return rel.parts[0].removesuffix(".py")
+
+
+def _imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out.add(node.module)
+    return out
+
+
+def _graph() -> tuple[dict[str, set[str]], dict[str, set[str]]]:
+    edges: dict[str, set[str]] = {}
+    external: dict[str, set[str]] = {}
+    for path in ROOT.rglob("*.py"):
+        pkg = _subpackage(path)
+        for mod in _imports(path):
+            top, _, rest = mod.partition(".")
+            if top == "talaria" and rest:
+                dep = rest.split(".")[0]
+                if dep != pkg:
+                    edges.setdefault(pkg, set()).add(dep)
+            else:
+                external.setdefault(pkg, set()).add(top)
+    return edges, external
+
+
+def _cycles(edges: dict[str, set[str]]) -> set[frozenset[str]]:
+    """Pairs of subpackages that reach each other (the strongly connected pairs)."""
+
+    def reach(a: str) -> set[str]:
+        seen, todo = set(), [a]
+        while todo:
+            for b in edges.get(todo.pop(), ()):
+                if b not in seen:
+                    seen.add(b)
+                    todo.append(b)
+        return seen
+
+    closure = {a: reach(a) for a in edges}
+    return {
+        frozenset({a, b})
+        for a in closure
+        for b in closure[a]
+        if a != b and a in closure.get(b, set())
+    }
+
+
+def test_no_import_cycle_between_subpackages_but_the_known_one() -> None:
+    edges, _ = _graph()
+    assert _cycles(edges) == KNOWN_CYCLES
+
+
+def test_pure_layers_import_no_torch() -> None:
+    _, external = _graph()
+    for pkg in TORCH_FREE:
+        assert "torch" not in external.get(pkg, set()), f"talaria.{pkg} imports torch"
+
+
+def test_the_cost_model_stands_alone() -> None:
+    """``talaria.cost`` is imported by the simulator and the runtime alike; it imports
+    neither (nor the engine)."""
+    edges, _ = _graph()
+    assert edges["cost"] <= {"config", "errors", "types"}
+    assert "sim" not in edges["runtime"]
