@@ -1,32 +1,15 @@
-"""The substrate protocol: what executes one instance's decisions.
+"""The substrate protocol, where the layout of DESIGN.md puts it.
 
-An instance's decisions come from its :class:`~talaria.runtime.instance.InstanceCore`
-(routing happens above it, in the cluster core). A substrate executes them: the embedded
-PyTorch engine runs them on tensors (:mod:`talaria.backends.embedded`); vLLM engines will
-take them where users have GPUs. The simulator executes the same decisions in virtual time
-with the cost model, driving the core directly from its event loop.
-
-Contract: ``step(now)`` performs one action the core schedules (KV moves, a weight switch or
-stage, one batched forward) and returns the calls that finished in it; a finished call's
-generated ids are then available once from ``take_output``. Not thread-safe: one task drives
-a substrate.
+The protocol itself is :class:`talaria.runtime.substrate.Substrate`: the three phases the
+live loop calls (``plan`` on the event loop, ``execute`` on a worker thread, ``commit`` on the
+event loop), ``prepare`` to announce a call, and its outputs. It lives beside the loop that
+calls it so that the runtime never imports a backend; backends implement it structurally
+(the embedded engine's :class:`~talaria.engine.runner.EngineRunner`; vLLM engines next).
+The simulator executes the same decisions in virtual time, driving the core directly.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+from talaria.runtime.substrate import Substrate
 
-from talaria.memory.kv import CallKey
-from talaria.runtime.instance import InstanceCore, Request
-
-
-class Substrate(Protocol):
-    @property
-    def core(self) -> InstanceCore: ...
-
-    @property
-    def idle(self) -> bool: ...
-
-    def step(self, now: float) -> list[Request]: ...
-
-    def take_output(self, key: CallKey) -> tuple[int, ...]: ...
+__all__ = ["Substrate"]

@@ -35,8 +35,8 @@ Not thread-safe: one task drives a runner.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Collection, Iterable, Mapping
-from typing import Final
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Final
 
 import attrs
 import torch
@@ -44,25 +44,22 @@ import torch
 from talaria.engine.kernels import DecodeKernel
 from talaria.engine.kv_pool import KVPool, PagedKV
 from talaria.engine.model import BatchInput, LlamaModel, ModelArch, SeqInput, bind_weights
+from talaria.engine.sampling import make_generator, sample_row
 from talaria.engine.staging import BackgroundCopy
 from talaria.errors import BadRequest, ConfigError
+from talaria.generation import SamplingParams
 from talaria.memory.kv import CallKey
 from talaria.memory.weights import SwitchPlan
-from talaria.runtime.instance import InstanceCore, Request, Schedule, StepPlan
+from talaria.schedule import Executed, Request, Schedule, StepPlan
 from talaria.types import Call, KVTier, Link
+
+if TYPE_CHECKING:  # the core drives this runner; the runner needs only its interface
+    from talaria.runtime.instance import InstanceCore
 
 Sampler = Callable[[torch.Tensor, Request], int]
 """Picks the next token from one sequence's logits ``[vocab]`` (default: greedy argmax)."""
 
 _MAX_IDLE_STEPS: Final = 100_000
-
-
-@attrs.frozen
-class Executed:
-    """What ``EngineRunner.execute`` did: the tokens it sampled, one per sequence whose
-    prompt is complete, in step order (already appended to ``EngineRunner.outputs``)."""
-
-    sampled: tuple[tuple[Request, int], ...]
 
 
 def flatten_weights(
@@ -85,6 +82,16 @@ def flatten_weights(
 def greedy(logits: torch.Tensor, _req: Request) -> int:
     """The most likely token (the first on ties, as ``torch.argmax``)."""
     return int(torch.argmax(logits))
+
+
+@attrs.define
+class _CallSampling:
+    """How one prepared call draws its tokens (see ``EngineRunner.prepare``)."""
+
+    params: SamplingParams
+    generator: torch.Generator | None
+    vocab_limit: int | None
+    forced: tuple[int, ...] | None
 
 
 class EngineRunner:
@@ -122,6 +129,7 @@ class EngineRunner:
         self.dtype = dtype
         self.device = torch.device(device)
         self.sample: Sampler = sample or greedy
+        self._sampling: dict[CallKey, _CallSampling] = {}
         self.decode_kernel = decode_kernel
         self.eos = {m: frozenset(ids) for m, ids in (eos_token_ids or {}).items()}
         self.archs = {name: arch for name, (arch, _) in models.items()}
@@ -209,12 +217,48 @@ class EngineRunner:
     def take_output(self, key: CallKey) -> tuple[int, ...]:
         """The ids a finished call generated (forgotten afterwards)."""
         self._prompts.pop(key, None)
+        self._sampling.pop(key, None)
         return tuple(self.outputs.pop(key))
 
     def forget(self, key: CallKey) -> None:
         """Drop what this runner keeps for a call that was aborted."""
         self._prompts.pop(key, None)
+        self._sampling.pop(key, None)
         self.outputs.pop(key, None)
+
+    def vocab_size(self, model: str) -> int | None:
+        """Token ids ``model`` accepts here (None: not served by this runner)."""
+        arch = self.archs.get(model)
+        return arch.vocab_size if arch is not None else None
+
+    def prepare(
+        self,
+        key: CallKey,
+        params: SamplingParams,
+        vocab_limit: int | None = None,
+        forced: Sequence[int] | None = None,
+    ) -> None:
+        """Announce a call the core was given (the substrate protocol): its tokens are drawn
+        with ``params`` (its own seeded generator; ids below ``vocab_limit`` only), or are
+        exactly ``forced`` (a replay), one per step. Without ``prepare`` a call samples with
+        the runner's ``sample`` (greedy by default)."""
+        generator = None if params.greedy else make_generator(params, self.device)
+        pinned = tuple(forced) if forced is not None else None
+        self._sampling[key] = _CallSampling(params, generator, vocab_limit, pinned)
+        self.outputs.setdefault(key, [])
+
+    def _draw(self, logits: torch.Tensor, req: Request) -> int:
+        """The next token of ``req`` from its last row of logits."""
+        how = self._sampling.get(req.key)
+        if how is None:
+            return self.sample(logits, req)
+        if how.forced is not None:
+            return how.forced[len(self.outputs[req.key])]
+        if how.vocab_limit is not None and how.vocab_limit < logits.shape[-1]:
+            logits = logits[: how.vocab_limit]
+        if how.params.greedy or how.generator is None:
+            return int(torch.argmax(logits))
+        return int(sample_row(logits.float(), how.params, how.generator))
 
     @property
     def idle(self) -> bool:
@@ -414,7 +458,7 @@ class EngineRunner:
         tokens: list[tuple[Request, int]] = []
         for last, rows in zip(sampled, batch.split(logits), strict=True):
             if last is not None:
-                token = self.sample(rows[-1], last)
+                token = self._draw(rows[-1], last)
                 self.outputs[last.key].append(token)
                 tokens.append((last, token))
         return Executed(tuple(tokens))

@@ -25,7 +25,7 @@ from __future__ import annotations
 import collections
 import logging
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 
 import attrs
 
@@ -39,7 +39,11 @@ from talaria.policy.gaps import GapModel
 from talaria.policy.remaining import PRIOR_OUTPUT_TOKENS, CallCost, SessionLengths
 from talaria.policy.rounds import RoundScheduler, SlotDemand
 from talaria.policy.router import InstanceView, estimate
-from talaria.types import Call, Link, Residency, SessionId, TokenSeq
+from talaria.schedule import Request, Schedule, StepPlan
+from talaria.types import Call, Link, Residency, SessionId
+
+# the plan types live in talaria.schedule (below the substrates); re-exported here
+__all__ = ["InstanceCore", "InstanceCounters", "Request", "Schedule", "StepPlan"]
 
 log = logging.getLogger(__name__)
 
@@ -47,102 +51,6 @@ STAGE_HEADROOM = 0.05  # of the KV pool kept free when lending blocks to weight 
 MIN_STAGE_SHARE = 0.1  # of a model's weights: a smaller partial stage is not started
 RECENT_FINISHED = 4096  # finished calls an instance core remembers
 HOST_WEIGHT_SHARE = 0.65  # of host memory, at most, for weight copies when not all fit
-
-
-@attrs.define(eq=False)
-class Request:
-    """A call inside an instance: computed tokens catching up with known tokens."""
-
-    call: Call
-    history: TokenSeq | None  # prompt + answer when known in advance (replay); else built
-    target_output: int  # tokens to generate
-    queued_s: float
-    known_tokens: int = 0  # tokens of this prompt the session had computed before
-    admitted_s: float | None = None
-    first_token_s: float | None = None
-    finished_s: float | None = None
-    computed: int = 0  # prompt tokens whose KV exists
-    generated: int = 0
-    reused_tokens: int = 0
-    restored_tokens: int = 0
-    recomputed_tokens: int = 0
-    sp_admitted: bool = False
-    error: str | None = None
-    blocks: tuple[int, ...] = ()  # device block table in token order, set at admission
-    stopped: bool = False  # ended early (end-of-sequence); see ``InstanceCore.stop``
-    session_start_s: float | None = None  # its session's first call (program-level FCFS)
-
-    @property
-    def program_s(self) -> float:
-        """When the call's session (program) started: its own arrival if not known."""
-        return self.session_start_s if self.session_start_s is not None else self.call.arrival_s
-
-    @property
-    def key(self) -> CallKey:
-        return self.call.key
-
-    @property
-    def prompt_len(self) -> int:
-        return self.call.prompt_tokens
-
-    @property
-    def prefilling(self) -> bool:
-        return self.computed < self.prompt_len
-
-    @property
-    def done(self) -> bool:
-        return self.stopped or self.generated >= self.target_output
-
-
-@attrs.frozen
-class StepPlan:
-    """One engine iteration: prefill chunks ``(key, n_tokens, start)`` and decodes.
-
-    ``repeat`` is how many identical decode-only steps may run back to back (the simulator
-    fast-forwards; an engine runs one). ``kv_moves`` run before the step.
-    """
-
-    model: str
-    prefill: tuple[tuple[CallKey, int, int], ...]
-    decode: tuple[CallKey, ...]
-    decode_context_tokens: int
-    kv_moves: tuple[MovePlan, ...]
-    repeat: int = 1
-
-    @property
-    def prefill_tokens(self) -> int:
-        return sum(n for _, n, _ in self.prefill)
-
-    @property
-    def prefill_attn_tokens(self) -> float:
-        """Sum over prefill tokens of the context each attends to."""
-        return sum(n * (start + (n + 1) / 2) for _, n, start in self.prefill)
-
-
-@attrs.frozen
-class Schedule:
-    """What to do next. At most one of ``switch`` / ``step``; ``stage`` runs alongside.
-
-    ``kv_moves`` (reclaims, evictions) run first even when nothing else does.
-    """
-
-    step: StepPlan | None = None
-    switch: SwitchPlan | None = None
-    stage: SwitchPlan | None = None
-    kv_moves: tuple[MovePlan, ...] = ()
-    waiting_for_stage: bool = False
-    # the step's running calls, captured when scheduled (a substrate executing the step on
-    # another thread reads these, never the core's mutable tables)
-    requests: Mapping[CallKey, Request] = attrs.field(factory=dict)
-
-    @property
-    def idle(self) -> bool:
-        return self.step is None and self.switch is None
-
-    @property
-    def empty(self) -> bool:
-        """Nothing at all to execute: no step, switch, stage or KV move."""
-        return self.idle and self.stage is None and not self.kv_moves
 
 
 @attrs.define

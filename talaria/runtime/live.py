@@ -4,18 +4,20 @@
 :class:`~talaria.runtime.cluster.ClusterCore` (router, admission with soft reservations,
 round scheduler with session-prefill); each instance has one driver task that asks its
 core for the next decision, executes it on a worker thread (the tensors), and reports back.
-Only the substrate (an :class:`~talaria.engine.runner.EngineRunner` per instance) and the
-clock differ from the simulation.
+Only the substrate (a :class:`~talaria.runtime.substrate.Substrate` per instance: the
+embedded engine's ``EngineRunner``, or any engine that plans, executes and commits the same
+way) and the clock differ from the simulation. This module imports no tensor library.
 
 Ownership and locking: every mutation of the cluster core, instance cores and session table
 happens on the event loop thread (``submit``, ``event``, ``cancel`` and the driver tasks'
-``plan`` / ``commit``); the worker thread runs ``EngineRunner.execute`` only, which touches
-tensors and the runner's outputs, never the core. Aborts of a call (client gone, failure)
-are applied by its instance's driver between steps. No lock is needed beyond that rule.
+``plan`` / ``commit``); the worker thread runs the substrate's ``execute`` only, which
+touches the device and the substrate's outputs, never the core. Aborts of a call (client
+gone, failure) are applied by its instance's driver between steps. No lock is needed beyond
+that rule.
 
 A call's tokens reach its caller through an unbounded memory stream of :class:`Delta`,
 then one :class:`Finished` or :class:`Failed`. Text is produced by the call's
-:class:`~talaria.engine.sampling.StopChecker` (stop strings, end tokens, max tokens).
+:class:`~talaria.generation.StopChecker` (stop strings, end tokens, max tokens).
 
 Sessions: a session starts with its first call; ``event(..., END)`` ends it and returns its
 completion time. Sessions whose clients never send ``end`` expire after ``session_idle_s``
@@ -34,13 +36,10 @@ from typing import Any
 import anyio
 import anyio.abc
 import attrs
-import torch
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from talaria.clock import Clock, WallClock
 from talaria.cost.estimator import Estimator
-from talaria.engine.runner import EngineRunner, Executed
-from talaria.engine.sampling import SamplingParams, StopChecker, make_generator, sample_row
 from talaria.errors import (
     BadRequest,
     InstanceFailed,
@@ -48,10 +47,13 @@ from talaria.errors import (
     TalariaError,
     UnknownSession,
 )
+from talaria.generation import SamplingParams, StopChecker
 from talaria.memory.kv import CallKey
 from talaria.policy.gaps import check_hint_s
 from talaria.runtime.cluster import ClusterCore
 from talaria.runtime.instance import Request, Schedule
+from talaria.runtime.substrate import Substrate
+from talaria.schedule import Executed
 from talaria.types import Call, EventKind, SessionId, TokenSeq
 
 log = logging.getLogger(__name__)
@@ -152,10 +154,7 @@ class LiveCall:
     instance: str
     params: SamplingParams
     checker: StopChecker
-    generator: torch.Generator | None
     send: MemoryObjectSendStream[Event]
-    vocab_limit: int | None  # sample only ids the tokenizer can decode
-    forced: tuple[int, ...] | None = None  # replay: emit these ids (the forward still runs)
     sent_tokens: int = 0
     text: list[str] = attrs.field(factory=list)
 
@@ -187,7 +186,7 @@ class SessionSummary:
 
 @attrs.define
 class _Driver:
-    runner: EngineRunner
+    runner: Substrate
     wake: anyio.Event = attrs.field(factory=anyio.Event)
     aborts: list[tuple[CallKey, TalariaError]] = attrs.field(factory=list)
     failures: int = 0
@@ -210,7 +209,7 @@ class LiveCluster:
     def __init__(
         self,
         core: ClusterCore,
-        runners: Mapping[str, EngineRunner],
+        runners: Mapping[str, Substrate],
         *,
         clock: Clock | None = None,
         session_idle_s: float = 600.0,
@@ -232,8 +231,6 @@ class LiveCluster:
         if not recover_after_s > 0:
             raise BadRequest(f"recover_after_s must be positive, got {recover_after_s}")
         self.drivers = {name: _Driver(r, backoff_s=recover_after_s) for name, r in runners.items()}
-        for d in self.drivers.values():
-            d.runner.sample = self._sample
         self.calls: dict[CallKey, LiveCall] = {}
         self.sessions: dict[SessionId, LiveSession] = {}
         self.accepting = False
@@ -319,11 +316,9 @@ class LiveCluster:
                 del self.sessions[session_id]  # nothing was started under this id
             raise
         name = inst.spec.name
-        runner = self.drivers[name].runner
-        runner.outputs[call.key] = []
+        self.drivers[name].runner.prepare(call.key, params, vocab_limit, forced)
         send, receive = anyio.create_memory_object_stream[Event](math.inf)
-        generator = None if params.greedy else make_generator(params, runner.device)
-        lc = LiveCall(call, req, name, params, checker, generator, send, vocab_limit, forced)
+        lc = LiveCall(call, req, name, params, checker, send)
         self.calls[call.key] = lc
         sess.calls += 1
         sess.in_flight += 1
@@ -332,10 +327,10 @@ class LiveCluster:
         return lc, receive
 
     def _check_vocab(self, call: Call) -> None:
-        runners = [d.runner for d in self.drivers.values() if call.model in d.runner.archs]
-        if not runners:
+        sizes = [d.runner.vocab_size(call.model) for d in self.drivers.values()]
+        vocab = next((v for v in sizes if v is not None), None)
+        if vocab is None:
             return  # the core raises UnknownModel
-        vocab = runners[0].archs[call.model].vocab_size
         bad = next((t for t in call.prompt.tokens() if t >= vocab), None)
         if bad is not None:
             raise BadRequest(f"token id {bad} is outside {call.model}'s vocabulary of {vocab}")
@@ -349,19 +344,6 @@ class LiveCluster:
         d = self.drivers[lc.instance]
         d.aborts.append((key, error or BadRequest("the client cancelled the call")))
         self._wake(lc.instance)
-
-    def _sample(self, logits: torch.Tensor, req: Request) -> int:
-        """The runner's sampler: each call with its own parameters and generator."""
-        lc = self.calls.get(req.key)
-        if lc is None:
-            return int(torch.argmax(logits))
-        if lc.forced is not None:
-            return lc.forced[len(self.drivers[lc.instance].runner.outputs[req.key])]
-        if lc.vocab_limit is not None and lc.vocab_limit < logits.shape[-1]:
-            logits = logits[: lc.vocab_limit]
-        if lc.params.greedy or lc.generator is None:
-            return int(torch.argmax(logits))
-        return int(sample_row(logits.float(), lc.params, lc.generator))
 
     # ------------------------------------------------------------------ events
     def event(
@@ -507,7 +489,7 @@ class LiveCluster:
         for req in finished:
             self._finished(name, req)
 
-    def _send_delta(self, key: CallKey, runner: EngineRunner) -> None:
+    def _send_delta(self, key: CallKey, runner: Substrate) -> None:
         lc = self.calls.get(key)
         if lc is None:
             return

@@ -1,0 +1,183 @@
+"""What a generation request asks for and when its output ends: torch-free, shared by the
+runtime, the API, the server and every substrate.
+
+- :class:`SamplingParams`: one request's knobs, validated on construction (BadRequest).
+- :class:`StopChecker`: end-of-sequence, stop token ids, stop strings (matched on decoded text,
+  with a possible partial match held back) and max tokens, with a finish reason.
+
+Drawing tokens from logits is the substrate's business (``talaria.engine.sampling``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any, Literal, Protocol
+
+import attrs
+
+from talaria.errors import BadRequest, ConfigError
+
+FinishReason = Literal["stop", "length"]
+
+
+def _check_temperature(_: Any, __: Any, value: float) -> None:
+    if not isinstance(value, int | float) or isinstance(value, bool) or not value >= 0.0:
+        raise BadRequest(f"temperature must be a number >= 0, got {value!r}")
+
+
+def _check_top_p(_: Any, __: Any, value: float) -> None:
+    if not isinstance(value, int | float) or isinstance(value, bool) or not 0.0 < value <= 1.0:
+        raise BadRequest(f"top_p must be in (0, 1], got {value!r}")
+
+
+def _check_int(name: str, minimum: int) -> Any:
+    def check(_: Any, __: Any, value: int) -> None:
+        if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+            raise BadRequest(f"{name} must be an integer >= {minimum}, got {value!r}")
+
+    return check
+
+
+def _check_seed(_: Any, __: Any, value: int | None) -> None:
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+        raise BadRequest(f"seed must be an integer or null, got {value!r}")
+
+
+def _to_stop(value: str | Iterable[str] | None) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    items = (value,) if isinstance(value, str) else tuple(value)
+    if not all(isinstance(s, str) and s for s in items):
+        raise BadRequest(f"stop must be a non-empty string or a list of them, got {value!r}")
+    return items
+
+
+def _to_ids(value: Iterable[int] | None) -> tuple[int, ...]:
+    items = tuple(value or ())
+    if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in items):
+        raise BadRequest(f"stop_token_ids must be non-negative integers, got {value!r}")
+    return items
+
+
+@attrs.frozen
+class SamplingParams:
+    """One request's sampling knobs.
+
+    ``temperature == 0`` is greedy (argmax). ``top_k == 0`` disables top-k; ``top_p == 1``
+    disables nucleus filtering. ``max_tokens`` counts generated tokens, the end token included.
+    ``seed`` makes sampling reproducible. ``stop`` strings end the output before the match;
+    ``stop_token_ids`` and the model's end-of-sequence ids (unless ``ignore_eos``) end it too.
+    Invalid values raise BadRequest.
+    """
+
+    temperature: float = attrs.field(default=1.0, validator=_check_temperature)
+    top_p: float = attrs.field(default=1.0, validator=_check_top_p)
+    top_k: int = attrs.field(default=0, validator=_check_int("top_k", 0))
+    max_tokens: int = attrs.field(default=16, validator=_check_int("max_tokens", 1))
+    seed: int | None = attrs.field(default=None, validator=_check_seed)
+    stop: tuple[str, ...] = attrs.field(default=(), converter=_to_stop)
+    stop_token_ids: tuple[int, ...] = attrs.field(default=(), converter=_to_ids)
+    ignore_eos: bool = False
+
+    @property
+    def greedy(self) -> bool:
+        """True when sampling reduces to argmax."""
+        return self.temperature == 0.0 or self.top_k == 1
+
+
+class TextStream(Protocol):
+    """What :class:`StopChecker` needs from a detokenizer (``DetokenizeStream`` is one)."""
+
+    def push(self, token_id: int) -> str: ...
+
+    def flush(self) -> str: ...
+
+
+@attrs.frozen
+class StopUpdate:
+    """What one generated token produced: text safe to send now and, at the end, why it ended.
+
+    ``stop_reason`` is the matched stop string or the stop / end token id (None for length).
+    """
+
+    text: str
+    finish_reason: FinishReason | None = None
+    stop_reason: str | int | None = None
+
+
+def _held_suffix(text: str, stops: Sequence[str]) -> int:
+    """Length of the longest suffix of ``text`` that is a proper prefix of some stop string."""
+    longest = min(len(text), max((len(s) - 1 for s in stops), default=0))
+    for size in range(longest, 0, -1):
+        tail = text[-size:]
+        if any(s.startswith(tail) for s in stops):
+            return size
+    return 0
+
+
+class StopChecker:
+    """Decides when one sequence ends, and what text of it may be sent.
+
+    ``update(token_id)`` is called once per generated token, in order. An end token
+    (``eos_token_ids`` unless ``ignore_eos``, or a ``stop_token_ids`` entry) ends with "stop" and
+    its own text is not sent; a stop string ends with "stop" and the text from the match on is
+    not sent; reaching ``max_tokens`` ends with "length". Text that could be the start of a stop
+    string is held back until it cannot be. Mutates itself and ``stream`` only.
+    """
+
+    def __init__(
+        self,
+        params: SamplingParams,
+        eos_token_ids: Iterable[int] = (),
+        stream: TextStream | None = None,
+    ) -> None:
+        if params.stop and stream is None:
+            raise ConfigError("stop strings need a text stream to match against")
+        self._params = params
+        self._stream = stream
+        self._end_ids = set(params.stop_token_ids)
+        if not params.ignore_eos:
+            self._end_ids.update(eos_token_ids)
+        self._pending = ""
+        self.num_tokens = 0
+        self.finish_reason: FinishReason | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def update(self, token_id: int) -> StopUpdate:
+        """Account for one generated token; see the class docstring. Raises after the end."""
+        if self.finished:
+            raise RuntimeError("update() after the sequence finished")
+        self.num_tokens += 1
+        if token_id in self._end_ids:
+            tail = self._stream.flush() if self._stream is not None else ""
+            return self._scan(tail, final=True, reason=token_id)
+        delta = self._stream.push(token_id) if self._stream is not None else ""
+        if self.num_tokens < self._params.max_tokens:
+            return self._scan(delta, final=False, reason=None)
+        done = self._scan(delta, final=False, reason=None)
+        if done.finish_reason is not None:
+            return done
+        tail = self._stream.flush() if self._stream is not None else ""
+        last = self._scan(tail, final=True, reason=None)
+        return StopUpdate(done.text + last.text, last.finish_reason, last.stop_reason)
+
+    def _scan(self, delta: str, *, final: bool, reason: int | None) -> StopUpdate:
+        """Add ``delta`` to the held text; end on a stop string, or when ``final``."""
+        text = self._pending + delta
+        stops = self._params.stop
+        hits = [(text.find(s), s) for s in stops if s in text]
+        if hits:
+            position, matched = min(hits)
+            self._pending = ""
+            self.finish_reason = "stop"
+            return StopUpdate(text[:position], "stop", matched)
+        if final:
+            self._pending = ""
+            self.finish_reason = "stop" if reason is not None else "length"
+            return StopUpdate(text, self.finish_reason, reason)
+        held = _held_suffix(text, stops)
+        self._pending = text[len(text) - held :] if held else ""
+        return StopUpdate(text[: len(text) - held])

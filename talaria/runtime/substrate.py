@@ -1,0 +1,81 @@
+"""The substrate protocol: what the live cluster loop calls to execute one instance.
+
+An instance's decisions come from its :class:`~talaria.runtime.instance.InstanceCore`; a
+substrate executes them. The loop drives every substrate the same way, in three phases, so
+that routing never races a running step:
+
+* ``plan(now) -> Schedule`` on the event loop: asks the core for the next decision (the
+  substrate may fold in its own events first: a background stage that finished);
+* ``execute(schedule) -> Executed`` on a worker thread: the device work (KV moves, weight
+  switch or stage, the forward, sampling); touches only the substrate's own state and the
+  schedule's captured requests, never the core;
+* ``commit(schedule, executed, now, ends) -> finished`` on the event loop: reports to the
+  core; ``ends(request, token)`` says whether a sampled token ends its call (stop strings
+  and end ids, which the loop's stop checkers know).
+
+A call is announced with ``prepare`` before its first step (how to sample it, and, for a
+replay, the exact answer ids to emit); its generated ids accumulate in ``outputs`` and are
+taken once with ``take_output`` (or dropped with ``forget``). The embedded PyTorch engine
+(``talaria.engine.runner.EngineRunner``) is one substrate; a vLLM engine set is the next.
+Nothing here imports a tensor library. Not thread-safe beyond the split above.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Protocol
+
+from talaria.generation import SamplingParams
+from talaria.memory.kv import CallKey
+from talaria.schedule import Executed, Request, Schedule
+
+if TYPE_CHECKING:
+    from talaria.runtime.instance import InstanceCore
+
+__all__ = ["Substrate"]
+
+
+class Substrate(Protocol):
+    @property
+    def core(self) -> InstanceCore: ...
+
+    @property
+    def idle(self) -> bool:
+        """Nothing running, nothing to report (a background copy finished or none)."""
+        ...
+
+    @property
+    def outputs(self) -> Mapping[CallKey, Sequence[int]]:
+        """Generated ids of the calls in flight (read on the event loop between phases)."""
+        ...
+
+    def vocab_size(self, model: str) -> int | None:
+        """Token ids ``model`` accepts (None: not served here)."""
+        ...
+
+    def prepare(
+        self,
+        key: CallKey,
+        params: SamplingParams,
+        vocab_limit: int | None = None,
+        forced: Sequence[int] | None = None,
+    ) -> None:
+        """Announce a call: sample it with ``params`` (ids below ``vocab_limit`` only), or
+        emit exactly ``forced`` (a replay's answer; the forward still runs)."""
+        ...
+
+    def plan(self, now: float) -> Schedule: ...
+
+    def execute(self, sched: Schedule) -> Executed: ...
+
+    def commit(
+        self,
+        sched: Schedule,
+        done: Executed,
+        now: float,
+        ends: Callable[[Request, int], bool] | None = None,
+    ) -> list[Request]: ...
+
+    def take_output(self, key: CallKey) -> tuple[int, ...]: ...
+
+    def forget(self, key: CallKey) -> None: ...

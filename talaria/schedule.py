@@ -1,0 +1,124 @@
+"""What an instance core decides and a substrate executes: plain data, no torch, no I/O.
+
+``Request`` is a call inside an instance (computed tokens catching up with known tokens);
+``StepPlan`` is one engine iteration; ``Schedule`` is the next thing to do (a step, a
+weight switch, a stage, KV moves); ``Executed`` is what a substrate reports back from
+executing a schedule (the tokens it sampled). The instance core (``talaria.runtime``) makes
+them; substrates (``talaria.engine``, the simulator) read them: they sit below both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import attrs
+
+from talaria.memory.kv import CallKey, MovePlan
+from talaria.memory.weights import SwitchPlan
+from talaria.types import Call, TokenSeq
+
+__all__ = ["Executed", "Request", "Schedule", "StepPlan"]
+
+
+@attrs.define(eq=False)
+class Request:
+    """A call inside an instance: computed tokens catching up with known tokens."""
+
+    call: Call
+    history: TokenSeq | None  # prompt + answer when known in advance (replay); else built
+    target_output: int  # tokens to generate
+    queued_s: float
+    known_tokens: int = 0  # tokens of this prompt the session had computed before
+    admitted_s: float | None = None
+    first_token_s: float | None = None
+    finished_s: float | None = None
+    computed: int = 0  # prompt tokens whose KV exists
+    generated: int = 0
+    reused_tokens: int = 0
+    restored_tokens: int = 0
+    recomputed_tokens: int = 0
+    sp_admitted: bool = False
+    error: str | None = None
+    blocks: tuple[int, ...] = ()  # device block table in token order, set at admission
+    stopped: bool = False  # ended early (end-of-sequence); see ``InstanceCore.stop``
+    session_start_s: float | None = None  # its session's first call (program-level FCFS)
+
+    @property
+    def program_s(self) -> float:
+        """When the call's session (program) started: its own arrival if not known."""
+        return self.session_start_s if self.session_start_s is not None else self.call.arrival_s
+
+    @property
+    def key(self) -> CallKey:
+        return self.call.key
+
+    @property
+    def prompt_len(self) -> int:
+        return self.call.prompt_tokens
+
+    @property
+    def prefilling(self) -> bool:
+        return self.computed < self.prompt_len
+
+    @property
+    def done(self) -> bool:
+        return self.stopped or self.generated >= self.target_output
+
+
+@attrs.frozen
+class StepPlan:
+    """One engine iteration: prefill chunks ``(key, n_tokens, start)`` and decodes.
+
+    ``repeat`` is how many identical decode-only steps may run back to back (the simulator
+    fast-forwards; an engine runs one). ``kv_moves`` run before the step.
+    """
+
+    model: str
+    prefill: tuple[tuple[CallKey, int, int], ...]
+    decode: tuple[CallKey, ...]
+    decode_context_tokens: int
+    kv_moves: tuple[MovePlan, ...]
+    repeat: int = 1
+
+    @property
+    def prefill_tokens(self) -> int:
+        return sum(n for _, n, _ in self.prefill)
+
+    @property
+    def prefill_attn_tokens(self) -> float:
+        """Sum over prefill tokens of the context each attends to."""
+        return sum(n * (start + (n + 1) / 2) for _, n, start in self.prefill)
+
+
+@attrs.frozen
+class Schedule:
+    """What to do next. At most one of ``switch`` / ``step``; ``stage`` runs alongside.
+
+    ``kv_moves`` (reclaims, evictions) run first even when nothing else does.
+    """
+
+    step: StepPlan | None = None
+    switch: SwitchPlan | None = None
+    stage: SwitchPlan | None = None
+    kv_moves: tuple[MovePlan, ...] = ()
+    waiting_for_stage: bool = False
+    # the step's running calls, captured when scheduled (a substrate executing the step on
+    # another thread reads these, never the core's mutable tables)
+    requests: Mapping[CallKey, Request] = attrs.field(factory=dict)
+
+    @property
+    def idle(self) -> bool:
+        return self.step is None and self.switch is None
+
+    @property
+    def empty(self) -> bool:
+        """Nothing at all to execute: no step, switch, stage or KV move."""
+        return self.idle and self.stage is None and not self.kv_moves
+
+
+@attrs.frozen
+class Executed:
+    """What ``EngineRunner.execute`` did: the tokens it sampled, one per sequence whose
+    prompt is complete, in step order (already appended to ``EngineRunner.outputs``)."""
+
+    sampled: tuple[tuple[Request, int], ...]
