@@ -104,9 +104,9 @@ def test_pure_layers_import_no_torch() -> None:
 
 def test_the_cost_model_stands_alone() -> None:
     """``talaria.cost`` is imported by the simulator and the runtime alike; it imports
-    neither (nor the engine)."""
+    neither (nor the engine): only plain data (the plan types it prices)."""
     edges, _ = _graph()
-    assert edges["cost"] <= {"config", "errors", "types"}
+    assert edges["cost"] <= {"config", "errors", "types", "memory", "schedule"}
     assert "sim" not in edges["runtime"]
 
 

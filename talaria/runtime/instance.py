@@ -31,6 +31,7 @@ import attrs
 
 from talaria.config import InstanceSpec, ModelSpec, PolicyConfig, QueueOrder, SlotOrder
 from talaria.cost.estimator import Estimator
+from talaria.cost.pricing import plan_copy_s
 from talaria.errors import ConfigError, ContextTooLong, UnknownModel
 from talaria.memory.kv import Allocation, CallKey, KVManager, MovePlan, PrefixMatch
 from talaria.memory.weights import SwitchPlan, WeightArena
@@ -255,10 +256,17 @@ class InstanceCore:
             if self.admission.continuum is not None:
                 self.admission.continuum.observe_program(done)
         self._gap_pop(session)
-        if self.admission.release(session) is not None:
-            self.kv.unpin(session)
+        self._drop_reservation(session)
         if ended:
             self.kv.end_session(session)
+
+    def _drop_reservation(self, session: SessionId) -> Reservation | None:
+        """Release ``session``'s reservation (if any) and unpin its KV: the one way a
+        reservation ends here. Its KV stays cached, evictable by value."""
+        res = self.admission.release(session)
+        if res is not None:
+            self.kv.unpin(session)
+        return res
 
     def hint(
         self, session: SessionId, expected_s: float | None, now: float, tool: str | None = None
@@ -272,7 +280,7 @@ class InstanceCore:
         if tool is not None:
             gap.tool = tool
             if self.admission.retime(session, tool, now) is not None:
-                self.kv.unpin(session)
+                self.kv.unpin(session)  # retime already released it
         try:
             self.admission.update_hint(session, expected_s, now)
             p = self.admission.probability(gap.since_s, now, expected_s)
@@ -368,8 +376,7 @@ class InstanceCore:
         elif self.arena.staging_in_progress == model:
             value = self.estimator.copy_s(self.models[model].weight_bytes, Link.DEVICE_TO_DEVICE)
         elif self.arena.can_switch(model):
-            plan = self.arena.plan_switch(model)
-            value = sum(self.estimator.copy_s(s.nbytes, s.link) for s in plan.steps)
+            value = plan_copy_s(self.estimator, self.arena.plan_switch(model))
         else:  # a stage in progress pins host memory; switching would cancel it and load
             nbytes = self.models[model].weight_bytes
             value = self.estimator.copy_s(nbytes, Link.HOST_TO_DEVICE)
@@ -484,8 +491,7 @@ class InstanceCore:
             return
         for sid, res in list(self.admission.held.items()):
             if res.model == model and not res.hard:
-                self.admission.release(sid)
-                self.kv.unpin(sid)
+                self._drop_reservation(sid)
 
     def _maybe_stage(self, now: float) -> SwitchPlan | None:
         """Stage the predicted next model into free KV blocks lent for the purpose (all of
@@ -559,8 +565,7 @@ class InstanceCore:
         while queue and len(self.running) < self.policy.max_running:
             req = queue[0]
             call = req.call
-            if self.admission.release(call.session_id) is not None:
-                self.kv.unpin(call.session_id)
+            self._drop_reservation(call.session_id)
             if self.kv.lent_blocks and not self.kv.can_allocate(
                 model, call.tenant, call.prompt, req.target_output
             ):
@@ -786,8 +791,7 @@ class InstanceCore:
                 exc_info=exc,
             )
         self._gap_pop(session)
-        if self.admission.release(session) is not None:
-            self.kv.unpin(session)
+        self._drop_reservation(session)
         self.kv.set_priority(session, 0.0)
         self._bounds.clear()
 
@@ -795,5 +799,33 @@ class InstanceCore:
         self.forget_session(session, ended=True)
 
     def check_integrity(self) -> None:
+        """The memory managers' invariants, and this core's own derived state recomputed
+        from its tables: per-model running counts and queued prompt tokens, the load, the gap
+        index, and reservations against KV pins (a held reservation pins its session; a
+        pinned session holds a reservation). Raises RuntimeError naming what disagrees."""
         self.kv.check_integrity()
         self.arena.check_integrity()
+        problems = []
+        for m in self.models:
+            running = sum(1 for r in self.running.values() if r.call.model == m)
+            queued = sum(r.prompt_len for r in self.waiting[m])
+            if self._running_of[m] != running:
+                problems.append(f"{m}: {self._running_of[m]} running counted, {running} held")
+            if self._queued_tokens[m] != queued:
+                problems.append(f"{m}: {self._queued_tokens[m]} queued tokens counted, {queued}")
+            gaps = {s for s, g in self._in_gap.items() if g.model == m}
+            if gaps != set(self._gaps_of[m]):
+                problems.append(f"{m}: gap index {sorted(self._gaps_of[m])} != {sorted(gaps)}")
+        calls = list(self.running.values()) + [r for q in self.waiting.values() for r in q]
+        load = sum(r.prompt_len + r.target_output for r in calls)
+        if self._load_tokens != load:
+            problems.append(f"load {self._load_tokens} tokens counted, {load} held")
+        pinned = {s for s in self.kv.sessions if self.kv.is_pinned(s)}
+        held = set(self.admission.held)
+        if pinned != held:
+            problems.append(
+                f"pinned without a reservation: {sorted(pinned - held)}; "
+                f"reserved but not pinned: {sorted(held - pinned)}"
+            )
+        if problems:
+            raise RuntimeError(f"instance {self.spec.name}: " + "; ".join(problems))

@@ -40,6 +40,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from talaria.clock import Clock, WallClock
 from talaria.cost.estimator import Estimator
+from talaria.cost.pricing import price
 from talaria.errors import (
     BadRequest,
     InstanceFailed,
@@ -80,7 +81,7 @@ class StepTiming:
     switch_bytes: int
     stage_bytes: int
     kv_bytes: int
-    predicted_s: float  # what the instance's estimator (the simulator's cost model) says
+    predicted_s: float  # the simulator's price of it (``talaria.cost.pricing``), serial part
 
     @classmethod
     def of(
@@ -89,18 +90,8 @@ class StepTiming:
         step = sched.step
         moves = list(sched.kv_moves) + (list(step.kv_moves) if step is not None else [])
         kv = sum(m.nbytes for m in moves)
-        predicted = sum(est.copy_s(m.nbytes, m.link) for m in moves)
-        for plan in (sched.switch, sched.stage):
-            if plan is not None:
-                predicted += sum(est.copy_s(st.nbytes, st.link) for st in plan.steps)
-        if step is not None:
-            predicted += est.step_s(
-                step.model,
-                step.prefill_tokens,
-                step.prefill_attn_tokens,
-                len(step.decode),
-                step.decode_context_tokens,
-            )
+        # the simulator's price of the same schedule: a stage runs alongside, not in series
+        predicted = price(est, sched).serial_s
         return cls(
             instance,
             start_s,

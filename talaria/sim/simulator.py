@@ -25,8 +25,8 @@ import attrs
 
 from talaria.config import ClusterConfig, PolicyConfig
 from talaria.cost.estimator import Estimator
+from talaria.cost.pricing import price, step_s
 from talaria.errors import TalariaError
-from talaria.memory.kv import MovePlan
 from talaria.policy.gaps import GapModel
 from talaria.runtime.cluster import ClusterCore, GapLearner
 from talaria.runtime.instance import InstanceCore, Request, StepPlan
@@ -249,36 +249,29 @@ class _Run:
         return info.last_instance or ""
 
     # ------------------------------------------------------------------ instances
-    def _moves_s(self, est: Estimator, moves: Sequence[MovePlan]) -> float:
-        total = 0.0
-        for m in moves:
-            self.kv_moved += m.nbytes
-            total += est.copy_s(m.nbytes, m.link)
-        return total
-
     def _kick(self, name: str) -> None:
         if self.busy[name] is not None:
             return
         inst = self.core.instances[name]
         est = inst.estimator
         sched = inst.schedule(self.now)
-        moves_s = self._moves_s(est, sched.kv_moves)
+        step = sched.step
+        repeat = self._repeat(inst, step) if step is not None else 1
+        cost = price(est, sched, repeat)
+        self.kv_moved += sum(m.nbytes for m in sched.kv_moves)
+        if step is not None:
+            self.kv_moved += sum(m.nbytes for m in step.kv_moves)
         if sched.stage is not None:
-            stage_s = sum(est.copy_s(s.nbytes, s.link) for s in sched.stage.steps)
-            self.push(self.now + stage_s, _Ev.STAGE_DONE, name)
+            self.push(self.now + cost.background_s, _Ev.STAGE_DONE, name)
         if sched.switch is not None:
-            switch_s = sum(est.copy_s(s.nbytes, s.link) for s in sched.switch.steps)
             self.busy[name] = _Busy(switch_model=sched.switch.model)
-            self.push(self.now + moves_s + switch_s, _Ev.READY, name)
-        elif sched.step is not None:
-            step = sched.step
-            repeat = self._repeat(inst, step)
-            dur = self._moves_s(est, step.kv_moves) + self._step_s(est, step, repeat)
+            self.push(self.now + cost.serial_s, _Ev.READY, name)
+        elif step is not None:
             self.busy[name] = _Busy(step=step, repeat=repeat)
-            self.push(self.now + moves_s + dur, _Ev.READY, name)
-        elif moves_s > 0:
+            self.push(self.now + cost.serial_s, _Ev.READY, name)
+        elif cost.kv_s > 0:
             self.busy[name] = _Busy()
-            self.push(self.now + moves_s, _Ev.READY, name)
+            self.push(self.now + cost.kv_s, _Ev.READY, name)
         elif self._has_work(inst) and name not in self.polling and not sched.waiting_for_stage:
             self.polling.add(name)
             self.push(self.now + IDLE_POLL_S, _Ev.WAKE, name)
@@ -287,16 +280,10 @@ class _Run:
     def _has_work(inst: InstanceCore) -> bool:
         return any(inst.waiting.values()) or bool(inst.running)
 
-    def _step_s(self, est: Estimator, step: StepPlan, repeat: int) -> float:
-        n = len(step.decode)
-        ctx = step.decode_context_tokens + n * (repeat - 1) / 2
-        one = est.step_s(step.model, step.prefill_tokens, step.prefill_attn_tokens, n, int(ctx))
-        return one * repeat
-
     def _repeat(self, inst: InstanceCore, step: StepPlan) -> int:
         if step.repeat <= 1:
             return 1
-        one = self._step_s(inst.estimator, step, 1)
+        one = step_s(inst.estimator, step, 1)
         if not self.heap or one <= 0:
             return step.repeat
         until = self.heap[0][0] - self.now

@@ -535,3 +535,22 @@ def test_the_routing_bound_never_exceeds_the_exact_estimate(
         exact = estimate(inst.view(call, 9.0, False), known, out).total_s
         assert inst.bound_s(model, out) <= exact + 1e-12
     cc.check_integrity()
+
+
+def test_check_integrity_recomputes_the_cores_own_counters() -> None:
+    inst = core(TALARIA, device_blocks=10, host_blocks=16)
+    d = Driver(inst)
+    finish_first_call(d, "s1", 16, 4)
+    d.submit("s2", 0, TokenSeq(tokens(8)), out=2)
+    inst.check_integrity()
+    for corrupt, message in (
+        (lambda: inst._queued_tokens.__setitem__("A", 99), "queued tokens"),
+        (lambda: inst._running_of.__setitem__("A", 3), "running counted"),
+        (lambda: setattr(inst, "_load_tokens", 1), "load"),
+        (lambda: inst.kv.unpin("s1"), "reserved but not pinned"),
+    ):
+        saved = (dict(inst._queued_tokens), dict(inst._running_of), inst._load_tokens)
+        corrupt()
+        with pytest.raises(RuntimeError, match=message):
+            inst.check_integrity()
+        inst._queued_tokens, inst._running_of, inst._load_tokens = saved[0], saved[1], saved[2]
