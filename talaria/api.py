@@ -102,6 +102,9 @@ class TalariaConfig:
     policy: str = "talaria"
     policy_overrides: Mapping[str, Any] = attrs.field(factory=dict, converter=dict)
     api_keys: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    # API key -> tenant name (a TOML [tenants] table); a key listed here is accepted too.
+    # Any other configured key is a tenant of its own (named by a digest of the key).
+    tenants: Mapping[str, str] = attrs.field(factory=dict, converter=dict)
     session_idle_s: float = attrs.field(default=600.0, validator=_positive)
     shutdown_grace_s: float = attrs.field(default=30.0, validator=_positive)
     default_max_tokens: int = attrs.field(default=DEFAULT_MAX_TOKENS, validator=_positive)
@@ -109,6 +112,13 @@ class TalariaConfig:
     def __attrs_post_init__(self) -> None:
         if self.dtype not in _DTYPES:
             raise ConfigError(f"dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
+        for key, name in self.tenants.items():
+            ok = isinstance(name, str) and 0 < len(name) <= 64 and name.isprintable()
+            if not isinstance(key, str) or not key.strip() or not ok or name == DEFAULT_TENANT:
+                raise ConfigError(
+                    f"tenants maps API keys to tenant names of 1 to 64 printable characters "
+                    f"(not {DEFAULT_TENANT!r}); got {name!r}"
+                )
         self.policy_config()  # unknown policy or knob
 
     @classmethod
@@ -219,7 +229,7 @@ class ModelInfo:
 
 @attrs.frozen
 class _Prepared:
-    session_id: str
+    session_id: str  # the client's id
     one_shot: bool
     model: str
     prompt: TokenSeq
@@ -227,6 +237,24 @@ class _Prepared:
     tokenizer: Tokenizer
     tenant: str
     id_prefix: str = "chatcmpl"  # OpenAI's: "chatcmpl" for chats, "cmpl" for completions
+
+    @property
+    def scoped_id(self) -> str:
+        """The session as the runtime knows it: the client's id within its tenant."""
+        return scoped_session_id(self.tenant, self.session_id)
+
+
+DEFAULT_TENANT = "default"
+_TENANT_SEPARATOR = "\x1f"  # never in a wire session id (printable ASCII only)
+
+
+def scoped_session_id(tenant: str, session_id: str) -> str:
+    """A tenant's session id as the runtime keys it: tenants never share a session (their
+    hints reach only their sessions; their calls never reuse each other's). The default
+    tenant's ids are unchanged; no wire id can collide with a scoped one."""
+    if tenant == DEFAULT_TENANT:
+        return session_id
+    return f"{tenant}{_TENANT_SEPARATOR}{session_id}"
 
 
 class Talaria:
@@ -339,9 +367,9 @@ class Talaria:
         )
         own = cluster.tokenizers.get(p.model) is not None
         limit = None if own else p.tokenizer.vocab_size
-        async with live.session(p.session_id).lock:
+        async with live.session(p.scoped_id).lock:
             lc, receive = await live.submit(
-                p.session_id,
+                p.scoped_id,
                 p.model,
                 p.prompt,
                 p.params,
@@ -360,8 +388,8 @@ class Talaria:
             finally:
                 if not done:
                     live.cancel(lc.key)
-                if p.one_shot and p.session_id in live.sessions:
-                    live.event(p.session_id, EventKind.END)
+                if p.one_shot and p.scoped_id in live.sessions:
+                    live.event(p.scoped_id, EventKind.END)
 
     def _chat_text(self, model: str, messages: Sequence[Mapping[str, Any]], tools: Any) -> str:
         if not isinstance(messages, Sequence) or isinstance(messages, str) or not messages:
@@ -486,10 +514,12 @@ class Talaria:
         tool: str | None = None,
         expected_s: float | None = None,
         measured_s: float | None = None,
+        tenant: str = DEFAULT_TENANT,
     ) -> SessionSummary | None:
         """A session hint (DESIGN.md wire format): "tool_start" (with the tool and the
         seconds the client expects it to take), "tool_end" or "end". Returns the session's
-        summary on "end"."""
+        summary on "end". A tenant's hints reach only its own sessions (another tenant's
+        session id is an unknown session here)."""
         try:
             kind = EventKind(event)
         except ValueError:
@@ -506,8 +536,10 @@ class Talaria:
             raise BadRequest(
                 f"measured_s must be a non-negative number of seconds, got {measured_s!r}"
             )
-        summary = self.live.event(session_id, kind, expected_s, tool=tool, measured_s=measured_s)
+        scoped = scoped_session_id(tenant, session_id)
+        summary = self.live.event(scoped, kind, expected_s, tool=tool, measured_s=measured_s)
         if summary is not None:
+            summary = attrs.evolve(summary, session_id=session_id)
             self._sct.append(summary.sct_s)
         return summary
 

@@ -17,12 +17,13 @@ are refused with 413 before parsing, whether sent with ``Content-Length`` or chu
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import json
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -65,6 +66,7 @@ def create_app(
     api_keys: Sequence[str] | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     lifespan: Lifespan | None = None,
+    tenants: Mapping[str, str] | None = None,
 ) -> FastAPI:
     """A FastAPI app serving ``talaria``.
 
@@ -73,12 +75,20 @@ def create_app(
     ``talaria.config.api_keys`` when the object has a config, else no keys; an empty
     sequence disables keys. Each app has its own metrics registry. Raises ``ValueError``
     for a non-positive ``max_body_bytes`` or an empty key.
+
+    Tenants: with keys, each key is a tenant (``tenants`` maps keys to names, default
+    ``talaria.config.tenants``; a key listed there is accepted; any other key's tenant is
+    named ``key-`` and a digest of the key). A tenant's sessions, hints and cached prefixes
+    are its own (the KV prefix index is salted per tenant). Without keys every caller is
+    the tenant ``default``.
     """
     if max_body_bytes <= 0:
         raise ValueError(f"max_body_bytes must be positive, got {max_body_bytes}")
     if api_keys is None:
         api_keys = tuple(getattr(getattr(talaria, "config", None), "api_keys", ()) or ())
-    keys = tuple(api_keys)
+    if tenants is None:
+        tenants = dict(getattr(getattr(talaria, "config", None), "tenants", {}) or {})
+    keys = tuple(dict.fromkeys((*api_keys, *tenants)))
     if any(not isinstance(k, str) or not k.strip() for k in keys):
         raise ValueError("API keys must be non-empty strings")
     app = FastAPI(
@@ -95,7 +105,7 @@ def create_app(
     _add_routes(app)
     # Outermost first at run time: observe -> API keys -> body limit -> routes.
     app.add_middleware(_BodyLimit, max_bytes=max_body_bytes)
-    app.add_middleware(_ApiKeys, keys=keys)
+    app.add_middleware(_ApiKeys, keys=keys, tenants=tenants)
     app.add_middleware(_Observe, metrics=metrics)
     return app
 
@@ -213,6 +223,7 @@ async def _session_event(request: Request, session_id: str) -> Response:
         tool=event.tool,
         expected_s=event.expected_s,
         measured_s=event.measured_s,
+        tenant=_tenant(request),
     )
     out: dict[str, Any] = {"session_id": sid, "event": event.event}
     if summary is not None:
@@ -262,6 +273,11 @@ async def _parse(request: Request, model: type[Body]) -> Body:
     return body
 
 
+def _tenant(request: Request) -> str:
+    """The caller's tenant: its API key's, or ``default`` when the server has no keys."""
+    return str(getattr(request.state, "talaria_tenant", "default"))
+
+
 def _call_args(request: Request, body: s.SamplingFields, max_tokens: int | None) -> dict[str, Any]:
     """Keyword arguments for ``chat_stream`` / ``complete_stream``, after checking the model
     and resolving the session id (header and body must agree). Records the model for
@@ -283,6 +299,7 @@ def _call_args(request: Request, body: s.SamplingFields, max_tokens: int | None)
         sid = s.check_session_id(sid, "session_id")
     return {
         "session_id": sid,
+        "tenant": _tenant(request),
         "max_tokens": max_tokens,
         "temperature": body.temperature,
         "top_p": body.top_p,
@@ -577,34 +594,47 @@ class _Observe:
                 self.metrics.observe_request(endpoint, model, final, elapsed)
 
 
-class _ApiKeys:
-    """401 for ``/v1/...`` requests without a configured bearer key (no keys: open)."""
+def tenant_of_key(key: str, names: Mapping[str, str]) -> str:
+    """The tenant an API key stands for: its configured name, else ``key-`` and the first
+    12 hex digits of its SHA-256 (stable, and says nothing usable about the key)."""
+    name = names.get(key)
+    return name if name is not None else "key-" + hashlib.sha256(key.encode()).hexdigest()[:12]
 
-    def __init__(self, app: ASGIApp, keys: tuple[str, ...]) -> None:
+
+class _ApiKeys:
+    """401 for ``/v1/...`` requests without a configured bearer key (no keys: open). A
+    matched key's tenant is put in the request state (``talaria_tenant``)."""
+
+    def __init__(self, app: ASGIApp, keys: tuple[str, ...], tenants: Mapping[str, str]) -> None:
         self.app = app
         self.keys = tuple(k.encode() for k in keys)
+        self.tenants = tuple(tenant_of_key(k, tenants) for k in keys)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and self.keys and scope["path"].startswith("/v1"):
-            problem = self._problem(Headers(scope=scope).get("authorization"))
+            problem, tenant = self._check(Headers(scope=scope).get("authorization"))
             if problem is not None:
                 err = HttpError(
                     401, problem, code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"}
                 )
                 await err.response()(scope, receive, send)
                 return
+            scope.setdefault("state", {})["talaria_tenant"] = tenant
         await self.app(scope, receive, send)
 
-    def _problem(self, header: str | None) -> str | None:
+    def _check(self, header: str | None) -> tuple[str | None, str]:
+        """(problem, tenant): a message for a 401, or None and the key's tenant."""
         if not header:
-            return "Missing API key: send the header 'Authorization: Bearer <key>'."
+            return "Missing API key: send the header 'Authorization: Bearer <key>'.", ""
         scheme, _, token = header.partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
-            return "Malformed Authorization header: use 'Authorization: Bearer <key>'."
+            return "Malformed Authorization header: use 'Authorization: Bearer <key>'.", ""
         given = token.strip().encode()
         # Compare with every key (no early exit) so timing does not tell which matched.
         matches = [hmac.compare_digest(given, key) for key in self.keys]
-        return None if any(matches) else "Incorrect API key provided."
+        if not any(matches):
+            return "Incorrect API key provided.", ""
+        return None, self.tenants[matches.index(True)]
 
 
 class _BodyLimit:

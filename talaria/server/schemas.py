@@ -414,6 +414,7 @@ class Backend(Protocol):
         top_k: int = ...,
         seed: int | None = ...,
         stop: str | list[str] | None = ...,
+        tenant: str = ...,
         tools: Sequence[Mapping[str, Any]] | None = ...,
     ) -> AsyncIterator[ChunkLike]: ...
 
@@ -429,6 +430,7 @@ class Backend(Protocol):
         top_k: int = ...,
         seed: int | None = ...,
         stop: str | list[str] | None = ...,
+        tenant: str = ...,
     ) -> AsyncIterator[ChunkLike]: ...
 
     async def event(
@@ -439,6 +441,7 @@ class Backend(Protocol):
         tool: str | None = ...,
         expected_s: float | None = ...,
         measured_s: float | None = ...,
+        tenant: str = ...,
     ) -> SummaryLike | None: ...
 
     def models(self) -> Sequence[ModelInfoLike]: ...

@@ -186,6 +186,7 @@ class FakeTalaria:
         tool: str | None = None,
         expected_s: float | None = None,
         measured_s: float | None = None,
+        tenant: str = "default",
     ) -> Summary | None:
         if event not in ("tool_start", "tool_end", "end"):
             raise BadRequest(f"unknown event {event!r}")

@@ -1,0 +1,30 @@
+"""Tenant configuration and session scoping in the in-process API (no model is loaded)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from talaria.api import DEFAULT_TENANT, TalariaConfig, scoped_session_id
+from talaria.errors import ConfigError
+
+
+def test_tenants_come_from_the_toml(tmp_path: Path) -> None:
+    path = tmp_path / "talaria.toml"
+    path.write_text('api_keys = ["k1"]\n\n[tenants]\n"k2" = "team-b"\n', encoding="utf-8")
+    config = TalariaConfig.from_toml(path)
+    assert config.api_keys == ("k1",) and config.tenants == {"k2": "team-b"}
+
+
+@pytest.mark.parametrize("name", ["", DEFAULT_TENANT, "x" * 65, "tab\there"])
+def test_bad_tenant_names_are_refused(name: str) -> None:
+    with pytest.raises(ConfigError, match="tenant names"):
+        TalariaConfig(tenants={"k": name})
+
+
+def test_scoped_ids_never_collide_with_wire_ids() -> None:
+    assert scoped_session_id(DEFAULT_TENANT, "s1") == "s1"
+    a, b = scoped_session_id("team-a", "s1"), scoped_session_id("team-b", "s1")
+    assert a != b and a != "s1"
+    assert not any(33 <= ord(c) <= 126 for c in a.replace("team-a", "").replace("s1", ""))
