@@ -41,7 +41,14 @@ from talaria.engine.tokenizer import Tokenizer
 from talaria.errors import BadRequest, ConfigError, ShuttingDown, TalariaError, UnknownModel
 from talaria.policy.baselines import policy as named_policy
 from talaria.policy.gaps import check_hint_s
-from talaria.runtime.live import Delta, Failed, Finished, LiveCluster, SessionSummary
+from talaria.runtime.live import (
+    DEFAULT_MAX_CALLS,
+    Delta,
+    Failed,
+    Finished,
+    LiveCluster,
+    SessionSummary,
+)
 from talaria.types import EventKind, TokenSeq
 
 GB = 10**9
@@ -105,6 +112,9 @@ class TalariaConfig:
     # API key -> tenant name (a TOML [tenants] table); a key listed here is accepted too.
     # Any other configured key is a tenant of its own (named by a digest of the key).
     tenants: Mapping[str, str] = attrs.field(factory=dict, converter=dict)
+    # calls in flight (queued or running) the server takes at most; past it a call gets
+    # 429 with Retry-After instead of waiting without bound
+    max_calls: int = attrs.field(default=DEFAULT_MAX_CALLS, validator=_positive)
     session_idle_s: float = attrs.field(default=600.0, validator=_positive)
     shutdown_grace_s: float = attrs.field(default=30.0, validator=_positive)
     default_max_tokens: int = attrs.field(default=DEFAULT_MAX_TOKENS, validator=_positive)
@@ -112,6 +122,8 @@ class TalariaConfig:
     def __attrs_post_init__(self) -> None:
         if self.dtype not in _DTYPES:
             raise ConfigError(f"dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
+        if isinstance(self.max_calls, bool) or not isinstance(self.max_calls, int):
+            raise ConfigError(f"max_calls must be a positive integer, got {self.max_calls!r}")
         for key, name in self.tenants.items():
             ok = isinstance(name, str) and 0 < len(name) <= 64 and name.isprintable()
             if not isinstance(key, str) or not key.strip() or not ok or name == DEFAULT_TENANT:
@@ -296,6 +308,7 @@ class Talaria:
             self._cluster.runners,
             session_idle_s=cfg.session_idle_s,
             shutdown_grace_s=cfg.shutdown_grace_s,
+            max_calls=cfg.max_calls,
         )
         await live.__aenter__()
         self._live = live
@@ -585,6 +598,8 @@ class Talaria:
                 "in_flight": len(live.calls),
                 "finished": sum(i.counters.calls_finished for i in live.core.instances.values()),
                 "failed": live.calls_failed,
+                "refused": live.calls_refused,  # over max_calls (429)
+                "max": live.max_calls,
             },
             "events": dict(live.events),
             "model_switches": switches,

@@ -55,6 +55,13 @@ class Overloaded(TalariaError):
     code = "overloaded"
 
 
+class TooManyRequests(Overloaded):
+    """The server holds as many calls as it is configured to; retry after a moment."""
+
+    http_status = 429
+    code = "rate_limit_exceeded"
+
+
 class InstanceFailed(TalariaError, RuntimeError):
     """The instance serving a call failed while running it; the call was released and other
     sessions continue. Retry the call: it is routed afresh."""

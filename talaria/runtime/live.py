@@ -46,6 +46,7 @@ from talaria.errors import (
     InstanceFailed,
     ShuttingDown,
     TalariaError,
+    TooManyRequests,
     UnknownSession,
 )
 from talaria.generation import SamplingParams, StopChecker
@@ -65,6 +66,7 @@ MAX_CONSECUTIVE_FAILURES = 3  # an instance failing this many steps in a row is 
 RECOVER_AFTER_S = 5.0  # a downed instance is checked and brought back after this long ...
 RECOVER_MAX_S = 300.0  # ... doubling each time it goes down again, up to this
 STEP_LOG = 100_000  # executed schedules remembered for inspection (StepTiming)
+DEFAULT_MAX_CALLS = 1024  # calls in flight (queued or running) the loop takes at most
 
 
 @attrs.frozen
@@ -207,6 +209,7 @@ class LiveCluster:
         shutdown_grace_s: float = 30.0,
         on_session_end: Callable[[SessionSummary], None] | None = None,
         recover_after_s: float = RECOVER_AFTER_S,
+        max_calls: int = DEFAULT_MAX_CALLS,
     ) -> None:
         if set(runners) != set(core.instances):
             raise BadRequest(
@@ -221,6 +224,10 @@ class LiveCluster:
         self.on_session_end = on_session_end
         if not recover_after_s > 0:
             raise BadRequest(f"recover_after_s must be positive, got {recover_after_s}")
+        if isinstance(max_calls, bool) or not isinstance(max_calls, int) or max_calls < 1:
+            raise BadRequest(f"max_calls must be a positive integer, got {max_calls!r}")
+        self.max_calls = max_calls
+        self.calls_refused = 0
         self.drivers = {name: _Driver(r, backoff_s=recover_after_s) for name, r in runners.items()}
         self.calls: dict[CallKey, LiveCall] = {}
         self.sessions: dict[SessionId, LiveSession] = {}
@@ -286,7 +293,8 @@ class LiveCluster:
         forced: tuple[int, ...] | None = None,
     ) -> tuple[LiveCall, MemoryObjectReceiveStream[Event]]:
         """Route one call and queue it. Raises the typed errors of routing (unknown model,
-        context too long, token outside the vocabulary) before anything changes; the caller
+        context too long, token outside the vocabulary) and ``TooManyRequests`` when
+        ``max_calls`` calls are in flight, before anything changes; the caller
         must hold the session's lock (``session(id).lock``) until the call ends.
 
         ``forced`` (trace replay) makes the call answer exactly these token ids, one per
@@ -296,6 +304,12 @@ class LiveCluster:
             raise BadRequest(f"forced answer of {len(forced)} ids < max_tokens {params.max_tokens}")
         if not self.accepting:
             raise ShuttingDown("the server is shutting down; retry on another server")
+        if len(self.calls) >= self.max_calls:
+            self.calls_refused += 1
+            raise TooManyRequests(
+                f"the server holds {len(self.calls)} calls, its bound (max_calls); "
+                "retry in a moment"
+            )
         sess = self.session(session_id)
         now = self.clock.now()
         call = Call(session_id, sess.calls, model, prompt, params.max_tokens, None, tenant, now)

@@ -117,7 +117,7 @@ def from_talaria(exc: TalariaError) -> HttpError:
         param = "messages"
     elif isinstance(exc, UnknownSession):
         param = "session_id"
-    if isinstance(exc, Overloaded) or status == 503:
+    if isinstance(exc, Overloaded) or status in (429, 503):
         headers["Retry-After"] = str(RETRY_AFTER_S)
         if "retry" not in message.lower():
             message = f"{message} Retry in a moment."

@@ -317,3 +317,36 @@ async def test_a_gap_policy_bug_for_one_session_is_isolated_to_that_session() ->
         ids, fin = await run_call(live, "victim", "llama-tiny", again)
         assert len(ids) == 6 and fin.cached_tokens > 0  # its KV was kept
         live.check_integrity()
+
+
+async def test_past_max_calls_a_call_is_refused_with_429_and_nothing_changes() -> None:
+    """The bound on calls in flight: the third of three concurrent calls is refused with a
+    typed 429 before anything changes; once one finishes, calls are taken again."""
+    from talaria.errors import TooManyRequests
+    from talaria.server.errors import from_talaria
+
+    c = tiny_cluster()
+    async with live_of(c, max_calls=2) as live:
+        params = SamplingParams(temperature=0.0, max_tokens=50, ignore_eos=True)
+        held = []
+        for i in range(2):
+            async with live.session(f"s{i}").lock:
+                held.append(
+                    await live.submit(
+                        f"s{i}", "llama-tiny", prompt_for(i), params, StopChecker(params)
+                    )
+                )
+        with pytest.raises(TooManyRequests, match="max_calls") as err:
+            await live.submit("s2", "llama-tiny", prompt_for(2), params, StopChecker(params))
+        http = from_talaria(err.value)
+        assert http.status == 429 and "Retry-After" in http.headers
+        assert "s2" not in live.sessions and live.calls_refused == 1 and len(live.calls) == 2
+        for _, receive in held:  # drain both answers
+            async with receive:
+                async for _ev in receive:
+                    pass
+        ids, fin = await run_call(live, "s2", "llama-tiny", prompt_for(2))
+        assert len(ids) == 6 and fin.finish_reason == "length"
+        live.check_integrity()
+    with pytest.raises(BadRequest, match="max_calls"):
+        live_of(tiny_cluster(), max_calls=0)
