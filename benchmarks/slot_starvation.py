@@ -1,0 +1,111 @@
+"""How the session-aware slot order's starvation bound trades SCT for TTFT, in the simulator
+on the embedded replay's workload (12 real sessions, SmolLM2 plus two random-weight models
+on the CPU instance of ``talaria replay --substrate embedded``, the shipped ``cpu`` profile).
+
+The shipped bound (``slot_starvation_s`` = 300 s) is fixed a priori (PolicyConfig's
+docstring); this varies it only to show what the unmet TTFT goal would cost. It prints a
+table and writes ``--json``. About a minute (loading SmolLM2's GGUF for its shape).
+
+    python benchmarks/slot_starvation.py --json benchmarks/results/slot_starvation.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import attrs
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from swebench_replay.driver import to_scripts
+from swebench_replay.live_replay import EmbeddedOptions
+from swebench_replay.metrics import policy_summary
+from swebench_replay.references import model_serial
+from swebench_replay.setup import load_workload
+from talaria.backends.embedded import load_catalog_model
+from talaria.cli import EMBEDDED_CONTEXT, EMBEDDED_TOKEN_SCALE
+from talaria.config import ClusterConfig, ModelSpec
+from talaria.cost import cluster_estimators
+from talaria.engine.catalog import DEFAULT_MODELS, arch_of, entry
+from talaria.errors import UnknownModel
+from talaria.policy.baselines import POLICIES, policy
+from talaria.session.gaps import GapPredictor
+from talaria.sim.simulator import Simulator
+
+BOUNDS_S = (300.0, 20.0, 10.0, 5.0)
+
+
+def _spec(name: str) -> ModelSpec:
+    try:
+        arch = arch_of(entry(name))
+    except UnknownModel:  # SmolLM2: its shape is read from its GGUF file
+        arch = load_catalog_model(name, torch.bfloat16).arch
+    return arch.to_spec(name, torch.bfloat16)
+
+
+def run() -> dict[str, Any]:
+    w = load_workload(
+        n_sessions=12,
+        target_calls=96,
+        seed=0,
+        arrival="all",
+        models=DEFAULT_MODELS,
+        max_context=EMBEDDED_CONTEXT,
+        token_scale=EMBEDDED_TOKEN_SCALE,
+    )
+    instance = EmbeddedOptions(policies=(policy("talaria"),), models=DEFAULT_MODELS).instance()
+    cluster = ClusterConfig([_spec(m) for m in DEFAULT_MODELS], (instance,))
+    estimators = cluster_estimators(cluster)
+    scripts = to_scripts(w.replay, w.tool_table)
+
+    def summary(p: Any) -> dict[str, float]:
+        result = Simulator(cluster, p, estimators, learner=GapPredictor.default).run(scripts)
+        s = policy_summary(result)
+        keys = ("sct_p50_s", "sct_p95_s", "ttft_p95_s", "model_switches")
+        return {k: s[k] for k in keys}
+
+    rows: dict[str, dict[str, float]] = {}
+    for bound in BOUNDS_S:
+        rows[f"talaria, slot_starvation_s {bound:g}"] = summary(
+            attrs.evolve(POLICIES["talaria"], slot_starvation_s=bound)
+        )
+    rows["round"] = summary(POLICIES["round"])
+    serial = model_serial(
+        scripts, lambda part: Simulator(cluster, POLICIES["talaria"], estimators).run(part)
+    )
+    s = policy_summary(serial)
+    rows["model-serial (reference)"] = {
+        k: s[k] for k in ("sct_p50_s", "sct_p95_s", "ttft_p95_s", "model_switches")
+    }
+    return {"workload": w.replay.trace, "hardware": "cpu (simulated)", "rows": rows}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--json", type=Path, help="write the figures here")
+    args = parser.parse_args(argv)
+    doc = run()
+    table = Table(title="starvation bound vs SCT and TTFT (simulated embedded workload)")
+    for col in ("policy", "SCT p50 s", "SCT p95 s", "TTFT p95 s", "switches"):
+        table.add_column(col, justify="left" if col == "policy" else "right")
+    for name, r in doc["rows"].items():
+        table.add_row(
+            name,
+            f"{r['sct_p50_s']:.1f}",
+            f"{r['sct_p95_s']:.1f}",
+            f"{r['ttft_p95_s']:.1f}",
+            str(int(r["model_switches"])),
+        )
+    Console().print(table)
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(doc, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
