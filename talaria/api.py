@@ -115,6 +115,9 @@ class TalariaConfig:
     # calls in flight (queued or running) the server takes at most; past it a call gets
     # 429 with Retry-After instead of waiting without bound
     max_calls: int = attrs.field(default=DEFAULT_MAX_CALLS, validator=_positive)
+    # the most of them one tenant may hold (None: max_calls), so that one tenant's overload
+    # leaves the others room
+    max_calls_per_tenant: int | None = None
     session_idle_s: float = attrs.field(default=600.0, validator=_positive)
     shutdown_grace_s: float = attrs.field(default=30.0, validator=_positive)
     default_max_tokens: int = attrs.field(default=DEFAULT_MAX_TOKENS, validator=_positive)
@@ -124,6 +127,11 @@ class TalariaConfig:
             raise ConfigError(f"dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
         if isinstance(self.max_calls, bool) or not isinstance(self.max_calls, int):
             raise ConfigError(f"max_calls must be a positive integer, got {self.max_calls!r}")
+        share = self.max_calls_per_tenant
+        if share is not None and (
+            isinstance(share, bool) or not isinstance(share, int) or share < 1
+        ):
+            raise ConfigError(f"max_calls_per_tenant must be a positive integer, got {share!r}")
         for key, name in self.tenants.items():
             ok = isinstance(name, str) and 0 < len(name) <= 64 and name.isprintable()
             if not isinstance(key, str) or not key.strip() or not ok or name == DEFAULT_TENANT:
@@ -309,6 +317,7 @@ class Talaria:
             session_idle_s=cfg.session_idle_s,
             shutdown_grace_s=cfg.shutdown_grace_s,
             max_calls=cfg.max_calls,
+            max_calls_per_tenant=cfg.max_calls_per_tenant,
         )
         await live.__aenter__()
         self._live = live
@@ -600,6 +609,7 @@ class Talaria:
                 "failed": live.calls_failed,
                 "refused": live.calls_refused,  # over max_calls (429)
                 "max": live.max_calls,
+                "max_per_tenant": live.max_calls_per_tenant,
             },
             "events": dict(live.events),
             "model_switches": switches,

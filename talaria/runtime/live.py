@@ -210,6 +210,7 @@ class LiveCluster:
         on_session_end: Callable[[SessionSummary], None] | None = None,
         recover_after_s: float = RECOVER_AFTER_S,
         max_calls: int = DEFAULT_MAX_CALLS,
+        max_calls_per_tenant: int | None = None,
     ) -> None:
         if set(runners) != set(core.instances):
             raise BadRequest(
@@ -226,7 +227,13 @@ class LiveCluster:
             raise BadRequest(f"recover_after_s must be positive, got {recover_after_s}")
         if isinstance(max_calls, bool) or not isinstance(max_calls, int) or max_calls < 1:
             raise BadRequest(f"max_calls must be a positive integer, got {max_calls!r}")
+        per_tenant = max_calls if max_calls_per_tenant is None else max_calls_per_tenant
+        if isinstance(per_tenant, bool) or not isinstance(per_tenant, int) or per_tenant < 1:
+            raise BadRequest(
+                f"max_calls_per_tenant must be a positive integer, got {max_calls_per_tenant!r}"
+            )
         self.max_calls = max_calls
+        self.max_calls_per_tenant = per_tenant
         self.calls_refused = 0
         self.drivers = {name: _Driver(r, backoff_s=recover_after_s) for name, r in runners.items()}
         self.calls: dict[CallKey, LiveCall] = {}
@@ -294,7 +301,9 @@ class LiveCluster:
     ) -> tuple[LiveCall, MemoryObjectReceiveStream[Event]]:
         """Route one call and queue it. Raises the typed errors of routing (unknown model,
         context too long, token outside the vocabulary) and ``TooManyRequests`` when
-        ``max_calls`` calls are in flight, before anything changes; the caller
+        ``max_calls`` calls are in flight, or ``max_calls_per_tenant`` of the caller's tenant
+        (so one tenant's overload leaves room for the others), before anything changes; the
+        caller
         must hold the session's lock (``session(id).lock``) until the call ends.
 
         ``forced`` (trace replay) makes the call answer exactly these token ids, one per
@@ -309,6 +318,13 @@ class LiveCluster:
             raise TooManyRequests(
                 f"the server holds {len(self.calls)} calls, its bound (max_calls); "
                 "retry in a moment"
+            )
+        mine = sum(1 for lc in self.calls.values() if lc.call.tenant == tenant)
+        if mine >= self.max_calls_per_tenant:
+            self.calls_refused += 1
+            raise TooManyRequests(
+                f"your tenant has {self.max_calls_per_tenant} calls in flight, its share "
+                "(max_calls_per_tenant); retry in a moment"
             )
         sess = self.session(session_id)
         now = self.clock.now()

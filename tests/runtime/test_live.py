@@ -350,3 +350,43 @@ async def test_past_max_calls_a_call_is_refused_with_429_and_nothing_changes() -
         live.check_integrity()
     with pytest.raises(BadRequest, match="max_calls"):
         live_of(tiny_cluster(), max_calls=0)
+
+
+async def test_one_tenants_overload_leaves_room_for_another() -> None:
+    """``max_calls_per_tenant``: tenant A fills its share and its next call is refused (429);
+    tenant B is still served meanwhile."""
+    from talaria.errors import TooManyRequests
+
+    c = tiny_cluster()
+    async with live_of(c, max_calls=8, max_calls_per_tenant=2) as live:
+        params = SamplingParams(temperature=0.0, max_tokens=50, ignore_eos=True)
+        held = []
+        for i in range(2):
+            async with live.session(f"a{i}").lock:
+                held.append(
+                    await live.submit(
+                        f"a{i}",
+                        "llama-tiny",
+                        prompt_for(i),
+                        params,
+                        StopChecker(params),
+                        tenant="A",
+                    )
+                )
+        with pytest.raises(TooManyRequests, match="max_calls_per_tenant"):
+            await live.submit(
+                "a2", "llama-tiny", prompt_for(2), params, StopChecker(params), tenant="A"
+            )
+        short = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+        async with live.session("b0").lock:
+            _, receive = await live.submit(
+                "b0", "llama-tiny", prompt_for(3), short, StopChecker(short), tenant="B"
+            )
+            async with receive:
+                events = [ev async for ev in receive]
+        assert isinstance(events[-1], Finished)  # B was served while A held its share
+        for _, r in held:
+            async with r:
+                async for _ev in r:
+                    pass
+        live.check_integrity()
