@@ -110,14 +110,6 @@ def simulate(
     return result
 
 
-def _run_alone(
-    scripts: Sequence[SessionScript], policy: PolicyConfig, cluster: ClusterConfig
-) -> SimResult:
-    return Simulator(cluster, policy, estimators_for(cluster), learner=GapPredictor.default).run(
-        scripts
-    )
-
-
 def run_replay(
     replay: ReplaySet,
     options: ReplayOptions,
@@ -144,7 +136,8 @@ def run_replay(
         entry["hints"] = False
         policies[f"{talaria.name}-no-hints"] = entry
     if options.references:
-        policies.update(reference_entries(scripts, cluster, TALARIA, _run_alone))
+        alone = Simulator(cluster, TALARIA, estimators_for(cluster), learner=GapPredictor.default)
+        policies.update(reference_entries(scripts, alone.run, TALARIA.name))
         add_bound_ratios(policies)
     add_ratios(policies)
     return results_document(

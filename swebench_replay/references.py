@@ -22,7 +22,6 @@ from typing import Any
 import attrs
 
 from swebench_replay.metrics import policy_summary
-from talaria.config import ClusterConfig, PolicyConfig
 from talaria.sim.simulator import CallRecord, SessionRecord, SimResult
 from talaria.types import SessionScript
 
@@ -89,16 +88,10 @@ def model_serial(scripts: Sequence[SessionScript], simulate: Simulate) -> SimRes
 
 
 def reference_entries(
-    scripts: Sequence[SessionScript],
-    cluster: ClusterConfig,
-    policy: PolicyConfig,
-    run: Callable[[Sequence[SessionScript], PolicyConfig, ClusterConfig], SimResult],
+    scripts: Sequence[SessionScript], simulate: Simulate, policy_name: str
 ) -> dict[str, dict[str, Any]]:
-    """Both references' ``results.json`` entries (``policy`` runs inside each group)."""
-
-    def simulate(part: Sequence[SessionScript]) -> SimResult:
-        return run(part, policy, cluster)
-
+    """Both references' ``results.json`` entries; ``simulate`` runs a part of the scripts
+    alone (under the policy ``policy_name``, which runs inside each group)."""
     out = {}
     for name, result in (
         ("isolated", isolated(scripts, simulate)),
@@ -106,7 +99,7 @@ def reference_entries(
     ):
         entry = policy_summary(result)
         entry["reference"] = True
-        entry["reference_policy"] = policy.name
+        entry["reference_policy"] = policy_name
         out[name] = entry
     return out
 

@@ -18,7 +18,6 @@ Calls without a session id are one-call sessions: they end when they return.
 
 from __future__ import annotations
 
-import math
 import time
 import tomllib
 import uuid
@@ -40,7 +39,6 @@ from talaria.engine.sampling import SamplingParams, StopChecker
 from talaria.engine.tokenizer import Tokenizer
 from talaria.errors import BadRequest, ConfigError, ShuttingDown, TalariaError, UnknownModel
 from talaria.policy.baselines import policy as named_policy
-from talaria.policy.gaps import check_hint_s
 from talaria.runtime.live import (
     DEFAULT_MAX_CALLS,
     Delta,
@@ -114,7 +112,7 @@ class TalariaConfig:
     tenants: Mapping[str, str] = attrs.field(factory=dict, converter=dict)
     # calls in flight (queued or running) the server takes at most; past it a call gets
     # 429 with Retry-After instead of waiting without bound
-    max_calls: int = attrs.field(default=DEFAULT_MAX_CALLS, validator=_positive)
+    max_calls: int = DEFAULT_MAX_CALLS
     # the most of them one tenant may hold (None: max_calls), so that one tenant's overload
     # leaves the others room
     max_calls_per_tenant: int | None = None
@@ -125,13 +123,12 @@ class TalariaConfig:
     def __attrs_post_init__(self) -> None:
         if self.dtype not in _DTYPES:
             raise ConfigError(f"dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
-        if isinstance(self.max_calls, bool) or not isinstance(self.max_calls, int):
-            raise ConfigError(f"max_calls must be a positive integer, got {self.max_calls!r}")
-        share = self.max_calls_per_tenant
-        if share is not None and (
-            isinstance(share, bool) or not isinstance(share, int) or share < 1
-        ):
-            raise ConfigError(f"max_calls_per_tenant must be a positive integer, got {share!r}")
+        for knob in ("max_calls", "max_calls_per_tenant"):  # the latter may be None
+            v = getattr(self, knob)
+            if v is None and knob == "max_calls_per_tenant":
+                continue
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ConfigError(f"{knob} must be a positive integer, got {v!r}")
         for key, name in self.tenants.items():
             ok = isinstance(name, str) and 0 < len(name) <= 64 and name.isprintable()
             if not isinstance(key, str) or not key.strip() or not ok or name == DEFAULT_TENANT:
@@ -548,16 +545,6 @@ class Talaria:
             raise BadRequest(
                 f"unknown event {event!r}; send one of {[k.value for k in EventKind]}"
             ) from None
-        check_hint_s("expected_s", expected_s)
-        if measured_s is not None and (
-            isinstance(measured_s, bool)
-            or not isinstance(measured_s, (int, float))
-            or not math.isfinite(measured_s)
-            or measured_s < 0
-        ):
-            raise BadRequest(
-                f"measured_s must be a non-negative number of seconds, got {measured_s!r}"
-            )
         scoped = scoped_session_id(tenant, session_id)
         summary = self.live.event(scoped, kind, expected_s, tool=tool, measured_s=measured_s)
         if summary is not None:

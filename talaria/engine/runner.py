@@ -56,9 +56,6 @@ from talaria.types import Call, KVTier, Link
 if TYPE_CHECKING:  # the core drives this runner; the runner needs only its interface
     from talaria.runtime.instance import InstanceCore
 
-Sampler = Callable[[torch.Tensor, Request], int]
-"""Picks the next token from one sequence's logits ``[vocab]`` (default: greedy argmax)."""
-
 _MAX_IDLE_STEPS: Final = 100_000
 
 
@@ -79,11 +76,6 @@ def flatten_weights(
     return flat
 
 
-def greedy(logits: torch.Tensor, _req: Request) -> int:
-    """The most likely token (the first on ties, as ``torch.argmax``)."""
-    return int(torch.argmax(logits))
-
-
 @attrs.define
 class _CallSampling:
     """How one prepared call draws its tokens (see ``EngineRunner.prepare``)."""
@@ -100,9 +92,10 @@ class EngineRunner:
     ``models`` maps every model of ``core`` to its architecture and its weights (Hugging Face
     parameter names; any dtype, converted to ``dtype``). The core's specs must describe the
     models in ``dtype`` (``ModelArch.to_spec(name, dtype)``): weight bytes and KV bytes per
-    token are checked. ``eos_token_ids`` per model end a call early; ``sample`` replaces
-    greedy sampling; ``decode_kernel`` (:func:`~talaria.engine.kernels.optional_decode_kernel`)
-    lets bf16 models on CPU attend in place during decode. ``background_staging`` (CPU): a
+    token are checked. ``eos_token_ids`` per model end a call early (each call samples
+    as ``prepare`` said, else greedily); ``decode_kernel``
+    (:func:`~talaria.engine.kernels.optional_decode_kernel`) lets bf16 models on CPU attend in
+    place during decode. ``background_staging`` (CPU): a
     stage copies on a low-priority thread (:class:`~talaria.engine.staging.BackgroundCopy`)
     while later steps run, and the core hears ``stage_done`` at the first ``plan`` after it
     finished; otherwise it copies inside the step that carries it.
@@ -116,7 +109,6 @@ class EngineRunner:
         dtype: torch.dtype = torch.bfloat16,
         device: torch.device | str = "cpu",
         eos_token_ids: Mapping[str, Collection[int]] | None = None,
-        sample: Sampler | None = None,
         host_weights: Mapping[str, torch.Tensor] | None = None,
         decode_kernel: DecodeKernel | None = None,
         background_staging: bool = True,
@@ -128,7 +120,6 @@ class EngineRunner:
         self.core = core
         self.dtype = dtype
         self.device = torch.device(device)
-        self.sample: Sampler = sample or greedy
         self._sampling: dict[CallKey, _CallSampling] = {}
         self.decode_kernel = decode_kernel
         self.eos = {m: frozenset(ids) for m, ids in (eos_token_ids or {}).items()}
@@ -240,8 +231,7 @@ class EngineRunner:
     ) -> None:
         """Announce a call the core was given (the substrate protocol): its tokens are drawn
         with ``params`` (its own seeded generator; ids below ``vocab_limit`` only), or are
-        exactly ``forced`` (a replay), one per step. Without ``prepare`` a call samples with
-        the runner's ``sample`` (greedy by default)."""
+        exactly ``forced`` (a replay), one per step. A call not prepared is greedy."""
         generator = None if params.greedy else make_generator(params, self.device)
         pinned = tuple(forced) if forced is not None else None
         self._sampling[key] = _CallSampling(params, generator, vocab_limit, pinned)
@@ -250,13 +240,11 @@ class EngineRunner:
     def _draw(self, logits: torch.Tensor, req: Request) -> int:
         """The next token of ``req`` from its last row of logits."""
         how = self._sampling.get(req.key)
-        if how is None:
-            return self.sample(logits, req)
-        if how.forced is not None:
+        if how is not None and how.forced is not None:
             return how.forced[len(self.outputs[req.key])]
-        if how.vocab_limit is not None and how.vocab_limit < logits.shape[-1]:
+        if how is not None and how.vocab_limit is not None:
             logits = logits[: how.vocab_limit]
-        if how.params.greedy or how.generator is None:
+        if how is None or how.generator is None:  # greedy: the first maximum, as argmax
             return int(torch.argmax(logits))
         return int(sample_row(logits.float(), how.params, how.generator))
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Iterable
+from collections.abc import Container, Iterable
 
 import attrs
 
@@ -194,13 +194,6 @@ class Admission:
         self._schedule_expiry(res)
         return None
 
-    def keep(self, res: Reservation) -> None:
-        """Continuum: an expired pin whose program already has a call waiting stays until
-        that call is admitted (its release is the admission's)."""
-        res.deadline_s = math.inf
-        self._held[res.session] = res
-        self.reservations_expired -= 1
-
     def stuck_order(self, exclude: Iterable[SessionId] = ()) -> list[Reservation]:
         """Continuum's release order when a waiting call cannot be admitted and nothing
         runs: TTL pins of the latest-started programs first."""
@@ -212,17 +205,27 @@ class Admission:
         """The session came back (or ended): drop its reservation. Caller unpins."""
         return self._held.pop(session, None)
 
-    def expire(self, now: float) -> list[Reservation]:
+    def due(self, now: float) -> bool:
+        """Whether ``expire(now)`` has a deadline to look at (cheap: the heap's top)."""
+        return bool(self._deadlines) and self._deadlines[0][0] <= now
+
+    def expire(self, now: float, waiting: Container[SessionId] = ()) -> list[Reservation]:
         """Reservations whose hold ran out or whose return became unlikely (below
         ``reservation_min_probability`` within the horizon). Caller unpins; the KV stays
         cached (evictable by value), so an expiry costs nothing by itself. O(log n) each:
-        deadlines are computed when a reservation is made or its hint changes."""
+        deadlines are computed when a reservation is made or its hint changes. With
+        Continuum's TTL, a pin whose session has a call ``waiting`` outlives its TTL: that
+        call's admission releases it."""
         out = []
         heap = self._deadlines
         while heap and heap[0][0] <= now:
             deadline, _, sid = heapq.heappop(heap)
             res = self._held.get(sid)
-            if res is not None and res.deadline_s == deadline:
+            if res is None or res.deadline_s != deadline:
+                continue
+            if self.continuum is not None and sid in waiting:
+                res.deadline_s = math.inf
+            else:
                 out.append(self._held.pop(sid))
         self.reservations_expired += len(out)
         return out

@@ -65,6 +65,19 @@ def check_hint_s(name: str, value: object) -> float | None:
     return float(value)  # type: ignore[arg-type]
 
 
+def check_seconds(name: str, value: object, upper: float = math.inf) -> float | None:
+    """``value`` if it is None or finite seconds in ``[0, upper]`` (a ``tool_end``'s
+    ``measured_s``, say); ``BadRequest`` naming the field otherwise."""
+    if value is None:
+        return None
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not ok or not 0 <= value <= upper or value == math.inf:  # type: ignore[operator]
+        raise BadRequest(
+            f"{name} must be a finite number of seconds in [0, {upper:g}], got {value!r}"
+        )
+    return float(value)  # type: ignore[arg-type]
+
+
 def log_q(z: float) -> float:
     """``log P(Z > z)`` for a standard normal ``Z``: finite and accurate for every finite
     ``z`` (decreasing in ``z``; 0 for very negative ``z``)."""

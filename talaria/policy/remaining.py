@@ -33,6 +33,7 @@ class SessionLengths:
     min_ended: int = MIN_ENDED
     _ended: list[int] = attrs.field(factory=list)  # sorted ascending
     _order: list[int] = attrs.field(factory=list)  # insertion order, to drop the oldest
+    _left: dict[int, float] = attrs.field(factory=dict)  # expected_left by calls done
 
     def __attrs_post_init__(self) -> None:
         if self.min_ended < 1:
@@ -47,20 +48,24 @@ class SessionLengths:
             del self._ended[bisect.bisect_left(self._ended, old)]
         self._order.append(calls)
         bisect.insort(self._ended, calls)
+        self._left.clear()
 
     @property
     def n_ended(self) -> int:
         return len(self._ended)
 
     def expected_left(self, done: int) -> float:
-        """Expected calls still to come for a session that has made ``done`` calls (>= 1)."""
+        """Expected calls still to come for a session that has made ``done`` calls (>= 1).
+        Memoized per ``done`` until the next ``observe`` (the slot order asks it for every
+        session on every scheduling decision)."""
         if len(self._ended) < self.min_ended:
             return 1.0
-        i = bisect.bisect_right(self._ended, done)
-        longer = self._ended[i:]
-        if not longer:
-            return 1.0
-        return max(1.0, sum(longer) / len(longer) - done)
+        cached = self._left.get(done)
+        if cached is None:
+            longer = self._ended[bisect.bisect_right(self._ended, done) :]
+            cached = max(1.0, sum(longer) / len(longer) - done) if longer else 1.0
+            self._left[done] = cached
+        return cached
 
 
 @attrs.define

@@ -156,7 +156,7 @@ class RoundScheduler:
             return True
         if not slot.admitting and mine.running == 0:
             return True
-        best = min(others.values(), key=lambda d: d.remaining_s)
+        best = min(others.values(), key=lambda d: d.remaining_s + d.switch_s)  # as next_model
         if mine.remaining_s > self.policy.slot_preempt_ratio * (best.remaining_s + best.switch_s):
             return True
         if mine.running or mine.waiting:

@@ -25,7 +25,6 @@ from talaria.types import Call, EventKind, SessionId, TokenSeq
 
 DEFAULT_EXPECTED_OUTPUT = 128  # tokens, before a session has answered once
 UNTOLD_KEY = "untold"  # the learner's key for gaps no hint described (answer to next call)
-SESSION_GAP_ALPHA = 0.2  # weight of each observed gap in a session's own estimate (log space)
 
 
 class GapLearner(Protocol):
@@ -37,6 +36,8 @@ class GapLearner(Protocol):
     def predict(self, key: str) -> float: ...
 
     def observe(self, key: str, observed_s: float) -> float: ...
+
+    def follow(self, estimate_s: float | None, observed_s: float) -> float: ...
 
 
 @attrs.define
@@ -53,7 +54,7 @@ class SessionInfo:
     gap_key: str | None = None  # the tool of the gap it is in (from tool_start)
     gap_start_s: float | None = None  # when that tool started (tool_start's time)
     hinted: bool = False  # a hint described the current gap
-    gap_s: float | None = None  # its own hint-less gaps, a log-space moving average
+    gap_s: float | None = None  # its own hint-less gaps, by the learner's rule (``follow``)
 
 
 class ClusterCore:
@@ -196,12 +197,7 @@ class ClusterCore:
             return
         observed = max(0.0, now - info.last_answer_s)
         self.learner.observe(UNTOLD_KEY, observed)
-        floor = 1e-3
-        x = math.log(max(observed, floor))
-        prev = info.gap_s
-        info.gap_s = math.exp(
-            x if prev is None else math.log(prev) + SESSION_GAP_ALPHA * (x - math.log(prev))
-        )
+        info.gap_s = self.learner.follow(info.gap_s, observed)
         info.last_answer_s = None
 
     def _learn_tool(
@@ -224,7 +220,8 @@ class ClusterCore:
             if expected_s is None and info.gap_key is not None:
                 return self.learner.predict(info.gap_key)
         elif kind is EventKind.TOOL_END and info.gap_key is not None:
-            took = measured_s if measured_s is not None else now - (info.gap_start_s or now)
+            since = info.gap_start_s if info.gap_start_s is not None else now
+            took = measured_s if measured_s is not None else now - since
             self.learner.observe(info.gap_key, max(0.0, took))
             info.gap_key = None
         return expected_s
@@ -282,11 +279,6 @@ class ClusterCore:
             hosts.append(inst)
             hosts.sort(key=lambda h: order.index(h.spec.name))
             self._fits_all[model] = min(h.token_limit(model) for h in hosts)
-
-    @property
-    def healthy(self) -> set[str]:
-        """Names of the instances in routing."""
-        return {h.spec.name for hosts in self._hosts.values() for h in hosts}
 
     def check_integrity(self) -> None:
         for inst in self.instances.values():

@@ -25,7 +25,7 @@ from __future__ import annotations
 import collections
 import logging
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import attrs
 
@@ -113,7 +113,7 @@ class InstanceCore:
         self._queued_tokens: dict[str, int] = dict.fromkeys(self.models, 0)
         self._load_tokens = 0  # prompt + answer tokens of calls queued or running
         self._switch_memo: dict[str, float] = {}
-        self._bounds: dict[str, InstanceView] = {}  # optimistic views; cleared on any change
+        self._bounds: dict[str, tuple[float, float]] = {}  # bound terms; cleared on any change
         self._max_tokens = {m.name: self._limit(m) for m in models}
         self._opening_pass = False
         self.stage_blocks: tuple[int, ...] = ()  # device blocks lent to the current stage
@@ -186,10 +186,11 @@ class InstanceCore:
         """A lower bound of the router's estimate for any call of ``model`` here: the
         estimate of the optimistic view (``optimistic_view``), so it cannot exceed the exact
         one. Memoized until this instance's state changes."""
-        view = self._bounds.get(model)
-        if view is None:
-            view = self._bounds[model] = self.optimistic_view(model)
-        return estimate(view, 0, expected_output).total_s
+        cached = self._bounds.get(model)
+        if cached is None:  # the estimate is affine in the answer length: keep its two terms
+            view = self.optimistic_view(model)
+            cached = self._bounds[model] = (estimate(view, 0, 0).total_s, view.decode_step_s)
+        return cached[0] + expected_output * cached[1]
 
     def optimistic_view(self, model: str) -> InstanceView:
         """The view of a call of ``model`` that no real call can beat here: nothing to
@@ -298,6 +299,8 @@ class InstanceCore:
 
     # ------------------------------------------------------------------ views
     def _gap_add(self, session: SessionId, gap: _Gap) -> None:
+        """Record a gap that starts now: each model's gaps stay in order of their start
+        (``_remaining`` reads the newest first)."""
         self._gap_pop(session)
         self._in_gap[session] = gap
         self._gaps_of[gap.model][session] = gap
@@ -343,9 +346,8 @@ class InstanceCore:
     def _remaining(self, model: str, now: float) -> tuple[float, float, float]:
         """(expected device seconds ``model``'s sessions still need here, seconds to switch
         to it, seconds to load it back from host) for the session-aware slot order; zeros for
-        the other orders. A session in a
-        tool gap longer than ``slot_starvation_s`` no longer counts: it is not coming back
-        soon enough to hold a slot."""
+        the other orders. A session in a tool gap longer than ``slot_starvation_s`` no longer
+        counts: it is not coming back soon enough to hold a slot."""
         if self.policy.slot_order is not SlotOrder.SHORTEST_REMAINING:
             return 0.0, 0.0, 0.0
         left = self.lengths.expected_left
@@ -356,12 +358,11 @@ class InstanceCore:
             for r in self.running.values()
             if r.call.model == model
         )
-        horizon = self.policy.slot_starvation_s
-        calls += sum(
-            left(done.get(sid, 0))
-            for sid, gap in self._gaps_of[model].items()
-            if now - gap.since_s <= horizon
-        )
+        oldest = now - self.policy.slot_starvation_s
+        for sid in reversed(self._gaps_of[model]):  # newest gap first (insertion order)
+            if self._gaps_of[model][sid].since_s < oldest:
+                break
+            calls += left(done.get(sid, 0))
         reload_s = self.estimator.copy_s(self.models[model].weight_bytes, Link.HOST_TO_DEVICE)
         return calls * self.call_cost.of(model), self.switch_s(model), reload_s
 
@@ -429,20 +430,27 @@ class InstanceCore:
         idle = (
             slot is not None and not self._running_of[slot.model] and not self.waiting[slot.model]
         )
-        # expected returns matter only to an idle slot deciding whether to linger
-        demand = self.demand(now, returns_for=[slot.model] if slot and idle else ())
+        # expected returns matter only to an idle slot deciding whether to linger, and only
+        # while another model waits (both slot orders keep a slot nobody else needs)
+        others_wait = slot is not None and any(
+            q for m, q in self.waiting.items() if m != slot.model
+        )
+        linger = slot is not None and idle and others_wait
+        demand = self.demand(now, returns_for=[slot.model] if slot and linger else ())
         if slot is not None:
             self.rounds.should_close(now, demand)
         slot_running = slot is not None and self._running_of[slot.model] > 0
         if slot is None or (slot.closing and not slot_running):
             nxt = self.rounds.next_model(demand)
             if nxt is None:
-                return Schedule(stage=self._maybe_stage(now), kv_moves=moves)
+                return Schedule(stage=self._maybe_stage(demand), kv_moves=moves)
             if nxt != self.arena.active_model:
                 return self._switch_to(nxt, moves)
             self._open(nxt, now)
         moves += self._admit(now)
-        stage = self._maybe_stage(now)
+        # admission moved only the open slot's calls from waiting to running: the other
+        # models' demand, all the staging guess reads, is what it was
+        stage = self._maybe_stage(demand)
         step = self._build_step(moves)
         if step is None:
             return Schedule(stage=stage, kv_moves=moves)
@@ -493,13 +501,13 @@ class InstanceCore:
             if res.model == model and not res.hard:
                 self._drop_reservation(sid)
 
-    def _maybe_stage(self, now: float) -> SwitchPlan | None:
+    def _maybe_stage(self, demand: Mapping[str, SlotDemand]) -> SwitchPlan | None:
         """Stage the predicted next model into free KV blocks lent for the purpose (all of
         it if they suffice, else a part), keeping headroom for the open slot's queue."""
         arena = self.arena
         if not self.policy.weight_staging or arena.staging_in_progress is not None:
             return None
-        nxt = self.rounds.predict_next(self.demand(now))
+        nxt = self.rounds.predict_next(demand)
         if nxt is None or arena.staged_model == nxt or not arena.can_stage(nxt):
             return None
         if arena.residency(nxt) in (Residency.ACTIVE, Residency.RESIDENT):
@@ -537,13 +545,11 @@ class InstanceCore:
 
     def _expire(self, now: float) -> None:
         """Unpin expired reservations; their KV stays cached, valued by return probability."""
-        expired = self.admission.expire(now)
-        if expired and self.admission.continuum is not None:
-            queued = {r.call.session_id for q in self.waiting.values() for r in q}
-            for res in [r for r in expired if r.session in queued]:
-                self.admission.keep(res)  # Continuum: its waiting call releases it
-            expired = [r for r in expired if r.session not in queued]
-        for res in expired:
+        adm = self.admission
+        waiting: set[SessionId] = set()
+        if adm.continuum is not None and adm.due(now):
+            waiting = {r.call.session_id for q in self.waiting.values() for r in q}
+        for res in adm.expire(now, waiting):
             self.kv.unpin(res.session)
             gap = self._in_gap.get(res.session)
             if gap is not None:

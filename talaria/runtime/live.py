@@ -51,7 +51,7 @@ from talaria.errors import (
 )
 from talaria.generation import SamplingParams, StopChecker
 from talaria.memory.kv import CallKey
-from talaria.policy.gaps import check_hint_s
+from talaria.policy.gaps import check_hint_s, check_seconds
 from talaria.runtime.cluster import ClusterCore
 from talaria.runtime.instance import Request, Schedule
 from talaria.runtime.substrate import Substrate
@@ -225,15 +225,11 @@ class LiveCluster:
         self.on_session_end = on_session_end
         if not recover_after_s > 0:
             raise BadRequest(f"recover_after_s must be positive, got {recover_after_s}")
-        if isinstance(max_calls, bool) or not isinstance(max_calls, int) or max_calls < 1:
-            raise BadRequest(f"max_calls must be a positive integer, got {max_calls!r}")
-        per_tenant = max_calls if max_calls_per_tenant is None else max_calls_per_tenant
-        if isinstance(per_tenant, bool) or not isinstance(per_tenant, int) or per_tenant < 1:
-            raise BadRequest(
-                f"max_calls_per_tenant must be a positive integer, got {max_calls_per_tenant!r}"
-            )
-        self.max_calls = max_calls
-        self.max_calls_per_tenant = per_tenant
+        self.max_calls = _positive_int("max_calls", max_calls)
+        self.max_calls_per_tenant = _positive_int(
+            "max_calls_per_tenant",
+            max_calls if max_calls_per_tenant is None else max_calls_per_tenant,
+        )
         self.calls_refused = 0
         self.drivers = {name: _Driver(r, backoff_s=recover_after_s) for name, r in runners.items()}
         self.calls: dict[CallKey, LiveCall] = {}
@@ -378,13 +374,14 @@ class LiveCluster:
     ) -> SessionSummary | None:
         """A client hint. ``UnknownSession`` if the session never sent a call or ended.
         Returns the session's summary on ``END``."""
+        check_hint_s("expected_s", expected_s)
+        check_seconds("measured_s", measured_s)
         sess = self.sessions.get(session_id)
         if sess is None:
             raise UnknownSession(
                 f"unknown session {session_id!r}: send a call with this session id first "
                 "(sessions also end after an 'end' event or when idle too long)"
             )
-        check_hint_s("expected_s", expected_s)
         now = self.clock.now()
         self.core.event(session_id, kind, expected_s, now, tool=tool, measured_s=measured_s)
         self.events[kind.value] = self.events.get(kind.value, 0) + 1
@@ -637,6 +634,12 @@ class LiveCluster:
                 raise RuntimeError(
                     f"instance {name}: outputs of finished calls kept: {sorted(stray)}"
                 )
+
+
+def _positive_int(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise BadRequest(f"{name} must be a positive integer, got {value!r}")
+    return value
 
 
 def _deliver(lc: LiveCall, event: Event) -> None:

@@ -176,6 +176,14 @@ class GapPredictor:
             self._counts[eff] = self._counts.get(eff, 0) + 1
         return after
 
+    def follow(self, estimate_s: float | None, observed_s: float) -> float:
+        """A private estimate (one session's own, say) after observing ``observed_s``, by
+        this predictor's rule; None starts it at the observation. Mutates nothing."""
+        seconds = _check_seconds(observed_s)
+        if estimate_s is None:
+            return max(seconds, self.config.floor_s)
+        return self.config.update(estimate_s, seconds)
+
     def observations(self, key: str) -> int:
         """How many durations were learned under ``key``."""
         with self._lock:

@@ -10,14 +10,13 @@ body, posted to ``/v1/sessions/{session_id}/events``, is one of::
 
 from __future__ import annotations
 
-import math
 import threading
 from typing import Any
 
 import attrs
 
 from talaria.errors import BadRequest
-from talaria.policy.gaps import HINT_MAX_S, HINT_MIN_S, check_hint_s
+from talaria.policy.gaps import HINT_MAX_S, HINT_MIN_S, check_hint_s, check_seconds
 from talaria.session.ids import check_session_id
 from talaria.types import EventKind, SessionEvent
 
@@ -36,16 +35,6 @@ __all__ = [
 MIN_EXPECTED_S = HINT_MIN_S
 MAX_EXPECTED_S = HINT_MAX_S
 MAX_TOOL_NAME_LEN = 200
-
-
-def _seconds_or_none(name: str, value: float | None, upper: float = math.inf) -> None:
-    if value is None:
-        return
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if not ok or not math.isfinite(value) or not 0 <= value <= upper:
-        raise BadRequest(
-            f"{name} must be a finite number of seconds in [0, {upper:g}], got {value!r}"
-        )
 
 
 @attrs.frozen
@@ -80,7 +69,7 @@ class HintEvent:
         if self.kind is not EventKind.TOOL_END and self.measured_s is not None:
             raise BadRequest(f"measured_s belongs to tool_end, not {self.kind.value}")
         check_hint_s("expected_s", self.expected_s)
-        _seconds_or_none("measured_s", self.measured_s)
+        check_seconds("measured_s", self.measured_s)
 
     def to_json(self) -> dict[str, Any]:
         """The wire body (seconds rounded to 0.1 ms; absent optional fields omitted)."""

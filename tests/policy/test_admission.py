@@ -229,3 +229,13 @@ def test_any_operation_sequence_keeps_the_table_sound(
         for r in held:
             assert 0.0 <= adm.probability(r.since_s, now, r.expected_gap_s) <= 1.0
     assert adm.reservations_made >= len(adm.held)
+
+
+def test_a_continuum_pin_outlives_its_ttl_while_its_next_call_waits() -> None:
+    adm = admission(continuum_ttl=True, soft_reservations=False)
+    res = adm.offer("s", "m", 8, now=0.0, expected_gap_s=None, reload_s=math.e)
+    assert res is not None and res.expires_s == pytest.approx(1.0)  # 1 s * ln(e / 1 s)
+    assert adm.due(2.0) and adm.expire(2.0, waiting={"s"}) == []  # its call is queued
+    assert adm.held == {"s": res} and adm.reservations_expired == 0
+    assert not adm.due(1e9)  # kept until that call's admission releases it
+    assert adm.release("s") is res

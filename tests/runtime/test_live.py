@@ -308,8 +308,8 @@ async def test_a_gap_policy_bug_for_one_session_is_isolated_to_that_session() ->
         first, _ = await run_call(live, "victim", "llama-tiny", prompt_for(1))
         live.event("victim", EventKind.TOOL_START, 0.5)
         assert "victim" in inst.admission.held
-        for i in range(3):  # the idle slot asks the gap model about the victim
-            ids, _ = await run_call(live, f"other{i}", "llama-tiny", prompt_for(10 + i))
+        for i in range(3):  # another model waits: the idle slot asks about the victim
+            ids, _ = await run_call(live, f"other{i}", "qwen-tiny", prompt_for(10 + i))
             assert len(ids) == 6
         assert inst.counters.policy_faults >= 1 and not live.drivers["cpu-0"].down
         assert "victim" not in inst.admission.held
