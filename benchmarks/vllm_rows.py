@@ -42,19 +42,6 @@ def log(msg: str) -> None:
     print(f"[vllm_rows {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def median_seconds(fn: Callable[[], object], reps: int, warmup: int = 1) -> float:
-    """Median wall time of ``fn`` over ``reps`` runs after ``warmup`` untimed runs."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(reps):
-        gc.collect()
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
 class Rows:
     """One vLLM ``LLM`` and the prompts it is timed on."""
 

@@ -17,6 +17,9 @@ from types import ModuleType
 
 import pytest
 
+from benchmarks import engine_vllm
+from benchmarks.engine_common import QUICK
+
 ROOT = Path(__file__).resolve().parents[1]
 ENGINE = ROOT / "benchmarks" / "engine.py"
 ROWS = ROOT / "benchmarks" / "vllm_rows.py"
@@ -68,14 +71,14 @@ def _assert_skip_line(stdout: str, why: str) -> None:
 
 @pytest.fixture(scope="module")
 def engine() -> ModuleType:
-    """``benchmarks/engine.py`` as a module."""
-    return _load(ENGINE, "bench_engine_for_vllm_test")
+    """``benchmarks/engine_vllm.py``: the vLLM rows of ``benchmarks/engine.py``."""
+    return engine_vllm
 
 
 def _skip_line(engine: ModuleType, vllm_python: str | None) -> str:
     """The line ``measure_vllm`` returns for ``--vllm-python`` (or none); it must skip."""
     args = argparse.Namespace(vllm_python=vllm_python, quick=True, dtype="bfloat16")
-    result = engine.measure_vllm(args, engine.QUICK)
+    result = engine.measure_vllm(args, QUICK)
     assert result.figures == {} and result.info["status"] == "not installed", result
     return str(result.line)
 
@@ -119,7 +122,7 @@ def test_vllm_rows_imports_no_talaria() -> None:
 def test_engine_command_parses_in_vllm_rows(engine: ModuleType, tmp_path: Path) -> None:
     """The command engine.py builds carries ours' sizes, and vllm_rows.py accepts it."""
     rows = _load(ROWS, "bench_vllm_rows_for_test")
-    sz = engine.QUICK
+    sz = QUICK
     cmd = engine.vllm_command("python", tmp_path, sz, "bfloat16", 8, tmp_path / "o.json")
     assert cmd[:2] == ["python", str(engine.VLLM_ROWS)]
     args = rows.parse_args(cmd[2:])

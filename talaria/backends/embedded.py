@@ -17,10 +17,10 @@ import torch
 
 from talaria.config import ClusterConfig, InstanceSpec, PolicyConfig
 from talaria.cost import cluster_estimators, estimator_for
+from talaria.engine.arch import ModelArch
 from talaria.engine.catalog import Source, entry
 from talaria.engine.kernels import optional_decode_kernel
 from talaria.engine.loader import LoadedModel, load_dummy, load_gguf, smollm2_gguf
-from talaria.engine.model import ModelArch
 from talaria.engine.runner import EngineRunner
 from talaria.engine.tokenizer import Tokenizer
 from talaria.errors import ConfigError

@@ -21,7 +21,7 @@ from typing import Any, Final
 import attrs
 
 from talaria.config import ModelSpec
-from talaria.engine.model import ModelArch
+from talaria.engine.arch import ModelArch
 from talaria.errors import UnknownModel
 
 

@@ -23,7 +23,7 @@ from typing import Final
 
 import torch
 
-from talaria.engine.model import ModelArch
+from talaria.engine.arch import ModelArch
 from talaria.errors import BadRequest, ConfigError
 from talaria.memory.kv import MovePlan
 from talaria.types import KVTier, Link

@@ -1,7 +1,7 @@
 """Model loading for the embedded engine: GGUF files, Hugging Face directories, dummy weights.
 
 Every loader returns a :class:`LoadedModel`: a Hugging Face style config dict, its
-:class:`~talaria.engine.model.ModelArch`, a dict of tensors named and shaped as transformers
+:class:`~talaria.engine.arch.ModelArch`, a dict of tensors named and shaped as transformers
 names them (``model.layers.0.self_attn.q_proj.weight``), in the serving dtype, on the CPU,
 plus the tokenizer, chat template and end-of-sequence ids when the source has them.
 
@@ -23,7 +23,7 @@ import attrs
 import numpy as np
 import torch
 
-from talaria.engine.model import Arch, ModelArch
+from talaria.engine.arch import Arch, ModelArch
 from talaria.engine.tokenizer import Tokenizer
 from talaria.errors import ConfigError, TalariaError
 

@@ -4,7 +4,7 @@
 :class:`~talaria.runtime.instance.InstanceCore`) and the tensors that accounting describes:
 
 * **weight arena**: one device tensor of ``core.arena.arena_bytes`` bytes, allocated once.
-  Every model's parameters are bound (:func:`~talaria.engine.model.bind_weights`) as views at
+  Every model's parameters are bound (:func:`~talaria.engine.weight_layout.bind_weights`) as views at
   its region's offset; only the model whose weights were last copied into a region is valid
   there. A switch copies into the region; the data pointer never changes.
 * **host tier of weights**: one flat byte tensor per model (pinned on CUDA), the source of
@@ -41,11 +41,14 @@ from typing import TYPE_CHECKING, Final
 import attrs
 import torch
 
+from talaria.engine.arch import ModelArch
+from talaria.engine.batch import BatchInput, SeqInput
 from talaria.engine.kernels import DecodeKernel
 from talaria.engine.kv_pool import KVPool, PagedKV
-from talaria.engine.model import BatchInput, LlamaModel, ModelArch, SeqInput, bind_weights
+from talaria.engine.model import LlamaModel
 from talaria.engine.sampling import make_generator, sample_row
 from talaria.engine.staging import BackgroundCopy
+from talaria.engine.weight_layout import bind_weights
 from talaria.errors import BadRequest, ConfigError
 from talaria.generation import SamplingParams
 from talaria.memory.kv import CallKey

@@ -9,9 +9,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from talaria.engine.arch import ModelArch
 from talaria.engine.attention import PagedGroup, Scratch, attend_decode, attend_prefill
+from talaria.engine.batch import BatchInput, SeqInput
 from talaria.engine.kv_pool import KVPool
-from talaria.engine.model import BatchInput, LlamaModel, ModelArch, SeqInput, bind_weights
+from talaria.engine.model import LlamaModel
+from talaria.engine.weight_layout import bind_weights
 from tests.helpers import hf_model, llama_config
 
 transformers = pytest.importorskip("transformers")

@@ -13,9 +13,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from talaria.engine.arch import ModelArch
+from talaria.engine.batch import BatchInput, SeqInput
 from talaria.engine.kernels import DecodeKernel, KernelUnavailable, build_decode_kernel
 from talaria.engine.kv_pool import KVPool
-from talaria.engine.model import BatchInput, LlamaModel, ModelArch, SeqInput, bind_weights
+from talaria.engine.model import LlamaModel
+from talaria.engine.weight_layout import bind_weights
 
 BF16 = torch.bfloat16
 

@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from talaria.engine import loader
+from talaria.engine.arch import ModelArch
 from talaria.engine.loader import (
     LoadedModel,
     ModelLoadError,
@@ -29,7 +30,6 @@ from talaria.engine.loader import (
     load_hf_dir,
     smollm2_gguf,
 )
-from talaria.engine.model import ModelArch
 from talaria.errors import TalariaError
 
 transformers = pytest.importorskip("transformers")

@@ -15,16 +15,11 @@ from typing import Any
 import pytest
 import torch
 
+from talaria.engine.arch import ModelArch
+from talaria.engine.batch import BatchInput, SeqInput
 from talaria.engine.kv_pool import KVPool, PagedKV
-from talaria.engine.model import (
-    Arch,
-    BatchInput,
-    LlamaModel,
-    ModelArch,
-    RopeKind,
-    SeqInput,
-    bind_weights,
-)
+from talaria.engine.model import LlamaModel
+from talaria.engine.weight_layout import bind_weights
 from talaria.errors import BadRequest, ConfigError, ContextTooLong
 from talaria.memory.kv import MovePlan
 from talaria.types import Link
@@ -133,51 +128,6 @@ def run_sequence(
     for pos in range(start, len(tokens)):
         (out,) = eng.step(SeqInput([tokens[pos]], pos, table))
         check(out, ref[pos : pos + 1])
-
-
-# ----------------------------------------------------------------------------- architecture
-
-
-@pytest.mark.parametrize("make", [llama_config, qwen2_config])
-@pytest.mark.parametrize("tied", [False, True])
-def test_param_shapes_match_transformers(make: Any, tied: bool) -> None:
-    hf = hf_model(make(tie_word_embeddings=tied), seed=0)
-    arch = ModelArch.from_hf_config(hf.config.to_dict())
-    state = hf.state_dict()
-    shapes = arch.param_shapes()
-    expected = {k: tuple(v.shape) for k, v in state.items() if not (tied and k == "lm_head.weight")}
-    assert shapes == expected
-    n_unique = sum(p.numel() for p in hf.parameters())
-    assert arch.n_params == n_unique
-    assert arch.weight_bytes(F32) == 4 * n_unique
-    spec = arch.to_spec("tiny", dtype=torch.bfloat16)
-    assert spec.total_params == n_unique
-    assert spec.weight_bytes == 2 * n_unique
-    assert spec.kv_bytes_per_token == arch.kv_bytes_per_token(torch.bfloat16)
-    assert arch.architecture is (Arch.QWEN2 if make is qwen2_config else Arch.LLAMA)
-    assert arch.attention_bias is (make is qwen2_config)
-
-
-def test_from_hf_config_reads_old_and_new_rope_fields() -> None:
-    base = {
-        "architectures": ["LlamaForCausalLM"],
-        "vocab_size": 128,
-        "hidden_size": 64,
-        "intermediate_size": 128,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "max_position_embeddings": 256,
-    }
-    scaling = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0}
-    old = {**base, "rope_theta": 5e5, "rope_scaling": {"rope_type": "llama3", **scaling}}
-    older = {**base, "rope_theta": 5e5, "rope_scaling": {"type": "llama3", **scaling}}
-    new = {**base, "rope_parameters": {"rope_type": "llama3", "rope_theta": 5e5, **scaling}}
-    archs = [ModelArch.from_hf_config(c) for c in (old, older, new)]
-    assert archs[0] == archs[1] == archs[2]
-    a = archs[0]
-    assert a.n_kv_heads == 4 and a.head_dim == 16 and a.rope_theta == 5e5
-    assert a.rope_scaling is not None and a.rope_scaling.kind is RopeKind.LLAMA3
-    assert a.rope_scaling.original_max_position_embeddings == 256
 
 
 # ----------------------------------------------------------------------------- correctness
@@ -392,44 +342,6 @@ def test_kv_survives_a_switch_away_and_back(check: Checker) -> None:
 # ----------------------------------------------------------------------------- errors
 
 
-def test_config_errors_name_the_field() -> None:
-    good = llama_config().to_dict()
-    with pytest.raises(ConfigError, match=r"architectures.*MistralForCausalLM"):
-        ModelArch.from_hf_config({**good, "architectures": ["MistralForCausalLM"]})
-    with pytest.raises(ConfigError, match="model_type"):
-        ModelArch.from_hf_config({**good, "architectures": None, "model_type": "gpt2"})
-    missing = {k: v for k, v in good.items() if k != "hidden_size"}
-    with pytest.raises(ConfigError, match="'hidden_size' is missing"):
-        ModelArch.from_hf_config(missing)
-    with pytest.raises(ConfigError, match="num_attention_heads"):
-        ModelArch.from_hf_config({**good, "num_attention_heads": 0})
-    with pytest.raises(ConfigError, match="rope_type"):
-        ModelArch.from_hf_config({**good, "rope_parameters": {"rope_type": "longrope"}})
-    with pytest.raises(ConfigError, match="low_freq_factor"):
-        ModelArch.from_hf_config(
-            {**good, "rope_parameters": {"rope_type": "llama3", "factor": 8.0}}
-        )
-    with pytest.raises(ConfigError, match="hidden_act"):
-        ModelArch.from_hf_config({**good, "hidden_act": "gelu"})
-    with pytest.raises(ConfigError, match="use_sliding_window"):
-        ModelArch.from_hf_config({**qwen2_config().to_dict(), "use_sliding_window": True})
-    with pytest.raises(ConfigError, match="n_kv_heads"):
-        ModelArch.from_hf_config({**good, "num_key_value_heads": 3})
-
-
-def test_region_too_small_or_mistyped() -> None:
-    arch = ModelArch.from_hf_config(llama_config().to_dict())
-    need = arch.weight_bytes(F32)
-    with pytest.raises(ConfigError, match=rf"region holds {need - 4} bytes.*need {need}"):
-        bind_weights(arch, torch.empty(need - 4, dtype=torch.uint8), F32)
-    with pytest.raises(ConfigError, match="region must be uint8"):
-        bind_weights(arch, torch.empty(need, dtype=torch.int32), F32)
-    views = bind_weights(arch, torch.empty(need // 4, dtype=F32), F32)  # a typed region works
-    assert views["model.embed_tokens.weight"].shape == (128, 64)
-    with pytest.raises(ConfigError, match=r"lm_head\.weight"):
-        LlamaModel(arch, {k: v for k, v in views.items() if k != "lm_head.weight"})
-
-
 def test_bad_requests_leave_the_kv_untouched() -> None:
     eng = Engine(hf_model(llama_config(max_position_embeddings=64), seed=24))
     table = list(range(4))
@@ -469,16 +381,3 @@ def test_move_plan_errors() -> None:
     assert torch.equal(pool.host_pool, before)
     with pytest.raises(ConfigError, match="smaller than one token"):
         KVPool(4, 0, arch.kv_bytes_per_token(F32) // 2).paged(arch, F32)
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_rms_norm_is_transformers_rms_norm_bit_for_bit(dtype: torch.dtype) -> None:
-    """transformers: weight * (x.float() * rsqrt(mean(x.float()^2) + eps)).to(dtype)."""
-    from talaria.engine.model import rms_norm
-
-    gen = torch.Generator().manual_seed(4)
-    x = (torch.randn(37, 96, generator=gen) * 5).to(dtype)
-    w = torch.randn(96, generator=gen).to(dtype)
-    xf = x.float()
-    expected = w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-5)).to(dtype)
-    assert torch.equal(rms_norm(x, w, 1e-5), expected)

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from talaria.config import InstanceSpec, PolicyConfig
-from talaria.engine.model import ModelArch
+from talaria.engine.arch import ModelArch
 from talaria.engine.runner import EngineRunner
 from talaria.errors import BadRequest
 from talaria.memory.weights import SwitchPlan

@@ -20,11 +20,13 @@ import pytest
 import torch
 
 from talaria.config import InstanceSpec
+from talaria.engine.batch import BatchInput, SeqInput
 from talaria.engine.kv_pool import KVPool
 from talaria.engine.loader import LoadedModel, ModelLoadError, load_gguf, smollm2_gguf
-from talaria.engine.model import BatchInput, LlamaModel, SeqInput, bind_weights
+from talaria.engine.model import LlamaModel
 from talaria.engine.runner import EngineRunner
 from talaria.engine.tokenizer import Tokenizer
+from talaria.engine.weight_layout import bind_weights
 from talaria.memory.kv import MovePlan
 from talaria.policy.baselines import POLICIES
 from talaria.runtime.instance import InstanceCore
