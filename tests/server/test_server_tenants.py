@@ -12,7 +12,8 @@ import torch
 
 from talaria.api import TalariaConfig
 from talaria.engine.catalog import listings
-from talaria.server.app import app_for_config, tenant_of_key
+from talaria.server.app import app_for_config
+from talaria.server.middleware import tenant_of_key
 from tests.server.server_fakes import live_server
 
 MODEL = "smollm2-135m"

@@ -1,0 +1,42 @@
+"""The in-process API: ``talaria.Talaria`` serves the embedded engine to code in this process.
+
+::
+
+    async with Talaria(TalariaConfig.default()) as tal:
+        answer = await tal.chat([{"role": "user", "content": "hi"}], "smollm2-135m",
+                                session_id="agent-1", max_tokens=64)
+        async for chunk in tal.chat_stream(messages, "smollm2-135m", session_id="agent-1"):
+            print(chunk.text, end="")
+        await tal.event("agent-1", "tool_start", tool="bash", expected_s=0.4)
+        summary = await tal.event("agent-1", "end")
+
+``Talaria`` owns a :class:`~talaria.runtime.live.LiveCluster` over the models of its
+:class:`TalariaConfig`; ``SyncTalaria`` wraps it for scripts. Every error is a
+:class:`~talaria.errors.TalariaError` with an HTTP status and a message a user can act on.
+Calls without a session id are one-call sessions: they end when they return.
+
+The package: ``config`` (``TalariaConfig`` and its TOML form), ``results`` (what calls
+return), ``tenants`` (per-tenant session scoping), ``talaria`` (the async API), ``stats``
+(the ``Talaria.stats()`` snapshot) and ``sync`` (``SyncTalaria``).
+"""
+
+from talaria.api.config import DEFAULT_MAX_TOKENS, TalariaConfig
+from talaria.api.results import ChatChunk, ChatResult, ModelInfo, Usage
+from talaria.api.sync import SyncTalaria
+from talaria.api.talaria import Talaria
+from talaria.api.tenants import DEFAULT_TENANT, scoped_session_id
+from talaria.runtime.live import SessionSummary
+
+__all__ = [
+    "DEFAULT_MAX_TOKENS",
+    "DEFAULT_TENANT",
+    "ChatChunk",
+    "ChatResult",
+    "ModelInfo",
+    "SessionSummary",
+    "SyncTalaria",
+    "Talaria",
+    "TalariaConfig",
+    "Usage",
+    "scoped_session_id",
+]

@@ -1,0 +1,157 @@
+"""``TalariaConfig``: what ``talaria.api.Talaria`` serves and how, and its TOML form.
+
+Validated on construction (a ``ConfigError`` naming the field); no I/O except
+:meth:`TalariaConfig.from_toml`. It turns into the lower-level configs the runtime takes
+(``talaria.config.PolicyConfig``, ``InstanceSpec``); tenant names are checked against
+``talaria.api.tenants.DEFAULT_TENANT``.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+import torch
+
+from talaria.api.tenants import DEFAULT_TENANT
+from talaria.config import InstanceSpec, PolicyConfig
+from talaria.engine.catalog import DEFAULT_MODELS, ENTRIES
+from talaria.errors import ConfigError
+from talaria.policy.baselines import policy as named_policy
+from talaria.runtime.live import DEFAULT_MAX_CALLS
+
+GB = 10**9
+DEFAULT_MAX_TOKENS = 1024
+_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+def _models(value: Any) -> tuple[str, ...]:
+    names = (value,) if isinstance(value, str) else tuple(value)
+    if not names:
+        raise ConfigError("serve at least one model (models = [...])")
+    for n in names:
+        if n not in ENTRIES:
+            raise ConfigError(f"unknown model {n!r}; the catalog has {sorted(ENTRIES)}")
+    if len(set(names)) != len(names):
+        raise ConfigError(f"models are listed twice: {list(names)}")
+    return names
+
+
+def _positive(_: Any, attribute: Any, value: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ConfigError(f"{attribute.name} must be positive, got {value!r}")
+
+
+@attrs.frozen
+class TalariaConfig:
+    """What ``Talaria`` serves and how. Units: bytes, seconds.
+
+    The default serves SmolLM2-135M (real weights) and two published configurations with
+    random weights (Qwen2.5-0.5B, Llama-3.2-1B) on one CPU instance whose device budget
+    (3 GB x 0.9) cannot hold their 3.73 GB of bfloat16 weights at once, so model switches,
+    KV demotion to the host tier (6 GB with the weights) and weight staging are real (the
+    embedded replay's instance). About 9 GB of RAM in all. ``policy`` names one of
+    DESIGN.md's policies; ``policy_overrides`` sets any of its knobs (for example
+    ``{"slot_max_s": 4.0}``).
+    """
+
+    models: tuple[str, ...] = attrs.field(default=DEFAULT_MODELS, converter=_models)
+    instances: int = attrs.field(default=1, validator=_positive)
+    device_memory_bytes: int = attrs.field(default=3 * GB, validator=_positive)
+    host_memory_bytes: int = attrs.field(default=6 * GB, validator=_positive)
+    block_size: int = attrs.field(default=16, validator=_positive)
+    memory_utilization: float = 0.9
+    hardware: str = "cpu"
+    device: str = "cpu"
+    dtype: str = "bfloat16"
+    policy: str = "talaria"
+    policy_overrides: Mapping[str, Any] = attrs.field(factory=dict, converter=dict)
+    api_keys: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    # API key -> tenant name (a TOML [tenants] table); a key listed here is accepted too.
+    # Any other configured key is a tenant of its own (named by a digest of the key).
+    tenants: Mapping[str, str] = attrs.field(factory=dict, converter=dict)
+    # calls in flight (queued or running) the server takes at most; past it a call gets
+    # 429 with Retry-After instead of waiting without bound
+    max_calls: int = DEFAULT_MAX_CALLS
+    # the most of them one tenant may hold (None: max_calls), so that one tenant's overload
+    # leaves the others room
+    max_calls_per_tenant: int | None = None
+    session_idle_s: float = attrs.field(default=600.0, validator=_positive)
+    shutdown_grace_s: float = attrs.field(default=30.0, validator=_positive)
+    default_max_tokens: int = attrs.field(default=DEFAULT_MAX_TOKENS, validator=_positive)
+
+    def __attrs_post_init__(self) -> None:
+        if self.dtype not in _DTYPES:
+            raise ConfigError(f"dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
+        for knob in ("max_calls", "max_calls_per_tenant"):  # the latter may be None
+            v = getattr(self, knob)
+            if v is None and knob == "max_calls_per_tenant":
+                continue
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ConfigError(f"{knob} must be a positive integer, got {v!r}")
+        for key, name in self.tenants.items():
+            ok = isinstance(name, str) and 0 < len(name) <= 64 and name.isprintable()
+            if not isinstance(key, str) or not key.strip() or not ok or name == DEFAULT_TENANT:
+                raise ConfigError(
+                    f"tenants maps API keys to tenant names of 1 to 64 printable characters "
+                    f"(not {DEFAULT_TENANT!r}); got {name!r}"
+                )
+        self.policy_config()  # unknown policy or knob
+
+    @classmethod
+    def default(cls) -> TalariaConfig:
+        return cls()
+
+    @classmethod
+    def from_toml(cls, path: str | Path) -> TalariaConfig:
+        """Read a TOML file: top-level keys are this class's fields; a ``[policy]`` table
+        holds ``name`` and any knob of the policy."""
+        p = Path(path)
+        try:
+            data = tomllib.loads(p.read_text())
+        except FileNotFoundError as exc:
+            raise ConfigError(f"config file {p} does not exist") from exc
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {p} is not valid TOML: {exc}") from exc
+        policy = data.pop("policy", None)
+        if isinstance(policy, dict):
+            data["policy"] = policy.pop("name", "talaria")
+            data["policy_overrides"] = policy
+        elif policy is not None:
+            data["policy"] = policy
+        known = {f.name for f in attrs.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"config file {p}: unknown keys {unknown}; known: {sorted(known)}")
+        try:
+            return cls(**data)
+        except TypeError as exc:
+            raise ConfigError(f"config file {p}: {exc}") from exc
+
+    def policy_config(self) -> PolicyConfig:
+        base = named_policy(self.policy)
+        known = {f.name for f in attrs.fields(PolicyConfig)} - {"name"}
+        unknown = sorted(set(self.policy_overrides) - known)
+        if unknown:
+            raise ConfigError(f"unknown policy knobs {unknown}; known: {sorted(known)}")
+        return attrs.evolve(base, **self.policy_overrides)
+
+    def instance_specs(self) -> tuple[InstanceSpec, ...]:
+        return tuple(
+            InstanceSpec(
+                name=f"{self.hardware}-{i}",
+                hardware=self.hardware,
+                device_memory_bytes=self.device_memory_bytes,
+                host_memory_bytes=self.host_memory_bytes,
+                block_size=self.block_size,
+                memory_utilization=self.memory_utilization,
+            )
+            for i in range(self.instances)
+        )
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return _DTYPES[self.dtype]

@@ -1,0 +1,64 @@
+"""The ``Talaria.stats()`` snapshot: a JSON-able picture of a live cluster.
+
+A function of ``talaria.runtime.live.LiveCluster`` alone (instances' KV tiers, queues,
+reservations, counters; sessions; calls; events). Read by the HTTP server's ``/health`` and
+its Prometheus collector (``talaria.server.metrics``), whose names follow these keys.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from talaria.runtime.live import LiveCluster
+
+
+def snapshot(live: LiveCluster) -> dict[str, Any]:
+    """A JSON-able snapshot of ``live``: per instance KV blocks per tier, queue,
+    reservations, active model and counters; sessions; totals. Reads only."""
+    instances: dict[str, Any] = {}
+    switches = moved = 0
+    for name, inst in live.core.instances.items():
+        kv = inst.kv
+        counters = attrs.asdict(inst.counters) | {
+            f"kv_{k}": v for k, v in attrs.asdict(kv.counters).items()
+        }
+        switches += inst.counters.model_switches
+        moved += inst.counters.weight_bytes_moved + inst.counters.kv_bytes_moved
+        instances[name] = {
+            "active_model": inst.arena.active_model,
+            "queue_depth": sum(len(q) for q in inst.waiting.values()),
+            "running": len(inst.running),
+            "reservations_held": len(inst.admission.held),
+            "healthy": not live.drivers[name].down,
+            "kv_blocks": {
+                "device_total": kv.device_blocks,
+                "device_free": kv.device_free,
+                "device_used": kv.device_blocks - kv.device_free,
+                "host_total": kv.host_blocks,
+                "host_free": kv.host_free,
+                "host_used": kv.host_blocks - kv.host_free,
+            },
+            "counters": counters,
+        }
+    return {
+        "instances": instances,
+        "sessions": {
+            "active": len(live.sessions),
+            "ended": live.ended_sessions,
+            "expired": live.expired_sessions,
+            "total": len(live.sessions) + live.ended_sessions,
+        },
+        "calls": {
+            "in_flight": len(live.calls),
+            "finished": sum(i.counters.calls_finished for i in live.core.instances.values()),
+            "failed": live.calls_failed,
+            "refused": live.calls_refused,  # over max_calls (429)
+            "max": live.max_calls,
+            "max_per_tenant": live.max_calls_per_tenant,
+        },
+        "events": dict(live.events),
+        "model_switches": switches,
+        "bytes_moved": moved,
+    }

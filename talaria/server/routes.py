@@ -1,0 +1,281 @@
+"""The HTTP endpoints and how each request is turned into an API call and answered.
+
+Endpoints: ``POST /v1/chat/completions``, ``POST /v1/completions`` (both stream with
+``stream: true``, see ``talaria.server.streaming``), ``GET /v1/models[/{id}]``, ``POST
+/v1/sessions/{id}/events``, ``GET /health`` and ``GET /metrics``. Bodies are validated by
+``talaria.server.schemas``; failures raise ``talaria.server.errors.HttpError``. Each app
+holds its :class:`Context` (the backend and the app's metrics) on ``app.state``, put there
+by ``talaria.server.app.create_app``.
+
+Sessions: a call names its session in the ``X-Session-ID`` header or the body field
+``session_id``; if both are sent they must be equal (a 400 otherwise, rather than silently
+preferring one). Without either, the call is a one-call session. Answers carry the headers
+``X-Session-ID`` (the session the call ran in, generated for one-call sessions) and
+``X-Talaria-Instance``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any, TypeVar
+
+import attrs
+from fastapi import FastAPI, Request, Response
+from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+
+from talaria.server import schemas as s
+from talaria.server import streaming
+from talaria.server.errors import HttpError, bad_request, from_validation
+from talaria.server.metrics import ServerMetrics
+
+Body = TypeVar("Body", bound=s.StrictModel)
+STATE = "talaria"  # app.state attribute holding the Context
+
+
+@attrs.frozen
+class Context:
+    backend: s.Backend
+    metrics: ServerMetrics
+
+
+def _ctx(request: Request) -> Context:
+    ctx: Context = getattr(request.app.state, STATE)
+    return ctx
+
+
+def add_routes(app: FastAPI) -> None:
+    app.add_api_route("/v1/chat/completions", _chat_completions, methods=["POST"])
+    app.add_api_route("/v1/completions", _completions, methods=["POST"])
+    app.add_api_route("/v1/models", _list_models, methods=["GET"])
+    app.add_api_route("/v1/models/{model:path}", _get_model, methods=["GET"])
+    app.add_api_route("/v1/sessions/{session_id:path}/events", _session_event, methods=["POST"])
+    app.add_api_route("/health", _health, methods=["GET"])
+    app.add_api_route("/metrics", _metrics, methods=["GET"])
+
+
+async def _chat_completions(request: Request) -> Response:
+    """OpenAI chat completions (streamed or not) through the model's chat template."""
+    body = await _parse(request, s.ChatCompletionRequest)
+    args = _call_args(request, body, body.new_tokens())
+    messages = body.api_messages()
+    ctx = _ctx(request)
+
+    def open_stream() -> AsyncIterator[s.ChunkLike]:
+        return ctx.backend.chat_stream(messages, body.model, tools=body.api_tools(), **args)
+
+    return await _answer(request, open_stream, chat=True, body=body)
+
+
+async def _completions(request: Request) -> Response:
+    """OpenAI (legacy) text completions of a raw prompt, no chat template."""
+    body = await _parse(request, s.CompletionRequest)
+    args = _call_args(request, body, body.max_tokens)
+    prompt = body.prompt_text()
+    ctx = _ctx(request)
+
+    def open_stream() -> AsyncIterator[s.ChunkLike]:
+        return ctx.backend.complete_stream(prompt, body.model, **args)
+
+    return await _answer(request, open_stream, chat=False, body=body)
+
+
+async def _list_models(request: Request) -> Response:
+    """``{"object": "list", "data": [model cards]}``."""
+    cards = [_card(m) for m in _ctx(request).backend.models()]
+    return JSONResponse({"object": "list", "data": cards})
+
+
+async def _get_model(request: Request, model: str) -> Response:
+    """One model card; 404 naming the served models when ``model`` is not one of them."""
+    info = _require_model(request, model)
+    return JSONResponse(_card(info))
+
+
+async def _session_event(request: Request, session_id: str) -> Response:
+    """A tool-gap hint or the end of a session. Answers ``{"session_id", "event"}``, plus
+    ``"summary": {"sct_s", "calls"}`` for ``end`` (and observes SCT). 404 for a session the
+    server never saw."""
+    sid = s.check_session_id(session_id, "the session id in the path")
+    event = await _parse(request, s.EventRequest)
+    summary = await _ctx(request).backend.event(
+        sid,
+        event.event,
+        tool=event.tool,
+        expected_s=event.expected_s,
+        measured_s=event.measured_s,
+        tenant=_tenant(request),
+    )
+    out: dict[str, Any] = {"session_id": sid, "event": event.event}
+    if summary is not None:
+        _ctx(request).metrics.sct.observe(max(summary.sct_s, 0.0))
+        out["summary"] = {"sct_s": summary.sct_s, "calls": summary.calls}
+    return JSONResponse(out, headers={"X-Session-ID": _header(sid)})
+
+
+async def _health(request: Request) -> Response:
+    """200 ``{"status": "ok", "models": [...], "instances": {name: healthy}}`` while at least
+    one instance is healthy; 503 with ``"status": "unavailable"`` when none is or the API
+    does not answer (not started, failed)."""
+    backend = _ctx(request).backend
+    try:
+        names = [m.name for m in backend.models()]
+        instances = {
+            str(name): bool(info.get("healthy", True)) if isinstance(info, dict) else True
+            for name, info in dict(backend.stats().get("instances", {})).items()
+        }
+    except Exception as exc:
+        return JSONResponse({"status": "unavailable", "error": type(exc).__name__}, 503)
+    ok = any(instances.values()) or not instances
+    body = {"status": "ok" if ok else "unavailable", "models": names, "instances": instances}
+    return JSONResponse(body, 200 if ok else 503)
+
+
+async def _metrics(request: Request) -> Response:
+    """Prometheus exposition text of this app's registry."""
+    data, content_type = _ctx(request).metrics.render()
+    return Response(data, media_type=content_type)
+
+
+# --- request handling --------------------------------------------------------------------------
+
+
+async def _parse(request: Request, model: type[Body]) -> Body:
+    """Validate the raw body as ``model`` (strict JSON) and run its ``check``. Raises
+    ``HttpError`` (400) naming the field at fault."""
+    raw = await request.body()
+    try:
+        body = model.model_validate_json(raw)
+    except ValidationError as exc:
+        raise from_validation(exc) from None
+    check = getattr(body, "check", None)
+    if check is not None:
+        check()
+    return body
+
+
+def _tenant(request: Request) -> str:
+    """The caller's tenant: its API key's, or ``default`` when the server has no keys."""
+    return str(getattr(request.state, "talaria_tenant", "default"))
+
+
+def _call_args(request: Request, body: s.SamplingFields, max_tokens: int | None) -> dict[str, Any]:
+    """Keyword arguments for ``chat_stream`` / ``complete_stream``, after checking the model
+    and resolving the session id (header and body must agree). Records the model for
+    metrics."""
+    _require_model(request, body.model)
+    request.state.talaria_model = body.model
+    header = request.headers.get("x-session-id")
+    sid = body.session_id
+    if header is not None:
+        header = s.check_session_id(header, "the X-Session-ID header")
+        if sid is not None and sid != header:
+            raise bad_request(
+                f"The X-Session-ID header ({header!r}) and the body's session_id ({sid!r}) "
+                "differ; send the session id once, or the same in both.",
+                "session_id",
+            )
+        sid = header
+    elif sid is not None:
+        sid = s.check_session_id(sid, "session_id")
+    return {
+        "session_id": sid,
+        "tenant": _tenant(request),
+        "max_tokens": max_tokens,
+        "temperature": body.temperature,
+        "top_p": body.top_p,
+        "top_k": max(body.top_k, 0),
+        "seed": body.seed,
+        "stop": body.stop,
+    }
+
+
+def _require_model(request: Request, name: str) -> s.ModelInfoLike:
+    """The served model called ``name``; raises ``HttpError`` (404) listing the served ones."""
+    served = list(_ctx(request).backend.models())
+    for info in served:
+        if info.name == name:
+            return info
+    available = ", ".join(m.name for m in served) or "none"
+    raise HttpError(
+        404,
+        f"The model {name[:100]!r} does not exist on this server. Available models: {available}.",
+        code="model_not_found",
+        param="model",
+    )
+
+
+def _card(info: s.ModelInfoLike) -> dict[str, Any]:
+    return s.model_card(info.name, info.context_length, info.source, info.created)
+
+
+def _header(value: str) -> str:
+    """``value`` made safe for an HTTP header (printable ASCII)."""
+    return "".join(c if 32 <= ord(c) < 127 else "?" for c in value)[:512]
+
+
+async def _answer(
+    request: Request,
+    open_stream: Callable[[], AsyncIterator[s.ChunkLike]],
+    *,
+    chat: bool,
+    body: s.SamplingFields,
+) -> Response:
+    """Run one call and answer it, streamed (SSE) or whole.
+
+    The first chunk is awaited before any byte is sent, so errors raised before generation
+    starts (unknown model, context too long, overloaded) get their own HTTP status; later
+    errors become an SSE error event (streamed) or the HTTP error (not streamed). Time to
+    first token is observed here for both kinds.
+    """
+    ctx = _ctx(request)
+    stream = open_stream()
+    try:
+        first = await anext(stream)
+    except StopAsyncIteration:
+        await streaming.close(stream)
+        raise HttpError(500, "The model produced no output; retry.", code="empty_stream") from None
+    except BaseException:
+        await streaming.close(stream)
+        raise
+    received = float(request.state.talaria_received)
+    ctx.metrics.ttft.labels(body.model).observe(max(time.perf_counter() - received, 0.0))
+    headers = {
+        "X-Talaria-Instance": _header(first.instance),
+        "X-Session-ID": _header(first.session_id),
+    }
+    if body.stream:
+        head = s.ChunkHead(first.id, first.model, first.created, body.include_usage)
+        events = streaming.sse(request, first, stream, head, chat)
+        headers["Cache-Control"] = "no-cache"
+        return streaming.SameTaskStream(events, media_type="text/event-stream", headers=headers)
+    answer = await _collect(first, stream)
+    payload = s.chat_completion(answer) if chat else s.text_completion(answer)
+    return JSONResponse(payload, headers=headers)
+
+
+async def _collect(first: s.ChunkLike, stream: AsyncIterator[s.ChunkLike]) -> s.Answer:
+    """Join the chunks of an answer (closing the stream); a stream that ends without a
+    ``finish_reason`` is taken as finished with ``stop``."""
+    parts = [first.text]
+    last = first
+    try:
+        while last.finish_reason is None:
+            nxt = await anext(stream, None)
+            if nxt is None:
+                break
+            last = nxt
+            parts.append(last.text)
+    finally:
+        await streaming.close(stream)
+    return s.Answer(
+        id=first.id,
+        model=first.model,
+        created=first.created,
+        text="".join(parts),
+        finish_reason=last.finish_reason or "stop",
+        usage=last.usage,
+        instance=first.instance,
+        session_id=first.session_id,
+    )
