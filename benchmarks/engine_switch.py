@@ -211,7 +211,7 @@ def measure_switches(
     bb = core.kv.block_bytes
     core.kv.return_lent()
     lent = core.kv.lend(-(-nbytes // bb))
-    core.stage_blocks = lent
+    core.slots.stage_blocks = lent
     src = runner.host_weights[big]
 
     def stage_copy() -> None:
@@ -298,7 +298,7 @@ def measure_switches(
         out["switch_staged_over_host_ratio"] = t / out["switch_s_from_host"]
     finally:
         core.kv.return_lent()
-        core.stage_blocks = ()
+        core.slots.stage_blocks = ()
         runner._staged = None
     # leave the region holding the arena's active model
     active = core.arena.active_model

@@ -43,16 +43,11 @@ from talaria.engine.loader import LoadedModel
 from talaria.engine.runner import flatten_weights
 from talaria.engine.sampling import SamplingParams, StopChecker
 from talaria.errors import ConfigError, TalariaError
+from talaria.runtime.counters import cluster_counters
 from talaria.runtime.instance import Request
 from talaria.runtime.live import Failed, Finished, LiveCluster, StepTiming
 from talaria.session.gaps import GapPredictor
-from talaria.sim.simulator import (
-    SessionRecord,
-    SimResult,
-    Simulator,
-    cluster_counters,
-    record_of,
-)
+from talaria.sim.simulator import SessionRecord, SimResult, Simulator, record_of
 from talaria.types import Call, EventKind, SessionScript, TokenSeq
 
 GB = 10**9
@@ -197,17 +192,17 @@ async def _play(
             await anyio.sleep(max(0.0, t0 + script.start_s - live.clock.now()))
             start = live.clock.now()
             tool = 0.0
-            for i, sc in enumerate(script.calls):
+            for i in range(len(script.calls)):
                 req, inst = await _one_call(live, script, i)
                 done.append((req, inst))
                 tick(len(done))
-                if i + 1 < len(script.calls):
-                    if sc.hint_s is not None:  # a client that sends hints names the tool
-                        live.event(
-                            script.session_id, EventKind.TOOL_START, sc.hint_s, tool=sc.tool_kind
-                        )
-                    await anyio.sleep(sc.tool_seconds)
-                    tool += sc.tool_seconds
+                run = script.after(i)
+                if run is not None:
+                    if run.hint_s is not None:
+                        sid = script.session_id
+                        live.event(sid, EventKind.TOOL_START, run.hint_s, tool=run.tool)
+                    await anyio.sleep(run.seconds)
+                    tool += run.seconds
             live.event(script.session_id, EventKind.END)
             n = len(script.calls)
             sessions.append(
@@ -222,7 +217,7 @@ async def _play(
         live.check_integrity()
         end = live.clock.now() - t0
         steps = list(live.steps)
-        counters = cluster_counters(cluster.core, live.kv_bytes_moved)
+        counters = cluster_counters(cluster.core.instances.values(), live.kv_bytes_moved)
     records = tuple(_shifted(record_of(req, inst), t0) for req, inst in done)
     return SimResult(policy, records, tuple(sessions), counters, end), steps
 

@@ -138,6 +138,9 @@ class InstanceSpec:
     n_devices: int = attrs.field(default=1, validator=_positive_int)
     memory_utilization: float = attrs.field(default=0.9, validator=_fraction)
     models: tuple[str, ...] = attrs.field(default=(), converter=_str_tuple)
+    # The most of host memory kept for host copies of weights when not every model's fit
+    # (the rest is the host KV tier); when they all fit in this share, all are kept.
+    host_weight_share: float = attrs.field(default=0.65, validator=_fraction)
 
     @property
     def usable_device_bytes(self) -> int:
@@ -227,6 +230,11 @@ class PolicyConfig:
     # this many tokens, capped by slot_max_s per model.
     slot_wait_output_tokens: int = attrs.field(default=100, validator=_positive_int)
     slot_wait_prefill_tokens: int = attrs.field(default=2048, validator=_positive_int)
+    # Weight staging borrows free device KV blocks: this share of the KV pool stays free for
+    # calls that arrive while a stage runs, and a partial stage smaller than this share of
+    # the model's weights is not worth starting (it saves less than it costs to track).
+    stage_headroom: float = attrs.field(default=0.05, validator=_fraction)
+    stage_min_share: float = attrs.field(default=0.1, validator=_fraction)
 
     def __attrs_post_init__(self) -> None:
         if not isinstance(self.routing, Routing):

@@ -224,11 +224,49 @@ class ScriptedCall:
 
 
 @attrs.frozen
+class ToolRun:
+    """What a scripted client does between two calls: the hint it sends when the tool starts
+    (``hint_s`` None: none) and how long the tool runs."""
+
+    seconds: float
+    hint_s: float | None
+    tool: str
+
+
+@attrs.frozen
 class SessionScript:
-    """A session as a request source: start time, model, and its calls in order."""
+    """A session as a request source: start time, model, and its calls in order.
+
+    The one playback rule, shared by the simulator and the live replay: call ``i`` arrives
+    (``call``); once it is answered the client either ends the session (``after`` is None)
+    or runs a tool (``after``), sending its hint when the tool starts, and call ``i + 1``
+    arrives when the tool is done."""
 
     session_id: SessionId
     model: str
     start_s: float
     calls: tuple[ScriptedCall, ...]
     tenant: str = "default"
+
+    def call(self, index: int, now: float) -> Call:
+        """Call ``index`` as it arrives at ``now``."""
+        sc = self.calls[index]
+        return Call(
+            self.session_id,
+            index,
+            self.model,
+            sc.prompt,
+            sc.max_new_tokens,
+            sc.output_tokens,
+            self.tenant,
+            now,
+        )
+
+    def after(self, index: int) -> ToolRun | None:
+        """What follows call ``index``'s answer: None after the last call (the session
+        ends), else the tool run before the next call (a client that sends hints names the
+        tool too)."""
+        if index + 1 >= len(self.calls):
+            return None
+        sc = self.calls[index]
+        return ToolRun(sc.tool_seconds, sc.hint_s, sc.tool_kind)

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import attrs
-
+from talaria.runtime.counters import instance_counters
 from talaria.runtime.live import LiveCluster
 
 
@@ -21,9 +20,7 @@ def snapshot(live: LiveCluster) -> dict[str, Any]:
     switches = moved = 0
     for name, inst in live.core.instances.items():
         kv = inst.kv
-        counters = attrs.asdict(inst.counters) | {
-            f"kv_{k}": v for k, v in attrs.asdict(kv.counters).items()
-        }
+        counters = instance_counters(inst)
         switches += inst.counters.model_switches
         moved += inst.counters.weight_bytes_moved + inst.counters.kv_bytes_moved
         instances[name] = {

@@ -35,6 +35,7 @@ Not thread-safe: one task drives a runner.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Final
 
@@ -60,6 +61,7 @@ if TYPE_CHECKING:  # the core drives this runner; the runner needs only its inte
     from talaria.runtime.instance import InstanceCore
 
 _MAX_IDLE_STEPS: Final = 100_000
+STAGE_POLL_S: Final = 0.001  # how often ``generate`` looks whether a stage it waits on landed
 
 
 def flatten_weights(
@@ -254,8 +256,7 @@ class EngineRunner:
     @property
     def idle(self) -> bool:
         """Nothing running and nothing waiting."""
-        core = self.core
-        return not core.running and not any(core.waiting.values())
+        return self.core.idle
 
     # ------------------------------------------------------------------ one step
     def step(self, now: float) -> list[Request]:
@@ -340,14 +341,20 @@ class EngineRunner:
         max_steps: int = _MAX_IDLE_STEPS,
     ) -> dict[CallKey, tuple[int, ...]]:
         """Submit ``calls`` and step (the clock moving ``tick_s`` a step) until each has
-        finished; returns each call's generated ids. For tests and scripts."""
+        finished; returns each call's generated ids. For tests and scripts. While the core
+        waits for a background stage to land, this sleeps until the copy is done instead of
+        spinning (``max_steps`` counts decisions, not wall time)."""
         keys = [self.submit(call, now).key for call in calls]
         pending = set(keys)
         for _ in range(max_steps):
             if not pending:
                 break
-            for req in self.step(now):
+            sched = self.plan(now)
+            for req in self.commit(sched, self.execute(sched), now):
                 pending.discard(req.key)
+            stager = self._stager
+            while sched.waiting_for_stage and stager is not None and not stager.done:
+                time.sleep(STAGE_POLL_S)  # ``plan`` reports the stage once it has landed
             now += tick_s
         else:
             raise RuntimeError(f"calls {sorted(pending)} did not finish in {max_steps} steps")

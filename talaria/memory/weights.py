@@ -165,6 +165,7 @@ class WeightArena:
         # Distinct negative starting values: never-used models are LRU in the order given.
         self._last_used = {name: i - len(self._specs) for i, name in enumerate(self._specs)}
         self._tick = 0
+        self._changes = 0  # commits so far (``changes``)
 
     def __repr__(self) -> str:
         staged = f"{self._staged}{'' if self._stage_ready else ' (in progress)'}"
@@ -197,6 +198,12 @@ class WeightArena:
         if not 0 <= region < self.n_regions:
             raise BadRequest(f"region {region} is out of range 0..{self.n_regions - 1}")
         return region * self.region_bytes
+
+    @property
+    def changes(self) -> int:
+        """How many commits the arena has made: an unchanged count means an unchanged arena,
+        so it keys memos of values derived from it (switch times)."""
+        return self._changes
 
     @property
     def active_model(self) -> str | None:
@@ -377,11 +384,13 @@ class WeightArena:
         self._region_of[model] = plan.region
         self._active = model
         self._touch(model)
+        self._changes += 1
         return plan
 
     def deactivate(self) -> None:
         """The active model, if any, becomes RESIDENT (its slot ended); no-op otherwise."""
         self._active = None
+        self._changes += 1
 
     def start_stage(self, model: str, nbytes: int | None = None) -> SwitchPlan:
         """Start copying ``nbytes`` of ``model`` (default all) into borrowed device memory;
@@ -395,6 +404,7 @@ class WeightArena:
         self._staged, self._stage_ready = model, False
         self._staged_bytes = self._stage_size(model, nbytes)
         self._touch(model)
+        self._changes += 1
         return plan
 
     def finish_stage(self, model: str) -> None:
@@ -405,10 +415,12 @@ class WeightArena:
                 f"{model} is not being staged (in progress: {self.staging_in_progress})"
             )
         self._stage_ready = True
+        self._changes += 1
 
     def cancel_stage(self) -> None:
         """Empty the staging area, abandoning a copy in progress; no-op if it is empty."""
         self._staged, self._stage_ready, self._staged_bytes = None, False, 0
+        self._changes += 1
 
     def _apply_host(self, plan: SwitchPlan) -> None:
         self._host.difference_update(plan.host_drops)

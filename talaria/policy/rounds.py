@@ -7,7 +7,8 @@ Decisions only, no I/O: the instance core asks, on every scheduling step,
   With SP a continuation is admitted any time the model's slot is open and admitting;
   without SP (the paper's ``round`` baseline) admission closes after the slot's opening
   pass, so a call arriving later waits for the next round.
-* ``should_close(...)``: is it time to stop admitting (and, once the batch drains, switch)?
+* ``close_if_due(...)``: marks the open slot closing (it stops admitting and, once its batch
+  drains, gives way) when it is time; the only decision here that mutates.
 * ``next_model(...)``: which model's slot opens next.
 * ``predict_next(...)``: which model to stage while the current slot runs.
 
@@ -40,6 +41,7 @@ class Slot:
     opened_s: float
     admitting: bool = True
     closing: bool = False  # quantum spent: admit nothing more, drain the batch
+    opening: bool = True  # its first admission pass has not run yet
 
 
 @attrs.frozen
@@ -73,6 +75,16 @@ class RoundScheduler:
     def current(self) -> str | None:
         return self.slot.model if self.slot else None
 
+    @property
+    def state(self) -> tuple[str | None, bool, bool, int]:
+        """What every slot-wait estimate reads (the open slot's model, whether it admits,
+        whether it is closing, the ring position): equal states give equal estimates, so it
+        keys their memos."""
+        slot = self.slot
+        if slot is None:
+            return None, False, False, self._last_index
+        return slot.model, slot.admitting, slot.closing, self._last_index
+
     def _index(self, model: str) -> int:
         try:
             return self.models.index(model)
@@ -86,18 +98,29 @@ class RoundScheduler:
         self.slots_opened += 1
         return self.slot
 
+    def end_slot(self) -> None:
+        """The open slot ended (its model is being switched away): none is open until
+        ``open``."""
+        self.slot = None
+
     def may_admit(self, model: str) -> bool:
         slot = self.slot
         return slot is not None and slot.model == model and slot.admitting and not slot.closing
 
     def end_opening_pass(self) -> None:
-        """Called after the first admission pass of a slot: without SP, admission closes."""
-        if self.slot is not None and not self.policy.session_prefill:
-            self.slot.admitting = False
+        """Called after each admission pass: after a slot's first, without SP, admission
+        closes. Later calls change nothing."""
+        slot = self.slot
+        if slot is None or not slot.opening:
+            return
+        slot.opening = False
+        if not self.policy.session_prefill:
+            slot.admitting = False
 
-    def should_close(self, now: float, demand: Mapping[str, SlotDemand]) -> bool:
-        """Whether the open slot should stop admitting. Marks it closing (a mutation: the
-        decision sticks until the next slot opens). True also when no slot is open."""
+    def close_if_due(self, now: float, demand: Mapping[str, SlotDemand]) -> bool:
+        """Mark the open slot closing if it should stop admitting now (a mutation: the
+        decision sticks until the next slot opens), and return whether it should: True also
+        when no slot is open; False while nobody else needs the device."""
         slot = self.slot
         if slot is None:
             return True

@@ -16,19 +16,28 @@ Model residency, KV locality and instance pressure all land in that one number; 
 breakdown is returned so decisions can be explained and tested. The baselines rank
 differently (``Routing``) but report the same breakdown.
 
-Pure: plain data in, plain data out.
+``search`` is where a call's instance is chosen: with expected-completion routing it ranks
+the candidates by a lower bound of their estimate (each candidate's estimate of an optimistic
+view, so the bound cannot exceed the exact estimate) and computes exact estimates in that
+order until the next bound exceeds the best exact one (a tie is still viewed: ties go by
+name); ``route`` ranks the views.
+
+Pure: plain data in, plain data out (``search`` reads its candidates, never mutates them).
 """
 
 from __future__ import annotations
 
+import heapq
+import math
 from collections.abc import Sequence
+from typing import Protocol
 
 import attrs
 
-from talaria.config import Routing
+from talaria.config import PolicyConfig, Routing
 from talaria.errors import ConfigError, Overloaded
 from talaria.memory.kv import PrefixMatch
-from talaria.types import Residency
+from talaria.types import Call, Residency
 
 
 @attrs.frozen
@@ -141,3 +150,56 @@ def route(
     else:
         raise ConfigError(f"unknown routing {routing!r}")
     return Decision(chosen, ests, routing)
+
+
+class Candidate(Protocol):
+    """An instance as ``search`` sees it (``talaria.runtime.estimates.InstanceEstimates``)."""
+
+    @property
+    def name(self) -> str: ...
+
+    def bound_s(self, model: str, expected_output: int) -> float:
+        """At most the estimate of any call of ``model`` with that answer length here."""
+        ...
+
+    def view(self, call: Call, now: float, served_last: bool) -> InstanceView: ...
+
+
+def search(
+    candidates: Sequence[Candidate],
+    call: Call,
+    now: float,
+    policy: PolicyConfig,
+    *,
+    last_instance: str | None,
+    known_tokens: int,
+    expected_output: int,
+) -> Decision:
+    """Choose the instance for ``call`` among ``candidates`` (every one can hold it).
+
+    ``last_instance`` served the session last; ``known_tokens`` is the session's history the
+    last instance computed; ``expected_output`` the answer length expected (the session's
+    last). With ``EXPECTED_COMPLETION`` only the candidates whose bound beats the best exact
+    estimate so far get an exact view (see the module docstring); the decision is the same as
+    ranking them all. The baselines rank every candidate's view.
+    """
+    if policy.routing is not Routing.EXPECTED_COMPLETION:
+        views = [c.view(call, now, c.name == last_instance) for c in candidates]
+        return route(
+            views,
+            policy.routing,
+            known_tokens,
+            expected_output,
+            policy.cache_affinity_load_cap,
+            policy.cache_affinity_abs_tokens,
+        )
+    bounds = [(c.bound_s(call.model, expected_output), i) for i, c in enumerate(candidates)]
+    heapq.heapify(bounds)
+    exact: list[InstanceView] = []
+    best = math.inf
+    while bounds and bounds[0][0] <= best:  # a tie may win on its name
+        cand = candidates[heapq.heappop(bounds)[1]]
+        view = cand.view(call, now, cand.name == last_instance)
+        exact.append(view)
+        best = min(best, estimate(view, known_tokens, expected_output).total_s)
+    return route(exact, policy.routing, known_tokens, expected_output)

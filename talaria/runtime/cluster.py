@@ -8,18 +8,16 @@ and the chosen instance's queue; raises typed errors (``UnknownModel``, ``Contex
 
 from __future__ import annotations
 
-import heapq
-import math
 from collections.abc import Mapping
 from typing import Protocol
 
 import attrs
 
-from talaria.config import ClusterConfig, PolicyConfig, Routing
+from talaria.config import ClusterConfig, PolicyConfig
 from talaria.cost.estimator import Estimator
 from talaria.errors import ContextTooLong, Overloaded, UnknownSession
 from talaria.policy.gaps import GapModel
-from talaria.policy.router import Decision, InstanceView, estimate, route
+from talaria.policy.router import Decision, search
 from talaria.runtime.instance import InstanceCore, Request
 from talaria.types import Call, EventKind, SessionId, TokenSeq
 
@@ -149,32 +147,16 @@ class ClusterCore:
     def _route(
         self, call: Call, info: SessionInfo, candidates: list[InstanceCore], now: float
     ) -> Decision:
-        """Rank the candidates. Expected-completion routing first ranks every instance by a
-        lower bound (the whole prompt cached on device), then computes exact estimates in
-        that order until the next lower bound cannot beat the best exact one."""
-        policy = self.policy
-        last = info.last_instance
-        if policy.routing is not Routing.EXPECTED_COMPLETION:
-            views = [inst.view(call, now, inst.spec.name == last) for inst in candidates]
-            return route(
-                views,
-                policy.routing,
-                info.known_tokens,
-                info.last_output,
-                policy.cache_affinity_load_cap,
-                policy.cache_affinity_abs_tokens,
-            )
-        model, out = call.model, info.last_output
-        bounds = [(inst.bound_s(model, out), i) for i, inst in enumerate(candidates)]
-        heapq.heapify(bounds)
-        exact: list[InstanceView] = []
-        best = math.inf
-        while bounds and bounds[0][0] < best:
-            inst = candidates[heapq.heappop(bounds)[1]]
-            view = inst.view(call, now, inst.spec.name == last)
-            exact.append(view)
-            best = min(best, estimate(view, info.known_tokens, info.last_output).total_s)
-        return route(exact, policy.routing, info.known_tokens, info.last_output)
+        """The router's choice among the candidates (``talaria.policy.router.search``)."""
+        return search(
+            [inst.estimates for inst in candidates],
+            call,
+            now,
+            self.policy,
+            last_instance=info.last_instance,
+            known_tokens=info.known_tokens,
+            expected_output=info.last_output,
+        )
 
     def on_finished(self, req: Request) -> None:
         """A call was answered: remember its history, and give the instance the server's

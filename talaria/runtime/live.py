@@ -607,7 +607,7 @@ class LiveCluster:
         d.backoff_s = min(2.0 * d.backoff_s, RECOVER_MAX_S)
         try:
             inst.check_integrity()
-            if inst.running or any(inst.waiting.values()):
+            if not inst.idle:
                 raise RuntimeError(f"it still holds calls {sorted(inst.running)}")
         except Exception as exc:
             log.error("instance %s stays out of service: %s", name, exc)

@@ -29,8 +29,9 @@ from talaria.cost.pricing import price, step_s
 from talaria.errors import TalariaError
 from talaria.policy.gaps import GapModel
 from talaria.runtime.cluster import ClusterCore, GapLearner
+from talaria.runtime.counters import cluster_counters
 from talaria.runtime.instance import InstanceCore, Request, StepPlan
-from talaria.types import Call, EventKind, SessionScript
+from talaria.types import EventKind, SessionScript
 
 IDLE_POLL_S = 0.05  # re-check an idle instance whose decision may change with time
 MAX_EVENTS = 50_000_000
@@ -204,18 +205,8 @@ class _Run:
     # ------------------------------------------------------------------ sessions
     def _arrive(self, sidx: int) -> None:
         srun = self.sessions[sidx]
-        script = srun.script
-        sc = script.calls[srun.next_call]
-        call = Call(
-            script.session_id,
-            srun.next_call,
-            script.model,
-            sc.prompt,
-            sc.max_new_tokens,
-            sc.output_tokens,
-            script.tenant,
-            self.now,
-        )
+        sc = srun.script.calls[srun.next_call]
+        call = srun.script.call(srun.next_call, self.now)
         inst, _req, _ = self.core.place(call, sc.output_tokens, sc.history, self.now)
         self._kick(inst.spec.name)
 
@@ -224,19 +215,14 @@ class _Run:
         srun = self.sessions[sidx]
         self.core.on_finished(req)
         self.records.append(record_of(req, self._instance_of(req)))
-        sc = srun.script.calls[srun.next_call]
+        tool = srun.script.after(srun.next_call)
         srun.next_call += 1
-        if srun.next_call < len(srun.script.calls):
-            if sc.hint_s is not None:  # a client that sends hints names the tool too
-                self.core.event(
-                    srun.script.session_id,
-                    EventKind.TOOL_START,
-                    sc.hint_s,
-                    self.now,
-                    tool=sc.tool_kind,
-                )
-            srun.tool_s += sc.tool_seconds
-            self.push(self.now + sc.tool_seconds, _Ev.ARRIVE, "", sidx)
+        if tool is not None:
+            if tool.hint_s is not None:
+                sid = srun.script.session_id
+                self.core.event(sid, EventKind.TOOL_START, tool.hint_s, self.now, tool=tool.tool)
+            srun.tool_s += tool.seconds
+            self.push(self.now + tool.seconds, _Ev.ARRIVE, "", sidx)
         else:
             srun.end_s = self.now
             self.core.event(srun.script.session_id, EventKind.END, None, self.now)
@@ -278,7 +264,7 @@ class _Run:
 
     @staticmethod
     def _has_work(inst: InstanceCore) -> bool:
-        return any(inst.waiting.values()) or bool(inst.running)
+        return not inst.idle
 
     def _repeat(self, inst: InstanceCore, step: StepPlan) -> int:
         if step.repeat <= 1:
@@ -312,7 +298,7 @@ class _Run:
             raise SimulationError("a call was answered twice")
         self.core.check_integrity()
         for name, inst in self.core.instances.items():
-            if inst.running or any(inst.waiting.values()):
+            if not inst.idle:
                 raise SimulationError(f"instance {name} ended with calls in flight")
             if inst.kv.device_blocks != inst.kv.device_free + inst.kv.device_evictable:
                 raise SimulationError(f"instance {name} leaked KV blocks (held after the end)")
@@ -330,24 +316,7 @@ class _Run:
         return SimResult(policy, tuple(self.records), sessions, self._counters(), self.now)
 
     def _counters(self) -> dict[str, int]:
-        return cluster_counters(self.core, self.kv_moved)
-
-
-def cluster_counters(core: ClusterCore, kv_moved: int) -> dict[str, int]:
-    """Every instance's counters summed (instance, KV, reservations), plus ``kv_moved``."""
-    out: dict[str, int] = {}
-    for inst in core.instances.values():
-        c = attrs.asdict(inst.counters)
-        for k, v in c.items():
-            out[k] = out.get(k, 0) + int(v)
-        kv = attrs.asdict(inst.kv.counters)
-        for k, v in kv.items():
-            out[f"kv_{k}"] = out.get(f"kv_{k}", 0) + int(v)
-        out["reservations_made"] = (
-            out.get("reservations_made", 0) + inst.admission.reservations_made
-        )
-    out["kv_bytes_moved"] = kv_moved
-    return out
+        return cluster_counters(self.core.instances.values(), self.kv_moved)
 
 
 def record_of(req: Request, instance: str) -> CallRecord:

@@ -48,15 +48,15 @@ def test_without_sp_admission_closes_after_the_opening_pass() -> None:
     assert r.may_admit("a")
 
 
-def test_should_close_without_a_slot() -> None:
-    assert rounds().should_close(0.0, {})
+def test_close_if_due_without_a_slot() -> None:
+    assert rounds().close_if_due(0.0, {})
 
 
 def test_nobody_else_waiting_keeps_the_slot_open_past_the_quantum() -> None:
     r = rounds()
     r.open("a", 0.0)
     idle = {"a": SlotDemand(), "b": SlotDemand(running=0, expected_back_s=0.1)}
-    assert not r.should_close(1000.0, idle)
+    assert not r.close_if_due(1000.0, idle)
     assert r.may_admit("a")
 
 
@@ -64,8 +64,8 @@ def test_quantum_closes_a_busy_slot_when_others_wait() -> None:
     r = rounds()
     r.open("a", 10.0)
     demand = {"a": SlotDemand(waiting=3, running=4), "b": WAITING}
-    assert not r.should_close(39.9, demand)
-    assert r.should_close(40.0, demand)
+    assert not r.close_if_due(39.9, demand)
+    assert r.close_if_due(40.0, demand)
     assert r.slot is not None and r.slot.closing
     assert not r.may_admit("a")  # closing: drain, admit nothing more
 
@@ -74,15 +74,15 @@ def test_linger_keeps_an_idle_slot_for_a_session_expected_back() -> None:
     r = rounds()
     r.open("a", 0.0)
     soon = {"a": SlotDemand(expected_back_s=2.0), "b": WAITING}
-    assert not r.should_close(1.0, soon)  # back within slot_linger_s (2 s)
+    assert not r.close_if_due(1.0, soon)  # back within slot_linger_s (2 s)
     late = {"a": SlotDemand(expected_back_s=2.5), "b": WAITING}
-    assert r.should_close(1.0, late)
+    assert r.close_if_due(1.0, late)
 
 
 def test_idle_slot_with_no_session_expected_closes_when_others_wait() -> None:
     r = rounds()
     r.open("a", 0.0)
-    assert r.should_close(0.1, {"a": SlotDemand(), "b": WAITING})
+    assert r.close_if_due(0.1, {"a": SlotDemand(), "b": WAITING})
 
 
 def test_linger_does_not_apply_without_sp() -> None:
@@ -90,16 +90,16 @@ def test_linger_does_not_apply_without_sp() -> None:
     r.open("a", 0.0)
     r.end_opening_pass()
     demand = {"a": SlotDemand(running=1), "b": WAITING}
-    assert not r.should_close(1.0, demand)  # its batch still runs
+    assert not r.close_if_due(1.0, demand)  # its batch still runs
     drained = {"a": SlotDemand(expected_back_s=0.1), "b": WAITING}
-    assert r.should_close(1.0, drained)
+    assert r.close_if_due(1.0, drained)
 
 
 def test_no_linger_policy_closes_as_soon_as_the_batch_drains() -> None:
     r = rounds(PolicyConfig(name="work-conserving", slot_linger_s=0.0))
     r.open("a", 0.0)
-    assert not r.should_close(0.5, {"a": SlotDemand(running=2), "b": WAITING})
-    assert r.should_close(0.5, {"a": SlotDemand(expected_back_s=0.01), "b": WAITING})
+    assert not r.close_if_due(0.5, {"a": SlotDemand(running=2), "b": WAITING})
+    assert r.close_if_due(0.5, {"a": SlotDemand(expected_back_s=0.01), "b": WAITING})
 
 
 def test_without_sp_a_drained_slot_ends_the_round_for_its_own_late_arrivals() -> None:
@@ -108,8 +108,8 @@ def test_without_sp_a_drained_slot_ends_the_round_for_its_own_late_arrivals() ->
     r = rounds(NO_SP)
     r.open("a", 0.0)
     r.end_opening_pass()
-    assert not r.should_close(1.0, {"a": SlotDemand(waiting=1, running=1)})
-    assert r.should_close(1.0, {"a": SlotDemand(waiting=1)})
+    assert not r.close_if_due(1.0, {"a": SlotDemand(waiting=1, running=1)})
+    assert r.close_if_due(1.0, {"a": SlotDemand(waiting=1)})
     assert r.next_model({"a": SlotDemand(waiting=1)}) == "a"
 
 
@@ -202,7 +202,7 @@ def test_slot_decisions_stay_within_the_models_and_their_work(
         for m in r.models:
             ahead = r.models_ahead(m)
             assert m not in ahead and set(ahead) <= set(r.models)
-        closing = r.should_close(now, demand)
+        closing = r.close_if_due(now, demand)
         others_wait = any(d.waiting for m, d in demand.items() if m != current)
         if current is not None and r.slot is not None and r.slot.admitting and not others_wait:
             assert not closing  # nobody else needs the device: no switch is worth its cost
@@ -242,26 +242,26 @@ def test_session_aware_keeps_the_slot_while_its_sessions_work_or_return_soon() -
     r.open("a", 0.0)
     other = SlotDemand(waiting=2, remaining_s=50.0, switch_s=2.0)
     busy = {"a": SlotDemand(running=3, remaining_s=60.0), "b": other}
-    assert not r.should_close(500.0, busy)  # no quantum: 500 s in, still its turn
+    assert not r.close_if_due(500.0, busy)  # no quantum: 500 s in, still its turn
     back = {"a": SlotDemand(expected_back_s=3.0, remaining_s=60.0, reload_s=2.0), "b": other}
-    assert not r.should_close(501.0, back)  # back in 3 s <= switch away (2) + back (2)
+    assert not r.close_if_due(501.0, back)  # back in 3 s <= switch away (2) + back (2)
     late = {"a": SlotDemand(expected_back_s=5.0, remaining_s=60.0, reload_s=2.0), "b": other}
-    assert r.should_close(502.0, late)
+    assert r.close_if_due(502.0, late)
 
 
 def test_session_aware_gives_way_for_a_clear_win_or_a_starving_call() -> None:
     r = rounds(SRW)
     r.open("a", 0.0)
     big = SlotDemand(running=4, remaining_s=200.0)
-    assert not r.should_close(1.0, {"a": big, "b": SlotDemand(waiting=1, remaining_s=100.0)})
-    assert r.should_close(
+    assert not r.close_if_due(1.0, {"a": big, "b": SlotDemand(waiting=1, remaining_s=100.0)})
+    assert r.close_if_due(
         1.0, {"a": big, "b": SlotDemand(waiting=1, remaining_s=98.0, switch_s=1.0)}
     )
     r.open("a", 0.0)
     starving = SlotDemand(waiting=1, oldest_wait_s=100.0, remaining_s=1e9)
-    assert r.should_close(2.0, {"a": SlotDemand(running=1), "b": starving})
+    assert r.close_if_due(2.0, {"a": SlotDemand(running=1), "b": starving})
     r.open("a", 0.0)
-    assert not r.should_close(3.0, {"a": SlotDemand(), "c": SlotDemand()})  # nobody waits
+    assert not r.close_if_due(3.0, {"a": SlotDemand(), "c": SlotDemand()})  # nobody waits
 
 
 def test_oldest_waiting_opens_the_model_of_the_oldest_call() -> None:

@@ -282,3 +282,63 @@ def test_an_unknown_routing_is_refused_not_treated_as_cache_affinity() -> None:
 
     with pytest.raises(ConfigError, match="unknown routing"):
         route([view("a")], "cache-affinity", 0, 10)  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------------------- the search
+
+from talaria.config import PolicyConfig  # noqa: E402
+from talaria.policy.router import search  # noqa: E402
+from talaria.types import Call, TokenSeq  # noqa: E402
+
+
+@attrs.define
+class _Candidate:
+    """A candidate whose exact view is fixed and whose bound is at most its estimate."""
+
+    exact: InstanceView
+    slack: float  # how far below the exact estimate the bound is
+    viewed: int = 0
+
+    @property
+    def name(self) -> str:
+        return self.exact.name
+
+    def bound_s(self, model: str, expected_output: int) -> float:
+        return max(0.0, estimate(self.exact, 0, expected_output).total_s - self.slack)
+
+    def view(self, call: Call, now: float, served_last: bool) -> InstanceView:
+        self.viewed += 1
+        return attrs.evolve(self.exact, served_last=served_last)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    vs=st.lists(st.sampled_from("abcdef"), min_size=1, max_size=6, unique=True).flatmap(
+        lambda names: st.tuples(*[_views(n) for n in names])
+    ),
+    slack=st.lists(st.floats(0.0, 1e6), min_size=6, max_size=6),
+    routing=st.sampled_from(list(Routing)),
+    out=st.integers(1, 10**4),
+    last=st.sampled_from([None, "a", "b", "z"]),
+)
+def test_the_pruned_search_decides_as_ranking_every_view(
+    vs: tuple[InstanceView, ...],
+    slack: list[float],
+    routing: Routing,
+    out: int,
+    last: str | None,
+) -> None:
+    """``known_tokens`` is 0 so that each candidate's bound (its estimate at no history, less
+    a slack) is a true lower bound, as the instance's optimistic view guarantees."""
+    cands = [_Candidate(v, s) for v, s in zip(vs, slack, strict=False)]
+    policy = PolicyConfig(name="p", routing=routing)
+    call = Call("s", 0, "m", TokenSeq((1, 2, 3)), out)
+    d = search(cands, call, 0.0, policy, last_instance=last, known_tokens=0, expected_output=out)
+    every = [attrs.evolve(c.exact, served_last=c.name == last) for c in cands]
+    full = route(
+        every, routing, 0, out, policy.cache_affinity_load_cap, policy.cache_affinity_abs_tokens
+    )
+    assert d.instance == full.instance
+    assert d.chosen.total_s == full.chosen.total_s
+    if routing is not Routing.EXPECTED_COMPLETION:
+        assert all(c.viewed == 1 for c in cands)  # the baselines rank every view

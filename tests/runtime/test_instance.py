@@ -275,7 +275,7 @@ def test_with_sp_a_continuation_joins_its_models_open_slot() -> None:
     d.run()
     assert cont.finished_s is not None and b2.finished_s is not None
     assert b2.admitted_s is not None and b2.admitted_s >= cont.finished_s
-    assert "A1" in inst._in_gap and "A3" in inst._in_gap  # served while A's were away
+    assert "A1" in inst.tool_gaps and "A3" in inst.tool_gaps  # served while A's were away
     assert inst.counters.model_switches == 2 and inst.counters.sp_admissions == 1
 
 
@@ -437,7 +437,7 @@ def test_the_server_learns_tool_gaps_from_tool_end_and_predicts_unhinted_ones() 
     req = one_call(cc, "s", 0, TokenSeq(tokens(8)), 0.0)
     prior = learner.predict("tests")  # type: ignore[attr-defined]
     cc.event("s", EventKind.TOOL_START, None, 1.0, tool="tests")
-    assert inst._in_gap["s"].expected_s == prior
+    assert inst.tool_gaps["s"].expected_s == prior
     cc.event("s", EventKind.TOOL_END, None, 2.0, measured_s=prior * 4)
     learned = learner.predict("tests")  # type: ignore[attr-defined]
     assert learned == pytest.approx(prior * 2.0)  # log-space halfway (alpha 0.5, no clip)
@@ -445,7 +445,7 @@ def test_the_server_learns_tool_gaps_from_tool_end_and_predicts_unhinted_ones() 
     assert req.history is not None
     one_call(cc, "s", 1, req.history.extend(tokens(2)), 3.0)
     cc.event("s", EventKind.TOOL_START, None, 4.0, tool="tests")
-    assert inst._in_gap["s"].expected_s == pytest.approx(learned)
+    assert inst.tool_gaps["s"].expected_s == pytest.approx(learned)
     cc.check_integrity()
 
 
@@ -455,13 +455,13 @@ def test_without_hints_the_time_to_the_next_call_is_learned_per_session() -> Non
     first = one_call(cc, "s", 0, TokenSeq(tokens(8)), 0.0)
     assert first.finished_s is not None
     untold = learner.predict("untold")  # type: ignore[attr-defined]
-    assert inst._in_gap["s"].expected_s == untold  # the server's guess, no hint sent
+    assert inst.tool_gaps["s"].expected_s == untold  # the server's guess, no hint sent
     assert first.history is not None
     back = first.finished_s + 3.0  # the session came back 3 s after its answer
     second = one_call(cc, "s", 1, first.history.extend(tokens(2)), back)
     assert learner.observations("untold") == 1  # type: ignore[attr-defined]
     assert cc.sessions["s"].gap_s == pytest.approx(3.0)
-    assert inst._in_gap["s"].expected_s == pytest.approx(3.0)  # its own history now
+    assert inst.tool_gaps["s"].expected_s == pytest.approx(3.0)  # its own history now
     assert second.finished_s is not None
     cc.check_integrity()
 
@@ -532,8 +532,8 @@ def test_the_routing_bound_never_exceeds_the_exact_estimate(
         model, prompt = prompts[0]
     call = Call("probe", 0, model, prompt, out)
     for inst in cc.instances.values():
-        exact = estimate(inst.view(call, 9.0, False), known, out).total_s
-        assert inst.bound_s(model, out) <= exact + 1e-12
+        exact = estimate(inst.estimates.view(call, 9.0, False), known, out).total_s
+        assert inst.estimates.bound_s(model, out) <= exact + 1e-12
     cc.check_integrity()
 
 
@@ -543,14 +543,34 @@ def test_check_integrity_recomputes_the_cores_own_counters() -> None:
     finish_first_call(d, "s1", 16, 4)
     d.submit("s2", 0, TokenSeq(tokens(8)), out=2)
     inst.check_integrity()
+    calls = inst.calls
     for corrupt, message in (
-        (lambda: inst._queued_tokens.__setitem__("A", 99), "queued tokens"),
-        (lambda: inst._running_of.__setitem__("A", 3), "running counted"),
-        (lambda: setattr(inst, "_load_tokens", 1), "load"),
+        (lambda: calls._queued_tokens.__setitem__("A", 99), "queued tokens"),
+        (lambda: calls._running_of.__setitem__("A", 3), "running counted"),
+        (lambda: setattr(calls, "_load_tokens", 1), "load"),
         (lambda: inst.kv.unpin("s1"), "reserved but not pinned"),
     ):
-        saved = (dict(inst._queued_tokens), dict(inst._running_of), inst._load_tokens)
+        saved = (dict(calls._queued_tokens), dict(calls._running_of), calls._load_tokens)
         corrupt()
         with pytest.raises(RuntimeError, match=message):
             inst.check_integrity()
-        inst._queued_tokens, inst._running_of, inst._load_tokens = saved[0], saved[1], saved[2]
+        calls._queued_tokens, calls._running_of, calls._load_tokens = saved[0], saved[1], saved[2]
+
+
+def test_memoized_estimates_follow_the_tables_without_being_cleared() -> None:
+    """The router's bound and the switch time are memoized on the tables' change counts:
+    a queued call changes the bound at once, and a corrupted memo is caught by
+    ``check_integrity``."""
+    inst = core(TALARIA, models=("A", "B"), device_blocks=10, host_blocks=16)
+    est = inst.estimates
+    idle = est.bound_s("B", 5)
+    assert est.bound_s("B", 5) == idle  # memoized: same tables, same value
+    d = Driver(inst)
+    d.submit("A1", 0, TokenSeq(tokens(8)), out=2)  # queued, not yet scheduled
+    fresh = InstanceCore(inst.spec, list(inst.models.values()), TALARIA, FakeEstimator())
+    fresh.submit(Request(inst.waiting["A"][0].call, None, 2, d.now))
+    assert est.bound_s("B", 5) == fresh.estimates.bound_s("B", 5) != idle
+    inst.check_integrity()
+    est._switch_memo[1]["B"] = 123.0
+    with pytest.raises(RuntimeError, match=r"B: switch memo 123\.0 s"):
+        inst.check_integrity()

@@ -1,0 +1,147 @@
+"""The calls one instance holds: a waiting queue per model, the running batch, and a bounded
+record of recently finished calls.
+
+``CallTable`` is bookkeeping, not policy: the instance core decides who moves where
+(admission in :mod:`talaria.runtime.admitter`, completion in :mod:`talaria.runtime.instance`)
+and moves calls only through the mutators here, which keep the totals the estimates read
+(running calls and queued prompt tokens per model, prompt + answer tokens of every call
+held) in step with the tables. ``changes`` counts the mutations, so estimates derived from
+the table memoize on it instead of being cleared by hand; ``problems()`` recomputes every
+total from the tables.
+
+Not thread-safe: the instance core's single driver owns it.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from talaria.memory.kv import CallKey
+from talaria.schedule import Request
+
+RECENT_FINISHED = 4096  # finished calls remembered for inspection (a server keeps no more)
+
+
+class CallTable:
+    """Waiting, running and recently finished calls of one instance, with their totals."""
+
+    def __init__(self, models: Iterable[str], recent: int = RECENT_FINISHED) -> None:
+        names = list(models)
+        self.waiting: dict[str, collections.deque[Request]] = {
+            m: collections.deque() for m in names
+        }
+        self.running: dict[CallKey, Request] = {}
+        self.finished: collections.deque[Request] = collections.deque(maxlen=recent)
+        self._running_of: dict[str, int] = dict.fromkeys(names, 0)
+        self._queued_tokens: dict[str, int] = dict.fromkeys(names, 0)
+        self._load_tokens = 0
+        self._changes = 0
+
+    # ------------------------------------------------------------------ reads
+    @property
+    def changes(self) -> int:
+        """Mutations so far: equal counts mean equal tables (a memo key)."""
+        return self._changes
+
+    @property
+    def load_tokens(self) -> int:
+        """Prompt + answer tokens of the calls queued or running."""
+        return self._load_tokens
+
+    def running_of(self, model: str) -> int:
+        """Calls of ``model`` in the running batch."""
+        return self._running_of[model]
+
+    def queued_tokens(self, model: str) -> int:
+        """Prompt tokens of ``model``'s waiting calls."""
+        return self._queued_tokens[model]
+
+    def held(self) -> Iterator[Request]:
+        """Every call held: running, then waiting (by model, in queue order)."""
+        yield from self.running.values()
+        for queue in self.waiting.values():
+            yield from queue
+
+    def any_waiting(self, but: str | None = None) -> bool:
+        """Whether a model other than ``but`` has a waiting call."""
+        return any(q for m, q in self.waiting.items() if m != but)
+
+    # ------------------------------------------------------------------ mutations
+    def enqueue(self, req: Request) -> None:
+        """Queue ``req`` at the back of its model's queue."""
+        self.waiting[req.call.model].append(req)
+        self._queued_tokens[req.call.model] += req.prompt_len
+        self._load_tokens += req.prompt_len + req.target_output
+        self._changes += 1
+
+    def pop_waiting(self, model: str) -> Request:
+        """Take the head of ``model``'s queue for admission (``start`` runs it). Raises
+        IndexError on an empty queue."""
+        req = self.waiting[model].popleft()
+        self._queued_tokens[model] -= req.prompt_len
+        self._changes += 1
+        return req
+
+    def start(self, req: Request) -> None:
+        """Add an admitted call to the running batch (after ``pop_waiting``)."""
+        self.running[req.key] = req
+        self._running_of[req.call.model] += 1
+        self._changes += 1
+
+    def finish(self, req: Request) -> None:
+        """A running call is done: out of the batch, into the record of finished calls."""
+        del self.running[req.key]
+        self._running_of[req.call.model] -= 1
+        self._load_tokens -= req.prompt_len + req.target_output
+        self.finished.append(req)
+        self._changes += 1
+
+    def remove(self, key: CallKey) -> tuple[Request, bool] | None:
+        """Drop the call ``key`` wherever it is, without recording it as finished. Returns
+        it and whether it was running, or None if the table does not hold it."""
+        req = self.running.pop(key, None)
+        was_running = req is not None
+        if req is not None:
+            self._running_of[req.call.model] -= 1
+        else:
+            req = self._unqueue(key)
+            if req is None:
+                return None
+            self._queued_tokens[req.call.model] -= req.prompt_len
+        self._load_tokens -= req.prompt_len + req.target_output
+        self._changes += 1
+        return req, was_running
+
+    def _unqueue(self, key: CallKey) -> Request | None:
+        for queue in self.waiting.values():
+            for req in queue:
+                if req.key == key:
+                    queue.remove(req)
+                    return req
+        return None
+
+    def reorder(self, model: str, key: Callable[[Request], Any]) -> None:
+        """Sort ``model``'s queue by ``key`` (stable)."""
+        queue = self.waiting[model]
+        ordered = sorted(queue, key=key)
+        queue.clear()
+        queue.extend(ordered)
+        self._changes += 1
+
+    # ------------------------------------------------------------------ integrity
+    def problems(self) -> list[str]:
+        """Every total recomputed from the tables; a line for each that disagrees."""
+        out = []
+        for m, queue in self.waiting.items():
+            running = sum(1 for r in self.running.values() if r.call.model == m)
+            queued = sum(r.prompt_len for r in queue)
+            if self._running_of[m] != running:
+                out.append(f"{m}: {self._running_of[m]} running counted, {running} held")
+            if self._queued_tokens[m] != queued:
+                out.append(f"{m}: {self._queued_tokens[m]} queued tokens counted, {queued}")
+        load = sum(r.prompt_len + r.target_output for r in self.held())
+        if self._load_tokens != load:
+            out.append(f"load {self._load_tokens} tokens counted, {load} held")
+        return out

@@ -1,0 +1,269 @@
+"""What one instance expects: the views the router ranks it by, and each model's demand the
+slot order decides on.
+
+``InstanceEstimates`` reads the instance's tables (calls, tool gaps, slot state, weight
+arena, KV) and its estimator; it mutates none of them. Two values are memoized because the
+router asks for them on every call: a model's switch time, keyed by the arena's commit count,
+and the routing bound's two terms, keyed by the call table's, the arena's and the slot
+state's. No one clears a memo by hand: a changed table changes the key, and
+``problems()`` recomputes every memoized entry that is current.
+
+Everything here is seconds of device time on the instance's estimator; see
+:mod:`talaria.policy.router` for how views become an estimate and a route, and
+:mod:`talaria.policy.rounds` for how demand becomes a slot decision.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+
+from talaria.config import InstanceSpec, ModelSpec, PolicyConfig, SlotOrder
+from talaria.cost.estimator import Estimator
+from talaria.cost.pricing import plan_copy_s
+from talaria.memory.kv import KVManager, PrefixMatch
+from talaria.memory.weights import WeightArena
+from talaria.policy.admission import Admission
+from talaria.policy.remaining import CallCost, SessionLengths
+from talaria.policy.rounds import RoundScheduler, SlotDemand
+from talaria.policy.router import InstanceView, estimate
+from talaria.runtime.calls import CallTable
+from talaria.runtime.tool_gaps import GapTable
+from talaria.types import Call, Link, SessionId
+
+FaultHandler = Callable[[SessionId, Exception], None]
+_BoundKey = tuple[int, int, tuple[object, ...]]
+
+
+class InstanceEstimates:
+    """The instance's expectations, derived from its tables (see the module docstring)."""
+
+    def __init__(
+        self,
+        spec: InstanceSpec,
+        models: Mapping[str, ModelSpec],
+        policy: PolicyConfig,
+        estimator: Estimator,
+        *,
+        arena: WeightArena,
+        kv: KVManager,
+        rounds: RoundScheduler,
+        calls: CallTable,
+        gaps: GapTable,
+        admission: Admission,
+        lengths: SessionLengths,
+        call_cost: CallCost,
+        calls_done: Mapping[SessionId, int],
+        on_fault: FaultHandler,
+    ) -> None:
+        """``calls_done`` (read, never written) counts each session's calls answered here;
+        ``on_fault`` isolates a session whose gap reasoning raised while demand was read."""
+        self.spec = spec
+        self.models = models
+        self.policy = policy
+        self.estimator = estimator
+        self.arena = arena
+        self.kv = kv
+        self.rounds = rounds
+        self.calls = calls
+        self.gaps = gaps
+        self.admission = admission
+        self.lengths = lengths
+        self.call_cost = call_cost
+        self.calls_done = calls_done
+        self.on_fault = on_fault
+        self._switch_memo: tuple[int, dict[str, float]] = (-1, {})
+        self._bound_memo: tuple[_BoundKey | None, dict[str, tuple[float, float]]] = (None, {})
+
+    # ------------------------------------------------------------------ router views
+    @property
+    def name(self) -> str:
+        """The instance's name."""
+        return self.spec.name
+
+    def bound_s(self, model: str, expected_output: int) -> float:
+        """A lower bound of the router's estimate for any call of ``model`` here: the
+        estimate of the optimistic view (``optimistic_view``), so it cannot exceed the exact
+        one."""
+        key: _BoundKey = (self.calls.changes, self.arena.changes, self.rounds.state)
+        memo_key, memo = self._bound_memo
+        if memo_key != key:
+            memo = {}
+            self._bound_memo = (key, memo)
+        terms = memo.get(model)
+        if terms is None:
+            terms = memo[model] = self._bound_terms(model)
+        return terms[0] + expected_output * terms[1]
+
+    def _bound_terms(self, model: str) -> tuple[float, float]:
+        """The bound is affine in the answer length: (its value at zero, its slope)."""
+        view = self.optimistic_view(model)
+        return estimate(view, 0, 0).total_s, view.decode_step_s
+
+    def optimistic_view(self, model: str) -> InstanceView:
+        """The view of a call of ``model`` that no real call can beat here: nothing to
+        compute for its prompt (every token cached on device, so no KV preparation and no
+        prefill) and decode steps at zero context; slot wait, switch and queue as they are."""
+        batch = self.calls.running_of(model) + 1
+        match = PrefixMatch(0, 0, 0, self.kv.tpb(model))
+        return self._view(model, match, self.estimator.decode_step_s(model, batch, 0), False)
+
+    def view(self, call: Call, now: float, served_last: bool) -> InstanceView:
+        """What the router needs to rank this instance for ``call``."""
+        model = call.model
+        batch = self.calls.running_of(model) + 1
+        match = self.kv.match(model, call.tenant, call.prompt)
+        step = self.estimator.decode_step_s(model, batch, batch * call.prompt_tokens)
+        return self._view(model, match, step, served_last)
+
+    def _view(
+        self, model: str, match: PrefixMatch, decode_step_s: float, served_last: bool
+    ) -> InstanceView:
+        est = self.estimator
+        return InstanceView(
+            name=self.spec.name,
+            residency=self.arena.residency(model),
+            slot_wait_s=self.slot_wait_s(model),
+            switch_s=self.switch_s(model),
+            queue_s=self.calls.queued_tokens(model) / est.prefill_tok_s(model),
+            match=match,
+            prefill_tok_s=est.prefill_tok_s(model),
+            restore_tok_s=est.restore_tok_s(model),
+            decode_step_s=decode_step_s,
+            load_tokens=self.calls.load_tokens,
+            served_last=served_last,
+        )
+
+    def switch_s(self, model: str) -> float:
+        """Seconds to make ``model`` active from its residency."""
+        changes, memo = self._switch_memo
+        if changes != self.arena.changes:
+            memo = {}
+            self._switch_memo = (self.arena.changes, memo)
+        value = memo.get(model)
+        if value is None:
+            value = memo[model] = self._switch_s(model)
+        return value
+
+    def _switch_s(self, model: str) -> float:
+        arena, est = self.arena, self.estimator
+        if arena.active_model == model:
+            return 0.0
+        if arena.staging_in_progress == model:
+            return est.copy_s(self.models[model].weight_bytes, Link.DEVICE_TO_DEVICE)
+        if arena.can_switch(model):
+            return plan_copy_s(est, arena.plan_switch(model))
+        # a stage in progress pins host memory; switching would cancel it and load
+        nbytes = self.models[model].weight_bytes
+        value = est.copy_s(nbytes, Link.HOST_TO_DEVICE)
+        if not arena.on_host(model):
+            value += est.copy_s(nbytes, Link.DISK_TO_HOST)
+        return value
+
+    def slot_wait_s(self, model: str) -> float:
+        """Expected seconds until ``model``'s slot admits: the rest of the current slot,
+        then each model ahead in the round for its work (capped by the quantum)."""
+        if self.rounds.may_admit(model):
+            return 0.0
+        wait = 0.0
+        current = self.rounds.current
+        if current is not None and current != model:
+            wait += self.work_s(current)
+        for other in self.rounds.models_ahead(model):
+            if other != current and self.calls.waiting[other]:
+                wait += self.work_s(other) + self.switch_s(other)
+        return wait
+
+    def work_s(self, model: str) -> float:
+        """Seconds ``model``'s slot is expected to hold the device for its queued and running
+        calls (the policy's ``slot_wait_*`` assumption per call, capped by the quantum)."""
+        est = self.estimator
+        calls = len(self.calls.waiting[model]) + self.calls.running_of(model)
+        if calls == 0:
+            return 0.0
+        p = self.policy
+        per_call = est.decode_step_s(model, calls, 0) * p.slot_wait_output_tokens
+        per_call += p.slot_wait_prefill_tokens / est.prefill_tok_s(model)
+        return min(p.slot_max_s, per_call)
+
+    def reload_s(self, model: str, tokens: int) -> float:
+        """Seconds to recompute ``tokens`` of context (attention included) on this instance."""
+        return self.estimator.step_s(model, tokens, tokens * (tokens + 1) / 2, 0, 0)
+
+    # ------------------------------------------------------------------ slot demand
+    def demand(self, now: float, returns_for: Iterable[str] = ()) -> dict[str, SlotDemand]:
+        """Per-model work. Expected returns (a scan of the model's sessions in tool gaps) are
+        computed only for the models in ``returns_for``; the rest report None. A session
+        whose gap reasoning raises is handed to ``on_fault`` and left out."""
+        want = set(returns_for)
+        linger = self.policy.slot_linger_s
+        gap_model = self.admission.gaps
+        out = {}
+        for m, queue in self.calls.waiting.items():
+            soonest: float | None = None
+            returning = 0
+            faulty: list[tuple[SessionId, Exception]] = []
+            if m in want:
+                for sid, gap in self.gaps.of_model(m):
+                    try:
+                        left = gap_model.expected_remaining_s(now - gap.since_s, gap.expected_s)
+                    except Exception as error:
+                        faulty.append((sid, error))
+                        continue
+                    soonest = left if soonest is None else min(soonest, left)
+                    returning += left <= linger
+            for sid, fault in faulty:
+                self.on_fault(sid, fault)
+            oldest = now - queue[0].queued_s if queue else 0.0
+            out[m] = SlotDemand(
+                len(queue),
+                oldest,
+                self.calls.running_of(m),
+                soonest,
+                returning,
+                self.gaps.count(m),
+                *self.remaining(m, now),
+            )
+        return out
+
+    def remaining(self, model: str, now: float) -> tuple[float, float, float]:
+        """(expected device seconds ``model``'s sessions still need here, seconds to switch
+        to it, seconds to load it back from host) for the session-aware slot order; zeros for
+        the other orders. A session in a tool gap longer than ``slot_starvation_s`` no longer
+        counts: it is not coming back soon enough to hold a slot."""
+        if self.policy.slot_order is not SlotOrder.SHORTEST_REMAINING:
+            return 0.0, 0.0, 0.0
+        left = self.lengths.expected_left
+        done = self.calls_done
+        calls = sum(left(done.get(r.call.session_id, 0)) for r in self.calls.waiting[model])
+        calls += sum(
+            left(done.get(r.call.session_id, 0))
+            for r in self.calls.running.values()
+            if r.call.model == model
+        )
+        oldest = now - self.policy.slot_starvation_s
+        for sid, gap in self.gaps.newest_first(model):
+            if gap.since_s < oldest:
+                break
+            calls += left(done.get(sid, 0))
+        reload_s = self.estimator.copy_s(self.models[model].weight_bytes, Link.HOST_TO_DEVICE)
+        return calls * self.call_cost.of(model), self.switch_s(model), reload_s
+
+    # ------------------------------------------------------------------ integrity
+    def problems(self) -> list[str]:
+        """Every memoized value that is current, recomputed; a line for each that differs."""
+        out = []
+        changes, switches = self._switch_memo
+        if changes == self.arena.changes:
+            for model, value in switches.items():
+                if value != self._switch_s(model):
+                    out.append(
+                        f"{model}: switch memo {value} s, recomputed {self._switch_s(model)}"
+                    )
+        key, bounds = self._bound_memo
+        if key == (self.calls.changes, self.arena.changes, self.rounds.state):
+            for model, terms in bounds.items():
+                if terms != self._bound_terms(model):
+                    out.append(
+                        f"{model}: bound memo {terms}, recomputed {self._bound_terms(model)}"
+                    )
+        return out

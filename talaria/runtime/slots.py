@@ -1,0 +1,123 @@
+"""Slot control: switching an instance's active model, and staging the next one's weights.
+
+``SlotControl`` carries out what the slot order (:mod:`talaria.policy.rounds`) decides: it
+commits a switch in the weight arena and hands the substrate the copy plan; it opens the new
+model's slot when the copy is done; and while a slot runs it stages the predicted next
+model's weights into free KV blocks lent for the purpose, keeping headroom for the open
+slot's queue. Mutates the arena, the round scheduler's slot, the KV pool's lent blocks and
+the instance's switch counters; reads the call table. The reservations of the slot a switch
+ends are released through ``release_reservations`` (the admitter's, in
+:mod:`talaria.runtime.admitter`).
+
+Not thread-safe: the instance core's single driver owns it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+
+from talaria.config import ModelSpec, PolicyConfig
+from talaria.memory.kv import KVManager
+from talaria.memory.weights import SwitchPlan, WeightArena
+from talaria.policy.rounds import RoundScheduler, SlotDemand
+from talaria.runtime.calls import CallTable
+from talaria.runtime.counters import InstanceCounters
+from talaria.schedule import Schedule
+from talaria.types import Residency
+
+
+class SlotControl:
+    """Model switches and weight staging of one instance (see the module docstring)."""
+
+    def __init__(
+        self,
+        policy: PolicyConfig,
+        models: Mapping[str, ModelSpec],
+        *,
+        arena: WeightArena,
+        kv: KVManager,
+        rounds: RoundScheduler,
+        calls: CallTable,
+        counters: InstanceCounters,
+        release_reservations: Callable[[str | None], None],
+    ) -> None:
+        self.policy = policy
+        self.models = models
+        self.arena = arena
+        self.kv = kv
+        self.rounds = rounds
+        self.calls = calls
+        self.counters = counters
+        self.release_reservations = release_reservations
+        self.stage_blocks: tuple[int, ...] = ()  # device blocks lent to the current stage
+
+    def switch_to(self, model: str) -> Schedule:
+        """Make ``model`` active: the open slot ends and the arena commits the switch (a
+        staged copy is used, any other stage is abandoned); the returned schedule carries
+        the copy plan. While ``model`` is still being staged, the schedule says to wait."""
+        arena = self.arena
+        if arena.staging_in_progress == model:
+            return Schedule(waiting_for_stage=True)
+        staged = arena.staged_model == model
+        if not staged:
+            self.cancel_stage()
+        self.release_reservations(self.rounds.current)
+        plan = arena.switch(model)
+        self.rounds.end_slot()
+        self.counters.model_switches += 1
+        self.counters.staged_switches += staged
+        self.counters.weight_bytes_moved += plan.total_bytes
+        return Schedule(switch=plan)
+
+    def switch_done(self, model: str, now: float) -> None:
+        """The substrate finished copying ``model``'s weights: its slot opens, and the KV
+        blocks lent to staging (already copied from) go back to the pool."""
+        self.kv.return_lent()
+        self.stage_blocks = ()
+        self.rounds.open(model, now)
+
+    def stage_done(self, model: str) -> None:
+        """The substrate finished staging ``model`` (ignored if that stage was abandoned)."""
+        if self.arena.staging_in_progress == model:
+            self.arena.finish_stage(model)
+
+    def maybe_stage(self, demand: Mapping[str, SlotDemand]) -> SwitchPlan | None:
+        """Stage the predicted next model into free KV blocks lent for the purpose (all of
+        it if they suffice, else a part), keeping headroom for the open slot's queue."""
+        arena = self.arena
+        if not self.policy.weight_staging or arena.staging_in_progress is not None:
+            return None
+        nxt = self.rounds.predict_next(demand)
+        if nxt is None or arena.staged_model == nxt or not arena.can_stage(nxt):
+            return None
+        if arena.residency(nxt) in (Residency.ACTIVE, Residency.RESIDENT):
+            return None
+        want = self.models[nxt].weight_bytes
+        blocks = min(math.ceil(want / self.kv.block_bytes), self.spare_blocks())
+        nbytes = min(want, blocks * self.kv.block_bytes)
+        if nbytes < self.policy.stage_min_share * want:
+            return None
+        self.cancel_stage()
+        self.stage_blocks = self.kv.lend(blocks)
+        plan = arena.start_stage(nxt, nbytes)
+        self.counters.weight_bytes_moved += plan.total_bytes
+        return plan
+
+    def spare_blocks(self) -> int:
+        """Free device blocks not needed by the open slot's queue, less the headroom."""
+        model = self.rounds.current
+        queued = 0
+        if model is not None:
+            tpb = self.kv.tpb(model)
+            queued = sum(
+                math.ceil((r.prompt_len + r.target_output) / tpb) for r in self.calls.waiting[model]
+            )
+        headroom = math.ceil(self.policy.stage_headroom * self.kv.device_blocks)
+        return max(0, self.kv.device_free - queued - headroom)
+
+    def cancel_stage(self) -> None:
+        """Abandon staging and give its lent blocks back to the KV pool."""
+        self.arena.cancel_stage()
+        self.kv.return_lent()
+        self.stage_blocks = ()
