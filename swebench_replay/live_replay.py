@@ -11,15 +11,21 @@ built from this answer, finds its prefix cached exactly as a real agent's would.
 
 Every policy runs on a fresh cluster built from the same loaded weights (one warm-up pass
 first, so no policy pays for first-touch allocation). For simulator fidelity the same scripts
-also run through the simulator with the ``cpu`` profile on the same cluster configuration;
-the profile comes from engine microbenchmarks only (``benchmarks/cpu_profile.py``), never
-from replay results.
+also run through the simulator on the same cluster configuration, priced by the same
+estimators as the live routers: the ``cpu`` profile of the calibration
+(:func:`talaria.backends.calibrate.calibrate`) that ``EmbeddedOptions.calibration`` asks
+for. By default (``auto``) that is this machine's cached calibration when its key (machine
+and code) matches, else one measured here first, on the weights already loaded, before any
+policy runs; ``shipped`` takes the shipped profile, ``fresh`` measures again. A calibration
+comes from engine microbenchmarks and raw machine rates only, never from replay results;
+the results document's ``calibration`` entry says which one priced the prediction.
 """
 
 from __future__ import annotations
 
 import gc
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -35,9 +41,12 @@ from swebench_replay.metrics import (
 )
 from swebench_replay.traces import ToolTimeTable
 from swebench_replay.workload import ReplaySet
+from talaria.backends.calibrate import calibrate
+from talaria.backends.calibration_plan import CalibrationPlan
 from talaria.backends.embedded import EmbeddedCluster, cluster_from_loaded, load_catalog_model
 from talaria.config import InstanceSpec, PolicyConfig
-from talaria.cost import cluster_estimators
+from talaria.cost.calibration import Calibration, CalibrationMode
+from talaria.cost.estimator import Estimator
 from talaria.engine.catalog import DEFAULT_MODELS
 from talaria.engine.loader import LoadedModel
 from talaria.engine.runner import flatten_weights
@@ -59,7 +68,9 @@ class EmbeddedOptions:
     (3.73 GB in bfloat16 against 3 GB x 0.9 usable; the 2.47 GB weight region leaves 0.23 GB
     of KV), so switches, KV demotion to the host tier and weight staging are real. The 6 GB
     host budget keeps every model's weights on host (as the runner does) plus 2.27 GB of
-    host KV."""
+    host KV. ``calibration`` picks the ``cpu`` profile that prices the routers and the
+    prediction (``calibration_plan``: its sizes, default the library's; ``cache_dir``: where
+    it is cached, default :func:`talaria.cost.calibration.cache_dir`)."""
 
     policies: tuple[PolicyConfig, ...]
     models: tuple[str, ...] = DEFAULT_MODELS
@@ -70,6 +81,9 @@ class EmbeddedOptions:
     gap_scale: float = 1.0
     hints: bool = True
     simulate: bool = True
+    calibration: CalibrationMode = CalibrationMode.AUTO
+    calibration_plan: CalibrationPlan | None = None
+    cache_dir: Path | None = None
 
     def __attrs_post_init__(self) -> None:
         if not self.policies:
@@ -104,6 +118,8 @@ def run_embedded_replay(
     say = on_status or (lambda _msg: None)
     say(f"loading {', '.join(options.models)} ({options.dtype})")
     bare, host = _load(options)
+    calibration = _calibration(options, bare, host, say)  # models only: before any policy runs
+    hardware = {"cpu": calibration.profile}
     scripts = to_scripts(replay, tool_table, options.gap_scale, options.hints)
     tool_s = {s.session_id: sum(c.tool_seconds for c in s.calls) for s in scripts}
     say("warming up every model once")
@@ -114,7 +130,7 @@ def run_embedded_replay(
     for policy in options.policies:
         say(f"replaying under {policy.name} in real time")
         cluster = cluster_from_loaded(
-            [options.instance()], bare, policy, options.dtype, host_weights=host
+            [options.instance()], bare, policy, options.dtype, host_weights=host, hardware=hardware
         )
         result, steps = anyio.run(
             _play, cluster, scripts, policy.name, _ticker(on_progress, policy.name)
@@ -133,8 +149,28 @@ def run_embedded_replay(
     )
     doc["engine"] = {"models": list(options.models), "dtype": str(options.dtype)}
     doc["fidelity"] = fidelity
+    doc["calibration"] = calibration.describe()
     doc["step_costs"] = step_costs
     return doc
+
+
+def _calibration(
+    options: EmbeddedOptions,
+    bare: Mapping[str, LoadedModel],
+    host: Mapping[str, torch.Tensor],
+    say: Callable[[str], None],
+) -> Calibration:
+    """The calibration ``options.calibration`` asks for, measured (when it must be) on the
+    replay's loaded weights; it sees the models and nothing of the replay."""
+    return calibrate(
+        options.calibration,
+        bare,
+        options.dtype,
+        host_weights=host,
+        plan=options.calibration_plan,
+        directory=options.cache_dir,
+        on_status=say,
+    )
 
 
 def _ticker(on_progress: Progress | None, name: str) -> Callable[[int], None]:
@@ -259,9 +295,12 @@ def _simulate(
     cluster: EmbeddedCluster, policy: PolicyConfig, scripts: Sequence[SessionScript]
 ) -> SimResult:
     """The same scripts through the simulator, on the same cluster configuration, priced by
-    the ``cpu`` profile."""
+    the estimators the live cluster's routers use (the calibration's ``cpu`` profile)."""
     config = cluster.core.cluster
-    sim = Simulator(config, policy, cluster_estimators(config), learner=GapPredictor.default)
+    estimators: dict[str, Estimator] = {
+        name: inst.estimator for name, inst in cluster.core.instances.items()
+    }
+    sim = Simulator(config, policy, estimators, learner=GapPredictor.default)
     return sim.run(scripts)
 
 

@@ -17,6 +17,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from rich.table import Table
 
+from talaria.cost.calibration import describe_line
+
 
 def _gb(n: float) -> str:
     return f"{n / 1e9:,.1f}"
@@ -85,13 +87,25 @@ def policy_table(results: Mapping[str, Any], title: str | None = None) -> Table:
     return table
 
 
+def calibration_line(results: Mapping[str, Any]) -> str | None:
+    """Which ``cpu`` profile priced the prediction ("measured here", cached or just now, or
+    "shipped profile"), when and under which key; None for a document without one."""
+    entry = results.get("calibration")
+    return describe_line(entry) if isinstance(entry, Mapping) else None
+
+
 def fidelity_table(results: Mapping[str, Any]) -> Table:
     """Simulator fidelity: the simulator's predicted SCT against the measured one, per
-    policy, with the relative error (predicted - measured) / measured."""
+    policy, with the relative error (predicted - measured) / measured; the caption names
+    the calibration that priced the prediction (:func:`calibration_line`)."""
     table = _table(
         "simulator fidelity (cpu profile vs the real engine)",
         ["policy", "SCT p50 s", "predicted", "error", "SCT p95 s", "predicted", "error"],
     )
+    line = calibration_line(results)
+    if line is not None:
+        table.caption = f"cpu profile: {line}"
+        table.caption_justify = "left"
     for name, f in results.get("fidelity", {}).items():
         row = [name]
         for key in ("sct_p50_s", "sct_p95_s"):

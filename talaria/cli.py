@@ -120,6 +120,18 @@ def build_parser() -> argparse.ArgumentParser:
         "quantum: it closes a slot on a 2x clear win or a call starved 300 s)",
     )
     rp.add_argument(
+        "--calibration",
+        choices=["auto", "shipped", "fresh"],
+        default="auto",
+        help="embedded only: the cpu profile that prices the routers and the simulator's "
+        "prediction. auto (default): this machine's cached calibration when its key (CPU, "
+        "cores, threads, RAM, torch, and a hash of the engine and cost-model code) matches, "
+        "else measured here first (a few minutes on 2 cores, once; cached in "
+        "$TALARIA_CACHE_DIR, else $XDG_CACHE_HOME/talaria, else ~/.cache/talaria); shipped: "
+        "the profile shipped in talaria/cost/cpu_profile.json, measured on another machine; "
+        "fresh: measure again and replace the cached one",
+    )
+    rp.add_argument(
         "--out", type=Path, default=None, help="output folder (default runs/replay-SUBSTRATE)"
     )
 
@@ -239,6 +251,11 @@ def _cmd_replay(args: argparse.Namespace, console: Console) -> int:
     console.print(f"[bold]workload[/]: {workload.replay.trace}")
     if embedded:
         return _replay_embedded(args, console, workload, policies)
+    if args.calibration != "auto":
+        raise ConfigError(
+            "--calibration applies to --substrate embedded (the simulated replay prices with "
+            f"the {args.hardware} profile)"
+        )
     options = ReplayOptions(
         policies,
         hardware=args.hardware,
@@ -271,8 +288,14 @@ def _replay_embedded(
 ) -> int:
     from swebench_replay.live_replay import EmbeddedOptions, run_embedded_replay
     from swebench_replay.report import fidelity_table, mechanism_table, plot_sct_cdf, policy_table
+    from talaria.cost.calibration import CalibrationMode
 
-    options = EmbeddedOptions(policies, gap_scale=args.gap_scale, hints=not args.no_hints)
+    options = EmbeddedOptions(
+        policies,
+        gap_scale=args.gap_scale,
+        hints=not args.no_hints,
+        calibration=CalibrationMode(args.calibration),
+    )
     out = args.out or DEFAULT_OUT / "replay-embedded"
     started = time.perf_counter()
     with _progress(console) as progress:

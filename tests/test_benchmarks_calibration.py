@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.engine_calibration import fit
+from talaria.backends.engine_calibration import fit
 from talaria.cost.hardware import cpu_profile_from_dict, load_cpu_profile
 from talaria.errors import ConfigError
 

@@ -2,10 +2,19 @@
 
 ``build_embedded`` loads each named catalog model (the SmolLM2 GGUF, or a published
 configuration with random weights), describes it to the policy (``ModelArch.to_spec``),
-builds the instance core with the cost model of the hardware profile (the measured ``cpu``
-profile on this machine) and an :class:`~talaria.engine.runner.EngineRunner` that executes
-the core's decisions on tensors. The result satisfies
-:class:`~talaria.backends.base.Substrate` and keeps each model's tokenizer.
+builds the instance core with the cost model of the hardware profile and an
+:class:`~talaria.engine.runner.EngineRunner` that executes the core's decisions on tensors.
+The result satisfies :class:`~talaria.backends.base.Substrate` and keeps each model's
+tokenizer.
+
+Which ``cpu`` profile the router's estimates use: ``build_embedded`` and
+``build_embedded_cluster`` (what ``talaria serve`` and ``talaria.Talaria`` start) take this
+machine's cached calibration when one exists
+(:func:`~talaria.backends.calibration_plan.cached_profiles`: same machine, same code, the
+default models in the serving dtype) and the shipped profile otherwise; they never measure
+(``talaria replay --substrate embedded`` measures and caches one). ``cluster_from_loaded``
+prices with exactly the profiles its caller passes (default: the shipped ones), so a replay
+or a test does not depend on what a cache holds.
 """
 
 from __future__ import annotations
@@ -15,8 +24,9 @@ from collections.abc import Mapping, Sequence
 import attrs
 import torch
 
+from talaria.backends.calibration_plan import cached_profiles
 from talaria.config import ClusterConfig, InstanceSpec, PolicyConfig
-from talaria.cost import cluster_estimators, estimator_for
+from talaria.cost import HardwareProfile, cluster_estimators, estimator_for
 from talaria.engine.arch import ModelArch
 from talaria.engine.catalog import Source, entry
 from talaria.engine.kernels import optional_decode_kernel
@@ -61,12 +71,15 @@ def build_embedded(
     native_kernels: bool = True,
 ) -> EmbeddedInstance:
     """Load ``models`` and build one instance serving them under ``policy`` (with the
-    native decode kernel where it builds, unless ``native_kernels`` is False)."""
+    native decode kernel where it builds, unless ``native_kernels`` is False). Its router
+    prices with this machine's cached calibration when one exists (``cached_profiles``;
+    nothing is measured here), else the shipped profile."""
     if not models:
         raise ConfigError("name at least one model to serve")
     loaded = {name: load_catalog_model(name, dtype) for name in models}
     specs = [m.arch.to_spec(name, dtype, source=m.source) for name, m in loaded.items()]
-    core = InstanceCore(spec, specs, policy, estimator_for(spec, specs))
+    estimator = estimator_for(spec, specs, cached_profiles(dtype, device))
+    core = InstanceCore(spec, specs, policy, estimator)
     runner = EngineRunner(
         core,
         {name: (m.arch, m.tensors) for name, m in loaded.items()},
@@ -105,12 +118,15 @@ def build_embedded_cluster(
 ) -> EmbeddedCluster:
     """Load each catalog model once and build a cluster whose instances each run an
     :class:`EngineRunner` (every instance keeps its own host copy of the weights it serves;
-    an instance with no ``models`` listed serves all of them)."""
+    an instance with no ``models`` listed serves all of them). The routers price with this
+    machine's cached calibration of the ``cpu`` profile when one exists
+    (``cached_profiles``: looked up, never measured at start), else the shipped profile."""
     if not models:
         raise ConfigError("name at least one model to serve")
+    hardware = cached_profiles(dtype, device)
     loaded = {name: load_catalog_model(name, dtype) for name in models}
     return cluster_from_loaded(
-        instances, loaded, policy, dtype, device, native_kernels=native_kernels
+        instances, loaded, policy, dtype, device, native_kernels=native_kernels, hardware=hardware
     )
 
 
@@ -122,16 +138,20 @@ def cluster_from_loaded(
     device: str = "cpu",
     host_weights: Mapping[str, torch.Tensor] | None = None,
     native_kernels: bool = True,
+    hardware: Mapping[str, HardwareProfile] | None = None,
 ) -> EmbeddedCluster:
     """``build_embedded_cluster`` for models already loaded (any names). ``host_weights``
     (flat buffers of an earlier cluster's runner, ``EngineRunner.host_weights``) are shared
     instead of copied; then ``loaded`` may carry no tensors. ``native_kernels``: use the
-    native decode kernel where it builds (:func:`optional_decode_kernel`)."""
+    native decode kernel where it builds (:func:`optional_decode_kernel`). ``hardware``:
+    profiles by name that replace the shipped ones in the routers' estimates (a
+    calibration of this machine); default none, the shipped profiles, whatever is cached."""
     if not loaded:
         raise ConfigError("name at least one model to serve")
     specs = [m.arch.to_spec(name, dtype, source=m.source) for name, m in loaded.items()]
     cluster = ClusterConfig(specs, tuple(instances))
-    core = ClusterCore(cluster, policy, cluster_estimators(cluster), learner=GapPredictor.default())
+    estimators = cluster_estimators(cluster, hardware)
+    core = ClusterCore(cluster, policy, estimators, learner=GapPredictor.default())
     eos = {name: tuple(m.eos_token_ids) for name, m in loaded.items()}
     kernel = optional_decode_kernel(device) if native_kernels else None
     runners = {

@@ -2,6 +2,8 @@
 simulated alike) and the simulator's clock.
 
 * ``hardware.py``: hardware profiles with the source of every number, loaded on first use.
+* ``calibration.py``: ``cpu`` profiles measured where Talaria runs, cached by machine and
+  code, and which profile priced a prediction (``Calibration``).
 * ``cost_model.py``: the roofline ``CostModel`` (engine steps, weight and KV copies).
 * ``estimator.py``: the ``Estimator`` protocol an instance core reasons with, and
   ``CostModelEstimator``, its cost-model implementation.
@@ -11,7 +13,7 @@ Imports nothing above it (no runtime, no simulator, no torch).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from talaria.config import ClusterConfig, InstanceSpec, ModelSpec
 from talaria.cost.cost_model import CostModel
@@ -30,12 +32,22 @@ __all__ = [
 ]
 
 
-def estimator_for(spec: InstanceSpec, models: Sequence[ModelSpec]) -> CostModelEstimator:
+def estimator_for(
+    spec: InstanceSpec,
+    models: Sequence[ModelSpec],
+    hardware: Mapping[str, HardwareProfile] | None = None,
+) -> CostModelEstimator:
     """The cost-model estimator of one instance: its hardware profile, its tensor-parallel
-    degree, the models it serves."""
-    return CostModelEstimator(CostModel(profile(spec.hardware), spec.n_devices), models)
+    degree, the models it serves. ``hardware`` maps profile names to profiles that replace
+    the shipped ones (a calibration of this machine, ``talaria.cost.calibration``); a name
+    it lacks is the shipped profile."""
+    chosen = (hardware or {}).get(spec.hardware) or profile(spec.hardware)
+    return CostModelEstimator(CostModel(chosen, spec.n_devices), models)
 
 
-def cluster_estimators(cluster: ClusterConfig) -> dict[str, Estimator]:
-    """``estimator_for`` every instance of ``cluster``, by instance name."""
-    return {i.name: estimator_for(i, cluster.models_on(i)) for i in cluster.instances}
+def cluster_estimators(
+    cluster: ClusterConfig, hardware: Mapping[str, HardwareProfile] | None = None
+) -> dict[str, Estimator]:
+    """``estimator_for`` every instance of ``cluster``, by instance name (``hardware``: the
+    profiles that replace shipped ones, as in ``estimator_for``)."""
+    return {i.name: estimator_for(i, cluster.models_on(i), hardware) for i in cluster.instances}

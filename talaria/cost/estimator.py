@@ -3,7 +3,9 @@
 The simulator prices steps and copies with it; the router ranks placements with its rates.
 ``CostModelEstimator`` implements it with the roofline cost model of ``talaria.cost`` for
 one instance (a hardware profile and a tensor-parallel degree); a live runtime uses the same
-class with a profile measured on its own hardware.
+class with a profile measured on its own hardware (``talaria.cost.estimator_for`` with this
+machine's cached calibration, :mod:`talaria.cost.calibration`, when the embedded substrate
+finds one; the shipped profile otherwise).
 """
 
 from __future__ import annotations

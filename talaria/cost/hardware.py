@@ -13,8 +13,13 @@ Two profiles ship (:func:`profiles`):
 
 - ``h200-tp8``: one 8 x H200 SXM server (DGX/HGX H200), datasheet numbers plus conservative,
   cited efficiency factors;
-- ``cpu``: this machine, from ``cpu_profile.json`` that ``benchmarks/cpu_profile.py`` writes
-  by measuring it (achieved rates, so the efficiency factors are 1).
+- ``cpu``: the machine it was measured on, from ``cpu_profile.json`` that
+  ``benchmarks/cpu_profile.py`` and ``benchmarks/engine_calibration.py`` write by measuring
+  it (achieved rates, so the efficiency factors are 1).
+
+Another machine runs the engine at other rates: :mod:`talaria.cost.calibration` keeps a
+``cpu`` profile measured where Talaria runs (same document, same :func:`cpu_profile_from_dict`),
+which the embedded replay and server use in place of the shipped one.
 """
 
 from __future__ import annotations
@@ -325,7 +330,8 @@ def cpu_profile_from_dict(
     m = measured
     machine = doc.get("machine", {})
     where = (
-        f"measured by benchmarks/cpu_profile.py on {machine.get('cpu', '?')}, "
+        f"measured by {doc.get('measured_by', 'benchmarks/cpu_profile.py')} on "
+        f"{machine.get('cpu', '?')}, "
         f"{machine.get('threads', '?')} threads, {doc.get('measured_at', '?')} ({origin})"
     )
     ram = int(m["ram_bytes"])
@@ -374,7 +380,7 @@ def _engine_fit(
         if not _is_number(fitted.get(key)) or fitted[key] < 0:
             raise ConfigError(f"{origin}: engine.fit.{key} must be a non-negative number")
     note = (
-        f"fit to engine microbenchmarks (benchmarks/engine_calibration.py, "
+        f"fit to engine microbenchmarks ({_engine_by(engine)}, "
         f"{engine.get('measured_at', '?')}): prefill {fitted['prefill_flop_s']:.3e} FLOP/s, "
         f"decode weight reads {fitted['decode_weight_B_s']:.3e} B/s, step overhead "
         f"{fitted['step_overhead_s']:.4f} s"
@@ -412,10 +418,18 @@ def _attention_fit(
             raise ConfigError(f"{origin}: engine.fit.{key} must be a positive number")
         out.append(float(value))
         sources.append(
-            f"{field}: fit to engine microbenchmarks (benchmarks/engine_calibration.py, "
+            f"{field}: fit to engine microbenchmarks ({_engine_by(engine)}, "
             f"{measured_at}): {what}, {float(value):.3e}"
         )
     return out[0], out[1], out[2], tuple(sources)
+
+
+def _engine_by(engine: Mapping[str, Any]) -> str:
+    """The program that measured an ``engine`` section (its ``method`` starts with it)."""
+    method = engine.get("method")
+    if isinstance(method, str) and ":" in method:
+        return method.split(":", 1)[0]
+    return "benchmarks/engine_calibration.py"
 
 
 def _cpu_sources(where: str, fp32_flops: float, engine: str | None = None) -> tuple[str, ...]:
@@ -453,11 +467,16 @@ def _cpu_sources(where: str, fp32_flops: float, engine: str | None = None) -> tu
     )
 
 
-def load_cpu_profile(path: Path | None = None) -> HardwareProfile:
-    """Read a ``cpu_profile.json`` (default: the one shipped in ``talaria.cost``)."""
+SHIPPED_CPU_PROFILE: Final = f"talaria/cost/{CPU_PROFILE_FILE}"
+"""Where the shipped ``cpu`` profile's document lives (as profile sources name it)."""
+
+
+def read_cpu_document(path: Path | None = None) -> dict[str, Any]:
+    """The JSON object of a ``cpu_profile.json`` (default: the one shipped in
+    ``talaria.cost``); ConfigError when it is not one."""
     if path is None:
         resource = resources.files("talaria.cost").joinpath(CPU_PROFILE_FILE)
-        origin, text = f"talaria/cost/{CPU_PROFILE_FILE}", resource.read_text(encoding="utf-8")
+        origin, text = SHIPPED_CPU_PROFILE, resource.read_text(encoding="utf-8")
     else:
         origin, text = str(path), Path(path).read_text(encoding="utf-8")
     try:
@@ -466,7 +485,13 @@ def load_cpu_profile(path: Path | None = None) -> HardwareProfile:
         raise ConfigError(f"{origin}: not valid JSON ({exc})") from exc
     if not isinstance(doc, dict):
         raise ConfigError(f"{origin}: expected a JSON object")
-    return cpu_profile_from_dict(doc, origin)
+    return doc
+
+
+def load_cpu_profile(path: Path | None = None) -> HardwareProfile:
+    """Read a ``cpu_profile.json`` (default: the one shipped in ``talaria.cost``)."""
+    origin = SHIPPED_CPU_PROFILE if path is None else str(path)
+    return cpu_profile_from_dict(read_cpu_document(path), origin)
 
 
 @functools.cache

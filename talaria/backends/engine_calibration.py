@@ -1,0 +1,292 @@
+"""Engine microbenchmarks and the fit that turns them into the ``cpu`` profile's step costs.
+
+The simulator prices a step as ``max(FLOPs / flop rate, bytes read / bandwidth) + a fixed
+overhead``. Raw machine rates (:mod:`talaria.backends.machine_rates`: a square matmul, a
+memcpy) are upper bounds the engine does not reach, so this module measures the embedded
+engine itself through its serving path, stepped as the live runtime steps it (plan and
+commit on an event loop, ``EngineRunner.execute`` on a worker thread), on each model
+(:func:`measure_model`), and :func:`fit` turns the measurements into:
+
+- decode: the time of a batch-1 decode step on a short context, per model, fitted as
+  ``overhead + weight_bytes / bandwidth`` (least squares over the models);
+- prefill: a ``prefill_tokens``-token prefill per model, fitted as ``overhead + FLOPs /
+  flop rate`` with the overhead from the decode fit;
+- attention: decode steps of ``attention_batch`` sequences at short and long contexts give
+  the KV read rate (extra time per extra context byte); a ``chunk``-token prefill chunk
+  from an empty cache and after a ``long_ctx``-token cached prefix gives the attention FLOP
+  rate (extra time, less the extra KV reads, per extra attention FLOP); batch 8 against
+  batch 1 gives the time each decoding sequence adds to a step.
+
+:func:`measure_engine` returns the ``engine`` section of a ``cpu_profile.json`` document,
+which :func:`talaria.cost.hardware.cpu_profile_from_dict` prefers to the raw rates. It takes
+models already loaded (a replay's weights are reused, not loaded again) and never sees replay
+results. ``benchmarks/engine_calibration.py`` runs it for the shipped profile;
+:mod:`talaria.backends.calibrate` runs it where Talaria runs. The sizes are an
+:class:`~talaria.backends.calibration_plan.EngineBench` (tests pass tiny ones).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import gc
+import statistics
+import time
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import anyio
+import numpy as np
+import torch
+
+from talaria.backends.calibration_plan import EngineBench
+from talaria.backends.embedded import cluster_from_loaded
+from talaria.config import InstanceSpec
+from talaria.engine.loader import LoadedModel
+from talaria.engine.runner import EngineRunner
+from talaria.errors import ConfigError
+from talaria.policy.baselines import POLICIES
+from talaria.types import Call, TokenSeq
+
+
+def _instance(bench: EngineBench) -> InstanceSpec:
+    return InstanceSpec(
+        name="cal-0",
+        hardware="cpu",
+        device_memory_bytes=bench.device_memory_bytes,
+        host_memory_bytes=bench.host_memory_bytes,
+        memory_utilization=0.9,
+    )
+
+
+class _Probe:
+    """One model on a fresh single-model instance, random prompts for it, and steps run the
+    way the live runtime runs them (``LiveCluster``: plan and commit on the event loop's
+    thread, execute on a worker thread; a step executed on a worker thread takes
+    measurably longer than one run on the calling thread, and serving pays that)."""
+
+    def __init__(self, runner: EngineRunner, name: str, vocab: int) -> None:
+        self.runner, self.name, self.now = runner, name, 0.0
+        self._rng = np.random.default_rng(0)
+        self._vocab = vocab
+        self._limiter = anyio.CapacityLimiter(1)
+
+    def ids(self, n: int) -> TokenSeq:
+        return TokenSeq(self._rng.integers(1, self._vocab, size=n).tolist())
+
+    async def run(self, call: Call) -> None:
+        """Serve ``call`` alone to its end (output discarded)."""
+        self.runner.submit(call, self.now)
+        while not self.runner.idle:
+            await self._tick()
+        self.runner.take_output(call.key)
+
+    async def timed(self, call: Call) -> float:
+        """Seconds to serve ``call`` alone."""
+        t0 = time.perf_counter()
+        await self.run(call)
+        return time.perf_counter() - t0
+
+    async def decode_step(self, batch: int, ctx: int, steps: int, tag: str) -> float:
+        """Median step time of ``batch`` sequences decoding on ``ctx``-token contexts."""
+        runner, core = self.runner, self.runner.core
+        calls = [Call(f"d{tag}-{i}", 0, self.name, self.ids(ctx), steps + 1) for i in range(batch)]
+        for c in calls:
+            runner.submit(c, self.now)
+        while any(r.prefilling for r in core.running.values()) or any(core.waiting.values()):
+            await self._tick()
+        times = []
+        for _ in range(steps):
+            t0 = time.perf_counter()
+            await self._tick()
+            times.append(time.perf_counter() - t0)
+        while not runner.idle:
+            await self._tick()
+        for c in calls:
+            runner.take_output(c.key)
+        return statistics.median(times)
+
+    async def _tick(self) -> None:
+        runner = self.runner
+        sched = runner.plan(self.now)
+        done = await anyio.to_thread.run_sync(runner.execute, sched, limiter=self._limiter)
+        runner.commit(sched, done, self.now)
+        self.now += 0.001
+
+
+async def _timings(probe: _Probe, b: EngineBench) -> dict[str, float]:
+    """Every timing of one model (seconds; medians over ``b.reps`` or ``b.decode_steps``)."""
+    name = probe.name
+    await probe.run(Call("warm", 0, name, probe.ids(64), 2))
+    prefill = [
+        await probe.timed(Call(f"p{r}", 0, name, probe.ids(b.prefill_tokens), 1))
+        for r in range(b.reps)
+    ]
+    out = {
+        "prefill_s": statistics.median(prefill),
+        "decode_step_s_batch1": await probe.decode_step(1, b.short_ctx, b.decode_steps, "1"),
+        "decode_step_s_batch8": await probe.decode_step(8, b.short_ctx, b.decode_steps, "8"),
+        "decode_step_s_short_ctx": await probe.decode_step(
+            b.attention_batch, b.short_ctx, b.decode_steps, "a-short"
+        ),
+        "decode_step_s_long_ctx": await probe.decode_step(
+            b.attention_batch, b.long_ctx, b.decode_steps, "a-long"
+        ),
+    }
+    fresh, after = [], []
+    for r in range(b.reps):  # a chunk from an empty cache and after a cached prefix
+        fresh.append(await probe.timed(Call(f"f{r}", 0, name, probe.ids(b.chunk), 1)))
+        prefix = probe.ids(b.long_ctx)
+        await probe.run(Call(f"c{r}", 0, name, prefix, 1))
+        longer = prefix.extend(probe.ids(b.chunk).tokens())
+        after.append(await probe.timed(Call(f"c{r}", 1, name, longer, 1)))
+    out["chunk_s_fresh"] = statistics.median(fresh)
+    out["chunk_s_after_prefix"] = statistics.median(after)
+    return out
+
+
+def measure_model(
+    name: str,
+    model: LoadedModel,
+    bench: EngineBench,
+    dtype: torch.dtype,
+    host_weights: torch.Tensor | None = None,
+) -> dict[str, Any]:
+    """Prefill, decode and attention timings of one model (seconds) and the sizes the fit
+    needs. ``model`` may carry no tensors when ``host_weights`` (its flat host weights, as
+    an ``EngineRunner`` keeps them) is given: they are shared, not copied. Runs its own
+    event loop (``anyio.run``): call it from synchronous code."""
+    shared = {name: host_weights} if host_weights is not None else None
+    cluster = cluster_from_loaded(
+        [_instance(bench)], {name: model}, POLICIES["talaria"], dtype, host_weights=shared
+    )
+    runner = cluster.runners["cal-0"]
+    spec = runner.core.models[name]
+    probe = _Probe(runner, name, min(30000, model.arch.vocab_size))
+    b = bench
+    timings = anyio.run(_timings, probe, b)
+    del cluster, runner, probe
+    gc.collect()
+    return {
+        "weight_bytes": spec.weight_bytes,
+        "flops_per_token": spec.flops_per_token,
+        "attention_flops_prefill": spec.attention_flops(
+            b.prefill_tokens * (b.prefill_tokens + 1) / 2
+        ),
+        "prefill_tokens": b.prefill_tokens,
+        "prefill_s": timings["prefill_s"],
+        "short_ctx": b.short_ctx,
+        "decode_step_s_batch1": timings["decode_step_s_batch1"],
+        "decode_step_s_batch8": timings["decode_step_s_batch8"],
+        "kv_bytes_per_token": spec.kv_bytes_per_token,
+        "attention_batch": b.attention_batch,
+        "long_ctx": b.long_ctx,
+        "decode_step_s_short_ctx": timings["decode_step_s_short_ctx"],
+        "decode_step_s_long_ctx": timings["decode_step_s_long_ctx"],
+        "chunk_tokens": b.chunk,
+        "chunk_s_fresh": timings["chunk_s_fresh"],
+        "chunk_s_after_prefix": timings["chunk_s_after_prefix"],
+        "attention_flops_chunk_extra": spec.attention_flops(b.chunk * b.long_ctx),
+    }
+
+
+def _short(m: Mapping[str, Any]) -> int:
+    """The short context of a measurement (256 in documents written before it was recorded)."""
+    return int(m.get("short_ctx", 256))
+
+
+def fit(models: Mapping[str, Mapping[str, Any]]) -> dict[str, float]:
+    """Fit the engine's step costs to the measurements of each model:
+
+    - from models measured at two context lengths, the KV read rate: extra decode time per
+      extra context byte (median over the models where the longer run took longer);
+    - with it, the time each decoding sequence adds to a step: batch 8 against batch 1, less
+      the extra KV reads, over 7;
+    - least squares ``t = intercept + bytes / bandwidth`` over the batch-1 decode steps; the
+      step overhead is the intercept less one sequence's time (a batch-1 step pays both);
+    - the prefill FLOP rate, the median over models of ``FLOPs / (t - overhead)``;
+    - the attention FLOP rate: the extra time of a chunk after a cached prefix, less its
+      extra KV reads, per extra attention FLOP.
+    """
+    out: dict[str, float] = {}
+    long = [m for m in models.values() if "decode_step_s_long_ctx" in m]
+    kv_rates = []
+    for m in long:
+        extra_kv = m["attention_batch"] * (m["long_ctx"] - _short(m)) * m["kv_bytes_per_token"]
+        dt_s = m["decode_step_s_long_ctx"] - m["decode_step_s_short_ctx"]
+        if dt_s > 0:
+            kv_rates.append(extra_kv / dt_s)
+    per_seq = 0.0
+    if kv_rates:
+        kv_rate = out["decode_kv_B_s"] = float(statistics.median(kv_rates))
+        seq_times = [
+            x
+            for m in long
+            if (
+                x := (
+                    m["decode_step_s_batch8"]
+                    - m["decode_step_s_batch1"]
+                    - 7 * _short(m) * m["kv_bytes_per_token"] / kv_rate
+                )
+                / 7
+            )
+            > 0
+        ]
+        if seq_times:
+            per_seq = out["decode_seq_s"] = float(statistics.median(seq_times))
+    w = np.array([m["weight_bytes"] for m in models.values()], dtype=float)
+    t = np.array([m["decode_step_s_batch1"] for m in models.values()], dtype=float)
+    a = np.vstack([np.ones_like(w), w]).T
+    (intercept, per_byte), *_ = np.linalg.lstsq(a, t, rcond=None)
+    overhead = max(0.0, float(intercept) - per_seq)
+    per_byte = float(per_byte) if per_byte > 0 else float(np.mean(t / w))
+    rates = []
+    for m in models.values():
+        flops = m["prefill_tokens"] * m["flops_per_token"] + m["attention_flops_prefill"]
+        rates.append(flops / max(1e-9, m["prefill_s"] - overhead))
+    out |= {
+        "decode_weight_B_s": 1.0 / per_byte,
+        "step_overhead_s": overhead,
+        "prefill_flop_s": float(statistics.median(rates)),
+    }
+    if kv_rates:
+        attn_rates = []
+        for m in long:
+            reads = m["long_ctx"] * m["kv_bytes_per_token"] / out["decode_kv_B_s"]
+            dt_s = m["chunk_s_after_prefix"] - m["chunk_s_fresh"] - reads
+            if dt_s > 0:
+                attn_rates.append(m["attention_flops_chunk_extra"] / dt_s)
+        if attn_rates:
+            out["attention_flop_s"] = float(statistics.median(attn_rates))
+    return out
+
+
+ModelSource = Callable[[], Iterator[tuple[str, LoadedModel, torch.Tensor | None]]]
+"""Yields (name, model, flat host weights or None) one model at a time, so a caller that
+loads from disk holds one model's tensors at once."""
+
+
+def measure_engine(
+    models: ModelSource,
+    bench: EngineBench,
+    dtype: torch.dtype,
+    measured_by: str,
+    on_model: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """:func:`measure_model` on every model ``models`` yields, then :func:`fit`: the
+    ``engine`` section of a ``cpu_profile.json`` document. ``on_model`` hears each model's
+    name before it is measured."""
+    measured: dict[str, dict[str, Any]] = {}
+    for name, model, host in models():
+        if on_model is not None:
+            on_model(name)
+        measured[name] = measure_model(name, model, bench, dtype, host)
+    if len(measured) < 2:
+        raise ConfigError("the engine fit needs at least two models of different sizes")
+    return {
+        "measured_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "method": f"{measured_by}: EngineRunner plan/execute (worker thread)/commit on each "
+        f"model, {dtype}, "
+        f"{torch.get_num_threads()} threads; {bench.describe()}",
+        "models": measured,
+        "fit": fit(measured),
+    }
