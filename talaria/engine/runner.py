@@ -4,9 +4,10 @@
 :class:`~talaria.runtime.instance.InstanceCore`) and the tensors that accounting describes:
 
 * **weight arena**: one device tensor of ``core.arena.arena_bytes`` bytes, allocated once.
-  Every model's parameters are bound (:func:`~talaria.engine.weight_layout.bind_weights`) as views at
-  its region's offset; only the model whose weights were last copied into a region is valid
-  there. A switch copies into the region; the data pointer never changes.
+  Every model's parameters are bound
+  (:func:`~talaria.engine.weight_layout.bind_weights`) as views at its region's offset; only
+  the model whose weights were last copied into a region is valid there. A switch copies
+  into the region; the data pointer never changes.
 * **host tier of weights**: one flat byte tensor per model (pinned on CUDA), the source of
   every switch and stage. The arena's host budget is accounting; this runner keeps every
   model's host copy, so the arena's ``DISK_TO_HOST`` steps copy nothing here (a loader
