@@ -19,8 +19,8 @@ differently (``Routing``) but report the same breakdown.
 ``search`` is where a call's instance is chosen: with expected-completion routing it ranks
 the candidates by a lower bound of their estimate (each candidate's estimate of an optimistic
 view, so the bound cannot exceed the exact estimate) and computes exact estimates in that
-order until the next bound exceeds the best exact one (a tie is still viewed: ties go by
-name); ``route`` ranks the views.
+order until the next (bound, name) is not below the best (estimate, name): ties go by
+name, so a tie is viewed only when its name is earlier; ``route`` ranks the views.
 
 Pure: plain data in, plain data out (``search`` reads its candidates, never mutates them).
 """
@@ -193,13 +193,15 @@ def search(
             policy.cache_affinity_load_cap,
             policy.cache_affinity_abs_tokens,
         )
-    bounds = [(c.bound_s(call.model, expected_output), i) for i, c in enumerate(candidates)]
+    # ``route`` takes the least (estimate, name); a candidate can beat the best so far only
+    # if its (bound, name) is below the best's (estimate, name): pop in that order, stop there
+    bounds = [(c.bound_s(call.model, expected_output), c.name, i) for i, c in enumerate(candidates)]
     heapq.heapify(bounds)
     exact: list[InstanceView] = []
-    best = math.inf
-    while bounds and bounds[0][0] <= best:  # a tie may win on its name
-        cand = candidates[heapq.heappop(bounds)[1]]
+    best: tuple[float, str] = (math.inf, "")
+    while bounds and bounds[0][:2] < best:
+        cand = candidates[heapq.heappop(bounds)[2]]
         view = cand.view(call, now, cand.name == last_instance)
         exact.append(view)
-        best = min(best, estimate(view, known_tokens, expected_output).total_s)
+        best = min(best, (estimate(view, known_tokens, expected_output).total_s, view.name))
     return route(exact, policy.routing, known_tokens, expected_output)
