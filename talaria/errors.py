@@ -56,10 +56,15 @@ class Overloaded(TalariaError):
 
 
 class TooManyRequests(Overloaded):
-    """The server holds as many calls as it is configured to; retry after a moment."""
+    """The server, or the caller's tenant, is at a configured limit; retry after
+    ``retry_after_s`` seconds (sent as ``Retry-After``)."""
 
     http_status = 429
     code = "rate_limit_exceeded"
+
+    def __init__(self, message: str, retry_after_s: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class InstanceFailed(TalariaError, RuntimeError):

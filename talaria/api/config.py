@@ -79,6 +79,9 @@ class TalariaConfig:
     # the most of them one tenant may hold (None: max_calls), so that one tenant's overload
     # leaves the others room
     max_calls_per_tenant: int | None = None
+    # tokens (prompt plus max_tokens) one tenant's calls may ask for per minute (None: no
+    # limit); past it a call gets 429 with the seconds until the budget refills
+    tokens_per_minute_per_tenant: int | None = None
     session_idle_s: float = attrs.field(default=600.0, validator=_positive)
     shutdown_grace_s: float = attrs.field(default=30.0, validator=_positive)
     default_max_tokens: int = attrs.field(default=DEFAULT_MAX_TOKENS, validator=_positive)
@@ -86,9 +89,9 @@ class TalariaConfig:
     def __attrs_post_init__(self) -> None:
         if self.dtype not in _DTYPES:
             raise ConfigError(f"dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
-        for knob in ("max_calls", "max_calls_per_tenant"):  # the latter may be None
+        for knob in ("max_calls", "max_calls_per_tenant", "tokens_per_minute_per_tenant"):
             v = getattr(self, knob)
-            if v is None and knob == "max_calls_per_tenant":
+            if v is None and knob != "max_calls":  # the per-tenant limits may be off
                 continue
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ConfigError(f"{knob} must be a positive integer, got {v!r}")

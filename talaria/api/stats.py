@@ -51,9 +51,10 @@ def snapshot(live: LiveCluster) -> dict[str, Any]:
             "in_flight": len(live.calls),
             "finished": sum(i.counters.calls_finished for i in live.core.instances.values()),
             "failed": live.calls_failed,
-            "refused": live.calls_refused,  # over max_calls (429)
+            "refused": live.calls_refused,  # 429: max_calls, a tenant's share or token budget
             "max": live.max_calls,
             "max_per_tenant": live.max_calls_per_tenant,
+            "tokens_per_minute_per_tenant": live.quotas.per_minute,
         },
         "events": dict(live.events),
         "model_switches": switches,

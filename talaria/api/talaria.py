@@ -87,6 +87,7 @@ class Talaria:
             shutdown_grace_s=cfg.shutdown_grace_s,
             max_calls=cfg.max_calls,
             max_calls_per_tenant=cfg.max_calls_per_tenant,
+            tokens_per_minute_per_tenant=cfg.tokens_per_minute_per_tenant,
         )
         await live.__aenter__()
         self._live = live

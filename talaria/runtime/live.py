@@ -54,6 +54,7 @@ from talaria.memory.kv import CallKey
 from talaria.policy.gaps import check_hint_s, check_seconds
 from talaria.runtime.cluster import ClusterCore
 from talaria.runtime.instance import Request, Schedule
+from talaria.runtime.quota import TenantQuotas
 from talaria.runtime.substrate import Substrate
 from talaria.schedule import Executed
 from talaria.types import Call, EventKind, SessionId, TokenSeq
@@ -211,6 +212,7 @@ class LiveCluster:
         recover_after_s: float = RECOVER_AFTER_S,
         max_calls: int = DEFAULT_MAX_CALLS,
         max_calls_per_tenant: int | None = None,
+        tokens_per_minute_per_tenant: int | None = None,
     ) -> None:
         if set(runners) != set(core.instances):
             raise BadRequest(
@@ -230,6 +232,7 @@ class LiveCluster:
             "max_calls_per_tenant",
             max_calls if max_calls_per_tenant is None else max_calls_per_tenant,
         )
+        self.quotas = TenantQuotas(tokens_per_minute_per_tenant)
         self.calls_refused = 0
         self.drivers = {name: _Driver(r, backoff_s=recover_after_s) for name, r in runners.items()}
         self.calls: dict[CallKey, LiveCall] = {}
@@ -298,9 +301,10 @@ class LiveCluster:
         """Route one call and queue it. Raises the typed errors of routing (unknown model,
         context too long, token outside the vocabulary) and ``TooManyRequests`` when
         ``max_calls`` calls are in flight, or ``max_calls_per_tenant`` of the caller's tenant
-        (so one tenant's overload leaves room for the others), before anything changes; the
-        caller
-        must hold the session's lock (``session(id).lock``) until the call ends.
+        (so one tenant's overload leaves room for the others), or the tenant's
+        ``tokens_per_minute_per_tenant`` budget cannot pay for the call's prompt plus
+        ``max_tokens`` yet (``retry_after_s`` says when it can), before anything changes; the
+        caller must hold the session's lock (``session(id).lock``) until the call ends.
 
         ``forced`` (trace replay) makes the call answer exactly these token ids, one per
         step, whatever the logits say: the engine does the same work, and the session's next
@@ -322,8 +326,14 @@ class LiveCluster:
                 f"your tenant has {self.max_calls_per_tenant} calls in flight, its share "
                 "(max_calls_per_tenant); retry in a moment"
             )
-        sess = self.session(session_id)
         now = self.clock.now()
+        cost = len(prompt) + params.max_tokens
+        try:
+            self.quotas.check(tenant, cost, now)
+        except TooManyRequests:
+            self.calls_refused += 1
+            raise
+        sess = self.session(session_id)
         call = Call(session_id, sess.calls, model, prompt, params.max_tokens, None, tenant, now)
         try:
             self._check_vocab(call)
@@ -332,6 +342,7 @@ class LiveCluster:
             if sess.calls == 0 and sess.in_flight == 0:
                 del self.sessions[session_id]  # nothing was started under this id
             raise
+        self.quotas.charge(tenant, cost, now)
         name = inst.spec.name
         self.drivers[name].runner.prepare(call.key, params, vocab_limit, forced)
         send, receive = anyio.create_memory_object_stream[Event](math.inf)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -118,7 +119,8 @@ def from_talaria(exc: TalariaError) -> HttpError:
     elif isinstance(exc, UnknownSession):
         param = "session_id"
     if isinstance(exc, Overloaded) or status in (429, 503):
-        headers["Retry-After"] = str(RETRY_AFTER_S)
+        wait = getattr(exc, "retry_after_s", RETRY_AFTER_S)
+        headers["Retry-After"] = str(max(1, math.ceil(wait)))
         if "retry" not in message.lower():
             message = f"{message} Retry in a moment."
     return HttpError(status, message, code=code, param=param, headers=headers)

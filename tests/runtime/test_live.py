@@ -390,3 +390,42 @@ async def test_one_tenants_overload_leaves_room_for_another() -> None:
                 async for _ev in r:
                     pass
         live.check_integrity()
+
+
+async def test_a_tenant_past_its_token_budget_waits_and_others_are_served() -> None:
+    """``tokens_per_minute_per_tenant`` = 100 on a virtual clock: tenant A's two calls of 46
+    tokens (40 prompt + 6 answer) leave 8; its third is refused with the exact wait, 22.8 s
+    ((46 - 8) / (100 / 60)), as ``Retry-After: 23`` over HTTP; tenant B is served; after the
+    wait A is served again, and nothing else changed."""
+    from talaria.clock import VirtualClock
+    from talaria.errors import TooManyRequests
+    from talaria.server.errors import from_talaria
+
+    clock = VirtualClock()
+    c = tiny_cluster()
+
+    async def call(live: LiveCluster, sid: str, tenant: str, i: int) -> None:
+        params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+        async with live.session(sid).lock:
+            _, receive = await live.submit(
+                sid, "llama-tiny", prompt_for(i), params, StopChecker(params), tenant=tenant
+            )
+            async with receive:
+                events = [ev async for ev in receive]
+        assert isinstance(events[-1], Finished)
+
+    async with live_of(c, clock=clock, tokens_per_minute_per_tenant=100) as live:
+        await call(live, "a0", "A", 0)
+        await call(live, "a1", "A", 1)
+        params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+        with pytest.raises(TooManyRequests, match="100 tokens per minute") as err:
+            await live.submit(
+                "a2", "llama-tiny", prompt_for(2), params, StopChecker(params), tenant="A"
+            )
+        assert err.value.retry_after_s == pytest.approx(22.8)
+        assert from_talaria(err.value).headers["Retry-After"] == "23"
+        assert "a2" not in live.sessions and live.calls_refused == 1
+        await call(live, "b0", "B", 3)  # B's budget is its own
+        clock.advance_to(22.8)
+        await call(live, "a2", "A", 2)
+        live.check_integrity()
