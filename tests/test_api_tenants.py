@@ -30,11 +30,16 @@ def test_scoped_ids_never_collide_with_wire_ids() -> None:
     assert not any(33 <= ord(c) <= 126 for c in a.replace("team-a", "").replace("s1", ""))
 
 
-def test_the_token_budget_comes_from_the_toml_and_must_be_positive(tmp_path: Path) -> None:
+def test_the_tenant_limits_come_from_the_toml_and_must_be_positive(tmp_path: Path) -> None:
     path = tmp_path / "talaria.toml"
-    path.write_text("tokens_per_minute_per_tenant = 90000\n", encoding="utf-8")
-    assert TalariaConfig.from_toml(path).tokens_per_minute_per_tenant == 90_000
-    assert TalariaConfig().tokens_per_minute_per_tenant is None  # no limit by default
-    for bad in (0, -1, 1.5, True):
-        with pytest.raises(ConfigError, match="tokens_per_minute_per_tenant"):
-            TalariaConfig(tokens_per_minute_per_tenant=bad)  # type: ignore[arg-type]
+    path.write_text(
+        "tokens_per_minute_per_tenant = 90000\nmax_sessions_per_tenant = 64\n", encoding="utf-8"
+    )
+    config = TalariaConfig.from_toml(path)
+    assert (config.tokens_per_minute_per_tenant, config.max_sessions_per_tenant) == (90_000, 64)
+    default = TalariaConfig()  # no limit by default
+    assert default.tokens_per_minute_per_tenant is None and default.max_sessions_per_tenant is None
+    for knob in ("tokens_per_minute_per_tenant", "max_sessions_per_tenant"):
+        for bad in (0, -1, 1.5, True):
+            with pytest.raises(ConfigError, match=knob):
+                TalariaConfig(**{knob: bad})

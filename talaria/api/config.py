@@ -82,6 +82,9 @@ class TalariaConfig:
     # tokens (prompt plus max_tokens) one tenant's calls may ask for per minute (None: no
     # limit); past it a call gets 429 with the seconds until the budget refills
     tokens_per_minute_per_tenant: int | None = None
+    # sessions one tenant may have open at once (None: no limit); a call that would open
+    # another gets 429 until one ends (an end event, or session_idle_s without a call)
+    max_sessions_per_tenant: int | None = None
     session_idle_s: float = attrs.field(default=600.0, validator=_positive)
     shutdown_grace_s: float = attrs.field(default=30.0, validator=_positive)
     default_max_tokens: int = attrs.field(default=DEFAULT_MAX_TOKENS, validator=_positive)
@@ -89,7 +92,8 @@ class TalariaConfig:
     def __attrs_post_init__(self) -> None:
         if self.dtype not in _DTYPES:
             raise ConfigError(f"dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
-        for knob in ("max_calls", "max_calls_per_tenant", "tokens_per_minute_per_tenant"):
+        per_tenant = ("max_calls_per_tenant", "tokens_per_minute_per_tenant")
+        for knob in ("max_calls", *per_tenant, "max_sessions_per_tenant"):
             v = getattr(self, knob)
             if v is None and knob != "max_calls":  # the per-tenant limits may be off
                 continue

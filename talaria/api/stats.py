@@ -46,6 +46,7 @@ def snapshot(live: LiveCluster) -> dict[str, Any]:
             "ended": live.ended_sessions,
             "expired": live.expired_sessions,
             "total": len(live.sessions) + live.ended_sessions,
+            "max_per_tenant": live.max_sessions_per_tenant,
         },
         "calls": {
             "in_flight": len(live.calls),

@@ -88,6 +88,7 @@ class Talaria:
             max_calls=cfg.max_calls,
             max_calls_per_tenant=cfg.max_calls_per_tenant,
             tokens_per_minute_per_tenant=cfg.tokens_per_minute_per_tenant,
+            max_sessions_per_tenant=cfg.max_sessions_per_tenant,
         )
         await live.__aenter__()
         self._live = live

@@ -163,6 +163,7 @@ class LiveSession:
     last_s: float
     calls: int = 0
     in_flight: int = 0
+    tenant: str | None = None  # set by its first accepted call
     # calls of one session run one at a time (a semaphore: released by whichever task ends
     # the call's stream, which need not be the task that acquired it)
     lock: anyio.Semaphore = attrs.field(factory=lambda: anyio.Semaphore(1))
@@ -213,6 +214,7 @@ class LiveCluster:
         max_calls: int = DEFAULT_MAX_CALLS,
         max_calls_per_tenant: int | None = None,
         tokens_per_minute_per_tenant: int | None = None,
+        max_sessions_per_tenant: int | None = None,
     ) -> None:
         if set(runners) != set(core.instances):
             raise BadRequest(
@@ -233,6 +235,11 @@ class LiveCluster:
             max_calls if max_calls_per_tenant is None else max_calls_per_tenant,
         )
         self.quotas = TenantQuotas(tokens_per_minute_per_tenant)
+        self.max_sessions_per_tenant = (
+            None
+            if max_sessions_per_tenant is None
+            else _positive_int("max_sessions_per_tenant", max_sessions_per_tenant)
+        )
         self.calls_refused = 0
         self.drivers = {name: _Driver(r, backoff_s=recover_after_s) for name, r in runners.items()}
         self.calls: dict[CallKey, LiveCall] = {}
@@ -303,7 +310,8 @@ class LiveCluster:
         ``max_calls`` calls are in flight, or ``max_calls_per_tenant`` of the caller's tenant
         (so one tenant's overload leaves room for the others), or the tenant's
         ``tokens_per_minute_per_tenant`` budget cannot pay for the call's prompt plus
-        ``max_tokens`` yet (``retry_after_s`` says when it can), before anything changes; the
+        ``max_tokens`` yet (``retry_after_s`` says when it can), or the call would start a new
+        session past the tenant's ``max_sessions_per_tenant``, before anything changes; the
         caller must hold the session's lock (``session(id).lock``) until the call ends.
 
         ``forced`` (trace replay) makes the call answer exactly these token ids, one per
@@ -334,6 +342,8 @@ class LiveCluster:
             self.calls_refused += 1
             raise
         sess = self.session(session_id)
+        if sess.calls == 0 and sess.in_flight == 0:
+            self._check_session_share(session_id, tenant)
         call = Call(session_id, sess.calls, model, prompt, params.max_tokens, None, tenant, now)
         try:
             self._check_vocab(call)
@@ -343,6 +353,7 @@ class LiveCluster:
                 del self.sessions[session_id]  # nothing was started under this id
             raise
         self.quotas.charge(tenant, cost, now)
+        sess.tenant = tenant
         name = inst.spec.name
         self.drivers[name].runner.prepare(call.key, params, vocab_limit, forced)
         send, receive = anyio.create_memory_object_stream[Event](math.inf)
@@ -402,6 +413,23 @@ class LiveCluster:
             sess.last_s = now
             return None
         return self._end(session_id, sess, now, expired=False)
+
+    def _check_session_share(self, session_id: SessionId, tenant: str) -> None:
+        """Refuse (429) a call that would start ``tenant``'s session past its
+        ``max_sessions_per_tenant`` (its sessions end with an ``end`` event or by idling);
+        the unstarted session is forgotten."""
+        limit = self.max_sessions_per_tenant
+        if limit is None:
+            return
+        mine = sum(1 for s in self.sessions.values() if s.tenant == tenant)
+        if mine < limit:
+            return
+        self.calls_refused += 1
+        del self.sessions[session_id]
+        raise TooManyRequests(
+            f"your tenant has {mine} sessions open, its share (max_sessions_per_tenant); "
+            "end one (an end event) or retry once one has ended"
+        )
 
     def _end(
         self, session_id: SessionId, sess: LiveSession, now: float, expired: bool

@@ -429,3 +429,37 @@ async def test_a_tenant_past_its_token_budget_waits_and_others_are_served() -> N
         clock.advance_to(22.8)
         await call(live, "a2", "A", 2)
         live.check_integrity()
+
+
+async def test_a_tenant_at_its_session_share_opens_no_new_session_until_one_ends() -> None:
+    """``max_sessions_per_tenant`` = 2: tenant A's third session is refused (429) while its
+    two open sessions keep being served and tenant B opens its own; once A ends one, A's
+    next new session is accepted."""
+    from talaria.errors import TooManyRequests
+
+    c = tiny_cluster()
+
+    async def call(live: LiveCluster, sid: str, tenant: str, i: int) -> None:
+        params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+        async with live.session(sid).lock:
+            _, receive = await live.submit(
+                sid, "llama-tiny", prompt_for(i), params, StopChecker(params), tenant=tenant
+            )
+            async with receive:
+                events = [ev async for ev in receive]
+        assert isinstance(events[-1], Finished)
+
+    async with live_of(c, max_sessions_per_tenant=2) as live:
+        await call(live, "a0", "A", 0)
+        await call(live, "a1", "A", 1)
+        with pytest.raises(TooManyRequests, match="max_sessions_per_tenant"):
+            await call(live, "a2", "A", 2)
+        assert "a2" not in live.sessions and live.calls_refused == 1
+        await call(live, "a0", "A", 3)  # an open session keeps its calls
+        await call(live, "b0", "B", 4)  # another tenant's share is its own
+        live.event("a1", EventKind.END)
+        await call(live, "a2", "A", 2)
+        assert sorted(live.sessions) == ["a0", "a2", "b0"]
+        live.check_integrity()
+    with pytest.raises(BadRequest, match="max_sessions_per_tenant"):
+        live_of(tiny_cluster(), max_sessions_per_tenant=0)
