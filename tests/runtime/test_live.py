@@ -34,6 +34,18 @@ def prompt_for(i: int, n: int = 40) -> TokenSeq:
     return TokenSeq([(7 * i + 3 * k) % 120 + 1 for k in range(n)])
 
 
+async def tenant_call(live: LiveCluster, sid: str, tenant: str, i: int) -> None:
+    """One call of ``prompt_for(i)`` (6 tokens answered) as ``tenant``, drained to its end."""
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    async with live.session(sid).lock:
+        _, receive = await live.submit(
+            sid, "llama-tiny", prompt_for(i), params, StopChecker(params), tenant=tenant
+        )
+        async with receive:
+            events = [ev async for ev in receive]
+    assert isinstance(events[-1], Finished)
+
+
 async def run_call(
     live: LiveCluster, session: str, model: str, prompt: TokenSeq, max_tokens: int = 6
 ) -> tuple[tuple[int, ...], Finished]:
@@ -404,19 +416,9 @@ async def test_a_tenant_past_its_token_budget_waits_and_others_are_served() -> N
     clock = VirtualClock()
     c = tiny_cluster()
 
-    async def call(live: LiveCluster, sid: str, tenant: str, i: int) -> None:
-        params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
-        async with live.session(sid).lock:
-            _, receive = await live.submit(
-                sid, "llama-tiny", prompt_for(i), params, StopChecker(params), tenant=tenant
-            )
-            async with receive:
-                events = [ev async for ev in receive]
-        assert isinstance(events[-1], Finished)
-
     async with live_of(c, clock=clock, tokens_per_minute_per_tenant=100) as live:
-        await call(live, "a0", "A", 0)
-        await call(live, "a1", "A", 1)
+        await tenant_call(live, "a0", "A", 0)
+        await tenant_call(live, "a1", "A", 1)
         params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
         with pytest.raises(TooManyRequests, match="100 tokens per minute") as err:
             await live.submit(
@@ -425,9 +427,9 @@ async def test_a_tenant_past_its_token_budget_waits_and_others_are_served() -> N
         assert err.value.retry_after_s == pytest.approx(22.8)
         assert from_talaria(err.value).headers["Retry-After"] == "23"
         assert "a2" not in live.sessions and live.calls_refused == 1
-        await call(live, "b0", "B", 3)  # B's budget is its own
+        await tenant_call(live, "b0", "B", 3)  # B's budget is its own
         clock.advance_to(22.8)
-        await call(live, "a2", "A", 2)
+        await tenant_call(live, "a2", "A", 2)
         live.check_integrity()
 
 
@@ -439,26 +441,16 @@ async def test_a_tenant_at_its_session_share_opens_no_new_session_until_one_ends
 
     c = tiny_cluster()
 
-    async def call(live: LiveCluster, sid: str, tenant: str, i: int) -> None:
-        params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
-        async with live.session(sid).lock:
-            _, receive = await live.submit(
-                sid, "llama-tiny", prompt_for(i), params, StopChecker(params), tenant=tenant
-            )
-            async with receive:
-                events = [ev async for ev in receive]
-        assert isinstance(events[-1], Finished)
-
     async with live_of(c, max_sessions_per_tenant=2) as live:
-        await call(live, "a0", "A", 0)
-        await call(live, "a1", "A", 1)
+        await tenant_call(live, "a0", "A", 0)
+        await tenant_call(live, "a1", "A", 1)
         with pytest.raises(TooManyRequests, match="max_sessions_per_tenant"):
-            await call(live, "a2", "A", 2)
+            await tenant_call(live, "a2", "A", 2)
         assert "a2" not in live.sessions and live.calls_refused == 1
-        await call(live, "a0", "A", 3)  # an open session keeps its calls
-        await call(live, "b0", "B", 4)  # another tenant's share is its own
+        await tenant_call(live, "a0", "A", 3)  # an open session keeps its calls
+        await tenant_call(live, "b0", "B", 4)  # another tenant's share is its own
         live.event("a1", EventKind.END)
-        await call(live, "a2", "A", 2)
+        await tenant_call(live, "a2", "A", 2)
         assert sorted(live.sessions) == ["a0", "a2", "b0"]
         live.check_integrity()
     with pytest.raises(BadRequest, match="max_sessions_per_tenant"):
