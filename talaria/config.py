@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Iterable
-from typing import Any
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any, Final
 
 import attrs
 
@@ -301,3 +303,18 @@ class ClusterConfig:
 
     def models_on(self, instance: InstanceSpec) -> tuple[ModelSpec, ...]:
         return tuple(m for m in self.models if not instance.models or m.name in instance.models)
+
+
+CACHE_ENV: Final = "TALARIA_CACHE_DIR"
+
+
+def cache_dir(environ: Mapping[str, str] | None = None) -> Path:
+    """Where Talaria keeps what it builds or measures on a machine (the native decode kernel,
+    the ``cpu`` profile's calibration): ``$TALARIA_CACHE_DIR``, else
+    ``$XDG_CACHE_HOME/talaria``, else ``~/.cache/talaria``."""
+    env = os.environ if environ is None else environ
+    if env.get(CACHE_ENV):
+        return Path(env[CACHE_ENV]).expanduser()
+    if env.get("XDG_CACHE_HOME"):
+        return Path(env["XDG_CACHE_HOME"]).expanduser() / "talaria"
+    return Path.home() / ".cache" / "talaria"

@@ -39,6 +39,7 @@ from typing import Any, Final
 
 import attrs
 
+from talaria.config import cache_dir
 from talaria.cost.hardware import (
     SHIPPED_CPU_PROFILE,
     HardwareProfile,
@@ -48,7 +49,6 @@ from talaria.cost.hardware import (
 )
 from talaria.errors import ConfigError
 
-CACHE_ENV: Final = "TALARIA_CACHE_DIR"
 SCHEMA: Final = "talaria-calibration/1"
 MEASURED_HERE: Final = "measured here"
 SHIPPED: Final = "shipped profile"
@@ -166,16 +166,6 @@ def source_hash(root: Path, patterns: Sequence[str], settings: Mapping[str, Any]
         h.update(path.read_bytes() + b"\0")
     h.update(json.dumps(settings, sort_keys=True, default=str).encode())
     return h.hexdigest()
-
-
-def cache_dir(environ: Mapping[str, str] | None = None) -> Path:
-    """``$TALARIA_CACHE_DIR``, else ``$XDG_CACHE_HOME/talaria``, else ``~/.cache/talaria``."""
-    env = os.environ if environ is None else environ
-    if env.get(CACHE_ENV):
-        return Path(env[CACHE_ENV]).expanduser()
-    if env.get("XDG_CACHE_HOME"):
-        return Path(env["XDG_CACHE_HOME"]).expanduser() / "talaria"
-    return Path.home() / ".cache" / "talaria"
 
 
 def cache_path(key: CalibrationKey, directory: Path | None = None) -> Path:

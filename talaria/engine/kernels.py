@@ -40,6 +40,7 @@ from typing import Final
 
 import torch
 
+from talaria.config import cache_dir
 from talaria.errors import TalariaError
 
 SOURCE: Final = "decode_kernels.c"
@@ -67,9 +68,8 @@ class KernelUnavailable(TalariaError):
 
 
 def default_cache_dir() -> Path:
-    """``$TALARIA_CACHE_DIR/kernels``, else ``~/.cache/talaria/kernels``."""
-    root = os.environ.get("TALARIA_CACHE_DIR")
-    return (Path(root) if root else Path.home() / ".cache" / "talaria") / "kernels"
+    """``kernels`` in Talaria's cache directory (:func:`talaria.cache.cache_dir`)."""
+    return cache_dir() / "kernels"
 
 
 def _compiler() -> str:

@@ -34,7 +34,7 @@ from __future__ import annotations
 import collections
 import logging
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 from talaria.config import InstanceSpec, ModelSpec, PolicyConfig
 from talaria.cost.estimator import Estimator
@@ -44,7 +44,7 @@ from talaria.memory.weights import WeightArena
 from talaria.policy.admission import Admission
 from talaria.policy.gaps import GapModel
 from talaria.policy.remaining import PRIOR_OUTPUT_TOKENS, CallCost, SessionLengths
-from talaria.policy.rounds import RoundScheduler, SlotDemand
+from talaria.policy.rounds import RoundScheduler
 from talaria.runtime.admitter import Admitter
 from talaria.runtime.calls import CallTable
 from talaria.runtime.counters import InstanceCounters
@@ -311,10 +311,6 @@ class InstanceCore:
             return Schedule(stage=stage, kv_moves=moves)
         keys = [key for key, _, _ in step.prefill] + list(step.decode)
         return Schedule(step=step, stage=stage, requests={k: calls.running[k] for k in keys})
-
-    def demand(self, now: float, returns_for: Iterable[str] = ()) -> dict[str, SlotDemand]:
-        """Per-model work, as the slot order reads it (``InstanceEstimates.demand``)."""
-        return self.estimates.demand(now, returns_for)
 
     def switch_done(self, model: str, now: float) -> None:
         """The substrate finished copying ``model``'s weights: its slot opens."""

@@ -25,10 +25,9 @@ from talaria.backends.calibration_plan import (
 )
 from talaria.backends.embedded import build_embedded_cluster
 from talaria.backends.machine_rates import CpuWatch, RateSizes
-from talaria.config import InstanceSpec
+from talaria.config import CACHE_ENV, InstanceSpec
 from talaria.cost import profile
 from talaria.cost.calibration import (
-    CACHE_ENV,
     MEASURED_HERE,
     SHIPPED,
     CalibrationMode,

@@ -10,17 +10,15 @@ from typing import Any
 import attrs
 import pytest
 
-from talaria.config import InstanceSpec
+from talaria.config import CACHE_ENV, InstanceSpec, cache_dir
 from talaria.cost import estimator_for, profile
 from talaria.cost.calibration import (
-    CACHE_ENV,
     MEASURED_HERE,
     SCHEMA,
     SHIPPED,
     CalibrationKey,
     CalibrationWarning,
     Machine,
-    cache_dir,
     cache_path,
     describe_line,
     read_cached,
