@@ -30,7 +30,13 @@ from talaria.cost import HardwareProfile, cluster_estimators, estimator_for
 from talaria.engine.arch import ModelArch
 from talaria.engine.catalog import Source, entry
 from talaria.engine.kernels import optional_decode_kernel
-from talaria.engine.loader import LoadedModel, load_dummy, load_gguf, smollm2_gguf
+from talaria.engine.loader import (
+    LoadedModel,
+    gguf_tokenizer,
+    load_dummy,
+    load_gguf,
+    smollm2_gguf,
+)
 from talaria.engine.runner import EngineRunner
 from talaria.engine.tokenizer import Tokenizer
 from talaria.errors import ConfigError
@@ -59,7 +65,13 @@ def load_catalog_model(name: str, dtype: torch.dtype) -> LoadedModel:
         return load_gguf(smollm2_gguf(), dtype)
     if e.config is None:
         raise ConfigError(f"catalog entry {name} has no configuration")
-    return load_dummy(e.config, e.seed, dtype)
+    loaded = load_dummy(e.config, e.seed, dtype)
+    if e.tokenizer_of is None:
+        return loaded
+    if entry(e.tokenizer_of).source is not Source.GGUF_PACKAGE:
+        raise ConfigError(f"{name} borrows {e.tokenizer_of}'s tokenizer, which is not a GGUF")
+    tok = gguf_tokenizer(smollm2_gguf())
+    return attrs.evolve(loaded, tokenizer=tok, chat_template=tok.chat_template)
 
 
 def build_embedded(

@@ -6,6 +6,9 @@
   Qwen2.5-0.5B-Instruct and Llama-3.2-1B with random weights (the ``dummy`` load format, as
   vLLM calls it). Their sizes make model switching and memory pressure real on one CPU
   instance; their text is noise.
+* ``smollm2-tiny-dummy``: a 2-layer, 64-wide Llama with random weights that speaks through
+  SmolLM2's tokenizer and chat template (its vocabulary): thousands of calls a minute on one
+  CPU core, for load, soak and fuzz tests where the words do not matter.
 * The paper-scale models of :mod:`talaria.sim.catalog` are listed as simulator-only.
 
 Nothing here downloads anything; an entry whose source is missing says how to get it.
@@ -38,6 +41,7 @@ class CatalogEntry:
     config: Mapping[str, Any] | None  # HF config.json fields; None: read from the file
     config_source: str
     seed: int = 0
+    tokenizer_of: str | None = None  # a dummy entry that borrows this GGUF entry's tokenizer
 
 
 _QWEN25_05B: Final = MappingProxyType(
@@ -88,6 +92,28 @@ _LLAMA32_1B: Final = MappingProxyType(
     }
 )
 
+# SmolLM2's vocabulary and special ids (from its GGUF: bos 1, eos 2 = <|im_end|>) on a model
+# small enough that the engine's bookkeeping, not its arithmetic, is what a test exercises.
+_SMOLLM2_TINY: Final = MappingProxyType(
+    {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 49152,
+        "max_position_embeddings": 8192,
+        "rope_theta": 100000.0,
+        "rms_norm_eps": 1e-5,
+        "tie_word_embeddings": True,
+        "hidden_act": "silu",
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+    }
+)
+
 ENTRIES: Final[Mapping[str, CatalogEntry]] = MappingProxyType(
     {
         e.name: e
@@ -111,6 +137,14 @@ ENTRIES: Final[Mapping[str, CatalogEntry]] = MappingProxyType(
                 _LLAMA32_1B,
                 "meta-llama/Llama-3.2-1B config.json",
                 seed=2,
+            ),
+            CatalogEntry(
+                "smollm2-tiny-dummy",
+                Source.DUMMY,
+                _SMOLLM2_TINY,
+                "SmolLM2's vocabulary on 2 layers of 64",
+                seed=3,
+                tokenizer_of="smollm2-135m",
             ),
         )
     }

@@ -4,11 +4,11 @@ that keep a returning session's KV on the device.
 ``Admitter`` carries out the reservations policy (:class:`talaria.policy.admission.Admission`)
 against the instance's KV manager:
 
-* ``admit`` moves the open slot's waiting calls into the batch while their KV fits (the
-  session's own reservation is released first and its blocks reused; lent staging blocks
-  come back before a waiting call goes without; reservations of others are reclaimed, least
-  valuable first, once a call has waited long enough; Continuum's TTL pins give way when
-  nothing runs);
+* ``admit`` moves the open slot's waiting calls into the batch while their KV fits, the
+  tenant with the fewest calls in the batch first when several wait (the session's own
+  reservation is released first and its blocks reused; lent staging blocks come back before
+  a waiting call goes without; reservations of others are reclaimed, least valuable first,
+  once a call has waited long enough; Continuum's TTL pins give way when nothing runs);
 * ``offer`` reserves a finished call's KV for its session's return; hints re-value it;
   ``expire`` unpins what ran out of time; ``release_model`` ends a closing slot's
   reservations; ``drop_reservation`` is the one way a reservation ends here (release and
@@ -23,12 +23,14 @@ Not thread-safe: the instance core's single driver owns it.
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Sequence
 
 from talaria.config import PolicyConfig, QueueOrder
 from talaria.memory.kv import Allocation, KVManager, MovePlan
 from talaria.policy.admission import Admission, Reservation
 from talaria.policy.rounds import RoundScheduler
+from talaria.policy.tenant_share import fair_order
 from talaria.runtime.calls import CallTable
 from talaria.runtime.counters import InstanceCounters
 from talaria.runtime.estimates import FaultHandler, InstanceEstimates
@@ -157,6 +159,7 @@ class Admitter:
         moves: list[MovePlan] = []
         if self.policy.queue_order is QueueOrder.PROGRAM_FCFS:
             self._program_order(model)
+        self._tenant_order(model)
         queue = self.calls.waiting[model]
         kv = self.kv
         while queue and len(self.calls.running) < self.policy.max_running:
@@ -187,6 +190,18 @@ class Admitter:
         self.calls.reorder(
             model, lambda r: (r.call.session_id not in held, r.program_s, r.queued_s)
         )
+
+    def _tenant_order(self, model: str) -> None:
+        """Fair share between tenants (:func:`talaria.policy.tenant_share.fair_order`): the
+        next call admitted is from the tenant with the fewest of ``model``'s calls in the batch;
+        a tenant's own calls keep their order. A no-op when one tenant waits."""
+        queue = self.calls.waiting[model]
+        if len({r.call.tenant for r in queue}) < 2:
+            return
+        running = collections.Counter(
+            r.call.tenant for r in self.calls.running.values() if r.call.model == model
+        )
+        self.calls.replace_queue(model, fair_order(queue, lambda r: r.call.tenant, running))
 
     def _release_stuck(self, req: Request, now: float) -> list[MovePlan]:
         """Continuum: a waiting call cannot be admitted and nothing runs: release TTL pins,

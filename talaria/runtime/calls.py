@@ -15,7 +15,7 @@ Not thread-safe: the instance core's single driver owns it.
 from __future__ import annotations
 
 import collections
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from talaria.memory.kv import CallKey
@@ -124,8 +124,16 @@ class CallTable:
 
     def reorder(self, model: str, key: Callable[[Request], Any]) -> None:
         """Sort ``model``'s queue by ``key`` (stable)."""
+        self.replace_queue(model, sorted(self.waiting[model], key=key))
+
+    def replace_queue(self, model: str, ordered: Sequence[Request]) -> None:
+        """Put ``model``'s waiting calls in the order ``ordered`` (the same calls). Raises
+        ValueError if ``ordered`` holds other calls; counts a change only if the order did."""
         queue = self.waiting[model]
-        ordered = sorted(queue, key=key)
+        if len(ordered) != len(queue) or {id(r) for r in ordered} != {id(r) for r in queue}:
+            raise ValueError(f"a new order of {model}'s queue must hold the same calls")
+        if all(a is b for a, b in zip(queue, ordered, strict=True)):
+            return
         queue.clear()
         queue.extend(ordered)
         self._changes += 1

@@ -489,6 +489,24 @@ def test_program_level_fcfs_admits_the_oldest_program_first() -> None:
     inst.check_integrity()
 
 
+def test_a_tenants_backlog_does_not_starve_another_tenant() -> None:
+    """Tenant a queues five calls, then tenant b one; the pool holds one call at a time. b's
+    call is admitted second, not sixth; a's calls keep their order."""
+    inst = core(TALARIA, device_blocks=6, host_blocks=0)
+    d = Driver(inst)
+    reqs = []
+    for i, who in enumerate("aaaaab"):
+        call = Call(f"{who}{i}", 0, "A", TokenSeq(tokens(16)), 4, 4, who, arrival_s=d.now)
+        req = Request(call, call.prompt.extend(tokens(4)), 4, d.now)
+        inst.submit(req)  # 20 tokens each: 5 of the 6 blocks, one call at a time
+        reqs.append(req)
+        d.now += 0.01
+    d.run()
+    admitted = [r.call.session_id for r in sorted(reqs, key=lambda r: r.admitted_s or math.inf)]
+    assert admitted == ["a0", "b5", "a1", "a2", "a3", "a4"]
+    inst.check_integrity()
+
+
 # ---------------------------------------------------------------------------- routing bound
 
 from hypothesis import given, settings  # noqa: E402
