@@ -332,4 +332,15 @@ class Talaria:
         return snapshot(self.live)
 
     def check_integrity(self) -> None:
+        """Raise if any invariant of the runtime or its memory managers is broken (call it
+        between steps, as the tests do once their calls have ended)."""
         self.live.check_integrity()
+
+    async def integrity_problems(self) -> list[str]:
+        """What ``check_integrity`` finds, checked between engine steps (safe while serving):
+        an empty list when every invariant holds, else the problem."""
+        try:
+            await self.live.check_integrity_between_steps()
+        except Exception as exc:  # any broken invariant is reported, not raised
+            return [f"{type(exc).__name__}: {exc}"]
+        return []

@@ -28,6 +28,7 @@ are sequential, as an agent's are).
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import math
 from collections.abc import Callable, Mapping
@@ -657,8 +658,17 @@ class LiveCluster:
         log.warning("instance %s is back in service", name)
 
     # ------------------------------------------------------------------ inspection
+    async def check_integrity_between_steps(self) -> None:
+        """``check_integrity`` while no engine step runs (it waits for each instance's step
+        in flight to end and holds the next back): safe under load, from the loop's thread."""
+        async with contextlib.AsyncExitStack() as stack:
+            for d in self.drivers.values():
+                await stack.enter_async_context(d.limiter)
+            self.check_integrity()
+
     def check_integrity(self) -> None:
-        """Every memory manager's invariants, and no call tracked twice or leaked."""
+        """Every memory manager's invariants, and no call tracked twice or leaked. Call it
+        between steps (``check_integrity_between_steps`` waits for one to end)."""
         self.core.check_integrity()
         for name, d in self.drivers.items():
             inst = self.core.instances[name]

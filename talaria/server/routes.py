@@ -117,7 +117,10 @@ async def _session_event(request: Request, session_id: str) -> Response:
 async def _health(request: Request) -> Response:
     """200 ``{"status": "ok", "models": [...], "instances": {name: healthy}}`` while at least
     one instance is healthy; 503 with ``"status": "unavailable"`` when none is or the API
-    does not answer (not started, failed)."""
+    does not answer (not started, failed). With ``?integrity=true`` it also checks every
+    invariant of the runtime and its memory managers between engine steps (a deep check for
+    operators and soak tests, not for a load balancer's probe): ``"integrity": "ok"``, or 503
+    with ``"integrity"`` listing what is broken."""
     backend = _ctx(request).backend
     try:
         names = [m.name for m in backend.models()]
@@ -128,7 +131,18 @@ async def _health(request: Request) -> Response:
     except Exception as exc:
         return JSONResponse({"status": "unavailable", "error": type(exc).__name__}, 503)
     ok = any(instances.values()) or not instances
-    body = {"status": "ok" if ok else "unavailable", "models": names, "instances": instances}
+    body: dict[str, object] = {
+        "status": "ok" if ok else "unavailable",
+        "models": names,
+        "instances": instances,
+    }
+    deep = request.query_params.get("integrity", "false").lower()
+    if deep not in ("true", "1", "false", "0"):
+        raise bad_request("integrity must be true or false", "integrity")
+    if deep in ("true", "1"):
+        problems = await backend.integrity_problems()
+        body["integrity"] = problems or "ok"
+        ok = ok and not problems
     return JSONResponse(body, 200 if ok else 503)
 
 

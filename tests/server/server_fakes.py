@@ -93,11 +93,15 @@ class FakeTalaria:
         self.calls: list[dict[str, Any]] = []
         self.closed = 0  # streams closed (finished, failed or abandoned)
         self.ended: list[str] = []
+        self.broken: list[str] = []  # what integrity_problems reports
 
     def models(self) -> list[ModelInfo]:
         return [
             ModelInfo(m, self.context_length, "fake", 1_700_000_000) for m in self.config.models
         ]
+
+    async def integrity_problems(self) -> list[str]:
+        return list(self.broken)
 
     def stats(self) -> dict[str, Any]:
         kv = {"device_used": 3, "device_free": 5, "host_used": 1, "host_free": 7}

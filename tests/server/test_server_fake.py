@@ -256,3 +256,19 @@ def test_stream_is_closed_when_the_client_leaves() -> None:
         assert fake.finished == 0
         time.sleep(0.1)
         assert 'status="499"' in c.get("/metrics").text
+
+
+def test_health_integrity_reports_what_is_broken(client: httpx.Client, fake: FakeTalaria) -> None:
+    r = client.get("/health", params={"integrity": "true"})
+    assert r.status_code == 200 and r.json()["integrity"] == "ok"
+    assert "integrity" not in client.get("/health").json()
+    fake.broken.append("kv: 3 blocks leaked")
+    try:
+        r = client.get("/health", params={"integrity": "1"})
+        assert r.status_code == 503
+        assert r.json()["integrity"] == ["kv: 3 blocks leaked"]
+        assert client.get("/health").status_code == 200  # the shallow probe does not check
+    finally:
+        fake.broken.clear()
+    r = client.get("/health", params={"integrity": "maybe"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "integrity"
