@@ -32,6 +32,8 @@ from integrations.litellm.provider import (
     _chunks_of,
     _session_and_headers,
 )
+from talaria.session import HintStats, HttpSink, SessionTracker
+from tests.gates import LIVENESS_S, GatedSink, returns_while_held
 from tests.integrations.live_server import MODEL, TINY, Served
 
 LLM = f"talaria/{MODEL}"
@@ -300,13 +302,25 @@ def test_unreachable_server_fails_fast_and_hints_drop_quietly(handler: TalariaLL
     with pytest.raises(lx.APIConnectionError):
         asyncio.run(litellm.acompletion(model=LLM, messages=messages, api_base=dead, stream=True))
     assert time.monotonic() - started < 10
-    started = time.monotonic()
-    with handler.session(dead) as session:
-        session.tool_started("bash", command="ls")
-        session.tool_ended()
-    assert time.monotonic() - started < 0.5  # hints never block the agent
-    assert handler.hint_sender(dead).flush(5.0)
-    assert session.stats().failed == 3 and session.stats().sent == 0
+
+    # hints never block the agent: hold every delivery to the dead server at a gate
+    sender = handler.hint_sender(dead)  # the one the session below gets
+    assert isinstance(sender.sink, HttpSink) and sender.pending == 0
+    sender.sink = gate = GatedSink(sender.sink)
+
+    def agent() -> SessionTracker:
+        with handler.session(dead) as session:
+            session.tool_started("bash", command="ls")
+            session.tool_ended()
+        return session
+
+    session = returns_while_held(agent, "the session's tool_started / tool_ended / end", gate.open)
+    assert session.hints is sender
+    assert gate.entered.wait(LIVENESS_S)
+    assert sender.pending == 3 and session.stats() == HintStats()  # none delivered yet
+    gate.open.set()
+    assert sender.flush(LIVENESS_S)
+    assert session.stats() == HintStats(failed=3)  # refused, counted, never raised
 
 
 # --- pure helpers -----------------------------------------------------------------------------

@@ -1,6 +1,8 @@
 """Hint events, the background sender, and its HTTP and in-process sinks.
 
 The HTTP tests run a real ``http.server`` on 127.0.0.1 in a thread that records requests.
+The tests that agent-facing calls never wait hold delivery back at a gate the test opens
+(``tests.gates``), rather than timing the calls.
 """
 
 from __future__ import annotations
@@ -9,7 +11,6 @@ import asyncio
 import json
 import socket
 import threading
-import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -28,6 +29,7 @@ from talaria.session import (
     SessionTracker,
 )
 from talaria.types import SessionEvent
+from tests.gates import BACKSTOP_S, LIVENESS_S, GatedSink, returns_while_held
 
 TIMEOUT_S = 0.2
 
@@ -76,7 +78,8 @@ class _Recorder(ThreadingHTTPServer):
         super().__init__(("127.0.0.1", 0), _Handler)
         self.requests: list[tuple[str, dict[str, str], Any]] = []
         self.status = 200
-        self.delay_s = 0.0
+        self.answer = threading.Event()  # cleared: take requests but answer none until set
+        self.answer.set()
         self.lock = threading.Lock()
 
     @property
@@ -91,7 +94,7 @@ class _Handler(BaseHTTPRequestHandler):
         body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
         with self.server.lock:
             self.server.requests.append((self.path, dict(self.headers), json.loads(body)))
-        time.sleep(self.server.delay_s)
+        self.server.answer.wait(BACKSTOP_S)
         try:
             self.send_response(self.server.status)
             self.send_header("Content-Length", "2")
@@ -110,6 +113,7 @@ def server() -> Iterator[_Recorder]:
     thread = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05})
     thread.start()
     yield srv
+    srv.answer.set()
     srv.shutdown()
     srv.server_close()
     thread.join()
@@ -159,32 +163,44 @@ def test_http_no_auth_header_without_key(server: _Recorder) -> None:
 
 
 def test_http_server_unreachable() -> None:
-    sender = HintSender.http(f"http://127.0.0.1:{_free_port()}", timeout_s=TIMEOUT_S)
-    t0 = time.monotonic()
+    gate = GatedSink(HttpSink(f"http://127.0.0.1:{_free_port()}", timeout_s=TIMEOUT_S))
+    sender = HintSender(gate)
     tracker = SessionTracker(hints=sender)
-    tracker.tool_started("bash")
-    tracker.tool_ended()
-    tracker.end()
-    assert time.monotonic() - t0 < 0.1  # agent-facing calls never wait
-    assert sender.flush(3 * TIMEOUT_S + 1.0)
-    assert tracker.stats() == HintStats(failed=3)
-    assert sender.close(1.0)
+
+    def agent() -> None:
+        tracker.tool_started("bash")
+        tracker.tool_ended()
+        tracker.end()
+
+    returns_while_held(agent, "tool_started / tool_ended / end", gate.open)
+    assert gate.entered.wait(LIVENESS_S)  # the worker holds the first event at the gate
+    assert sender.pending == 3 and tracker.stats() == HintStats()  # none delivered yet
+    gate.open.set()
+    assert sender.flush(LIVENESS_S)
+    assert tracker.stats() == HintStats(failed=3)  # connection refused, counted, not raised
+    assert sender.close(LIVENESS_S)
 
 
 def test_http_server_slow(server: _Recorder) -> None:
-    server.delay_s = 1.0
-    sender = HintSender.http(server.base_url, timeout_s=TIMEOUT_S)
+    server.answer.clear()  # the server takes every request and answers none (until teardown)
+    gate = GatedSink(HttpSink(server.base_url, timeout_s=TIMEOUT_S))
+    sender = HintSender(gate)
     tracker = SessionTracker(hints=sender)
-    t0 = time.monotonic()
-    for _ in range(3):
-        tracker.tool_started("bash", command="ls")
-        tracker.tool_ended()
-    tracker.end()
-    assert time.monotonic() - t0 < 0.1  # 7 events queued, none waited for
+
+    def agent() -> None:
+        for _ in range(3):
+            tracker.tool_started("bash", command="ls")
+            tracker.tool_ended()
+        tracker.end()
+
+    returns_while_held(agent, "3 tool runs and end", gate.open)  # 7 events, none waited for
+    assert gate.entered.wait(LIVENESS_S)
+    assert sender.pending == 7 and tracker.stats() == HintStats() and not server.requests
     assert not sender.flush(0.05)  # still delivering
-    assert sender.flush(7 * (TIMEOUT_S + 0.1) + 1.0)
+    gate.open.set()
+    assert sender.flush(LIVENESS_S)
     assert tracker.stats() == HintStats(failed=7)  # every request timed out
-    assert sender.close(0.5)
+    assert sender.close(LIVENESS_S)
 
 
 def test_http_server_500(server: _Recorder) -> None:
@@ -228,7 +244,7 @@ class _Gate(Recorder):
 
     def __call__(self, session_id: str, event: str, **fields: Any) -> None:
         self.entered.set()
-        self.open.wait(5.0)
+        self.open.wait(BACKSTOP_S)
         super().__call__(session_id, event, **fields)
 
 
@@ -269,14 +285,18 @@ def test_close_drains_then_refuses() -> None:
 def test_close_timeout_drops_rest() -> None:
     gate = _Gate()
     sender = HintSender(CallableSink(gate))
-    for i in range(4):
-        sender.submit(_ev(i))
-    assert gate.entered.wait(2.0)
-    t0 = time.monotonic()
-    assert not sender.close(0.1)  # the worker is stuck in the sync callable
-    assert time.monotonic() - t0 < 0.5
-    gate.open.set()
-    assert sender.flush(2.0)
+    queued = returns_while_held(
+        lambda: [sender.submit(_ev(i)) for i in range(4)], "submit", gate.open
+    )
+    assert queued == [True] * 4
+    assert gate.entered.wait(LIVENESS_S)
+    # the worker is stuck in the sync callable: close gives up after its timeout, not waiting
+    closed = returns_while_held(lambda: sender.close(0.1), "close(0.1)", gate.open)
+    assert closed is False
+    assert gate.calls == [] and sender.stats() == HintStats()  # event 0 still at the gate
+    gate.open.set()  # after the close deadline: the worker finishes event 0, drops the rest
+    assert sender.flush(LIVENESS_S)
+    assert gate.session_ids == ["s0"]
     assert sender.stats() == HintStats(sent=1, dropped=3)
 
 
@@ -331,26 +351,32 @@ def test_in_process_async_timeout_counted() -> None:
 
 
 def test_inside_running_loop_delivers_on_that_loop() -> None:
-    async def main() -> tuple[list[int], HintStats, HintStats]:
-        loop_thread = threading.get_ident()
+    async def main() -> tuple[int, list[int], HintStats, HintStats]:
         threads: list[int] = []
+        entered, gate = asyncio.Event(), asyncio.Event()
 
         async def on_event(session_id: str, event: str, **fields: Any) -> None:
+            entered.set()
+            await gate.wait()
             threads.append(threading.get_ident())
 
-        sender = HintSender.in_process(on_event)  # captures this running loop
+        # captures this running loop; the sink's timeout outlasts any wait at the gate
+        sender = HintSender.in_process(on_event, timeout_s=60)
         async with SessionTracker(hints=sender) as tracker:
-            t0 = time.monotonic()
+            # on the loop's own thread: waiting here for a delivery to this loop would hang
             tracker.tool_started("bash", command="ls")
             tracker.tool_ended()
-            assert time.monotonic() - t0 < 0.1
-        assert await sender.aflush(2.0)
-        assert await sender.aclose(1.0)
-        assert set(threads) == {loop_thread}
-        return threads, tracker.stats(), sender.stats()
+            await entered.wait()  # event 1 is at the gate
+            assert threads == [] and sender.pending == 2 and sender.stats() == HintStats()
+            gate.set()
+        assert await sender.aflush(LIVENESS_S)
+        assert await sender.aclose(LIVENESS_S)
+        return threading.get_ident(), threads, tracker.stats(), sender.stats()
 
-    threads, tracker_stats, sender_stats = asyncio.run(main())
-    assert len(threads) == 3
+    loop_thread, threads, tracker_stats, sender_stats = returns_while_held(
+        lambda: asyncio.run(main()), "tool_started / tool_ended inside the running loop"
+    )
+    assert threads == [loop_thread] * 3
     assert tracker_stats == sender_stats == HintStats(sent=3)
 
 
