@@ -16,6 +16,7 @@ preferring one). Without either, the call is a one-call session. Answers carry t
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
@@ -29,6 +30,8 @@ from talaria.server import schemas as s
 from talaria.server import streaming
 from talaria.server.errors import HttpError, bad_request, from_validation
 from talaria.server.metrics import ServerMetrics
+
+log = logging.getLogger(__name__)
 
 Body = TypeVar("Body", bound=s.StrictModel)
 STATE = "talaria"  # app.state attribute holding the Context
@@ -193,11 +196,15 @@ def _call_args(request: Request, body: s.SamplingFields, max_tokens: int | None)
         sid = header
     elif sid is not None:
         sid = s.check_session_id(sid, "session_id")
+    if body.user is not None:  # OpenAI's end-user id: recorded, never a tenant or a scope
+        log.info(
+            "call of tenant %s, session %s, for user %r", _tenant(request), sid, body.user[:256]
+        )
     return {
         "session_id": sid,
         "tenant": _tenant(request),
         "max_tokens": max_tokens,
-        "temperature": body.temperature,
+        "temperature": body.sampling_temperature,
         "top_p": body.top_p,
         "top_k": max(body.top_k, 0),
         "seed": body.seed,

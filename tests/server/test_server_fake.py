@@ -272,3 +272,14 @@ def test_health_integrity_reports_what_is_broken(client: httpx.Client, fake: Fak
         fake.broken.clear()
     r = client.get("/health", params={"integrity": "maybe"})
     assert r.status_code == 400 and r.json()["error"]["param"] == "integrity"
+
+
+def test_the_user_field_is_recorded_not_taken_as_a_tenant(
+    client: httpx.Client, fake: FakeTalaria, caplog: pytest.LogCaptureFixture
+) -> None:
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "user": "mallory"}
+    with caplog.at_level("INFO", logger="talaria.server.routes"):
+        r = client.post("/v1/chat/completions", json=body, headers={"X-Session-ID": "u-1"})
+    assert r.status_code == 200
+    assert fake.calls[-1]["tenant"] == "default"  # the key decides the tenant, not `user`
+    assert "session u-1, for user 'mallory'" in caplog.text
