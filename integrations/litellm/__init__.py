@@ -53,8 +53,20 @@ LiteLLM proxy (``litellm --config config.yaml``), with this repository importabl
       custom_provider_map:
         - {"provider": "talaria", "custom_handler": integrations.litellm.talaria_llm}
 
-(The proxy needs ``pip install 'litellm[proxy]'``.) Clients then name their session with
-``"litellm_session_id"`` (or ``"metadata": {"session_id": ...}``) in the request body.
+The proxy needs its dependencies: ``pip install -e '.[litellm-proxy]'`` (LiteLLM's own
+``litellm[proxy]`` pins a ``litellm-proxy`` package the registry may not serve, so the extra
+lists them by name), a ``general_settings.master_key``, and ``PYTHONPATH`` naming this
+repository. Clients then name their session with ``"litellm_session_id"`` (or ``"metadata":
+{"session_id": ...}``) in the request body; hints reach Talaria through a pass-through route::
+
+    general_settings:
+      master_key: sk-...
+      pass_through_endpoints:
+        - {"path": "/talaria/sessions", "target": "http://127.0.0.1:8000/v1/sessions",
+           "include_subpath": true}
+
+(``POST /talaria/sessions/<id>/events`` on the proxy, with the proxy's key;
+``tests/integrations/test_litellm_proxy.py`` runs all of it.)
 Offline, set ``LITELLM_LOCAL_MODEL_COST_MAP=True``: LiteLLM otherwise fetches its model
 price list at import and retries for seconds before falling back to its bundled copy.
 
