@@ -3,9 +3,11 @@ runtime, the API, the server and every substrate.
 
 - :class:`SamplingParams`: one request's knobs, validated on construction (BadRequest).
 - :class:`StopChecker`: end-of-sequence, stop token ids, stop strings (matched on decoded text,
-  with a possible partial match held back) and max tokens, with a finish reason.
+  with a possible partial match held back), min tokens and max tokens, with a finish reason.
+- :class:`TokenLogprob`: what a substrate reports of one drawn token when asked for logprobs.
 
-Drawing tokens from logits is the substrate's business (``talaria.engine.sampling``).
+Drawing tokens from logits is the substrate's business (``talaria.engine.sampling``, with the
+per-request logits processing of ``talaria.engine.logits``).
 """
 
 from __future__ import annotations
@@ -18,6 +20,14 @@ import attrs
 from talaria.errors import BadRequest, ConfigError
 
 FinishReason = Literal["stop", "length"]
+MAX_LOGPROBS = 20  # top alternatives per token a request may ask for (vLLM's default bound)
+MAX_PENALTY = 2.0  # |presence_penalty|, |frequency_penalty| (OpenAI's range)
+MAX_REPETITION_PENALTY = 100.0
+
+
+# Temperatures below this sample greedily, as vLLM's do: dividing logits by a temperature near
+# zero (5e-324, say) overflows them to inf and the draw fails.
+GREEDY_BELOW = 1e-5
 
 
 def _check_temperature(_: Any, __: Any, value: float) -> None:
@@ -52,6 +62,35 @@ def _to_stop(value: str | Iterable[str] | None) -> tuple[str, ...]:
     return items
 
 
+def _check_penalty(name: str, low: float, high: float, low_open: bool = False) -> Any:
+    def check(_: Any, __: Any, value: float) -> None:
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        above = number and (value > low if low_open else value >= low)
+        if not (above and value <= high):
+            bound = "(" if low_open else "["
+            raise BadRequest(f"{name} must be a number in {bound}{low}, {high}], got {value!r}")
+
+    return check
+
+
+def _check_bool(name: str) -> Any:
+    def check(_: Any, __: Any, value: bool) -> None:
+        if not isinstance(value, bool):
+            raise BadRequest(f"{name} must be true or false, got {value!r}")
+
+    return check
+
+
+def _check_logprobs(_: Any, __: Any, value: int | None) -> None:
+    if value is None:
+        return
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_LOGPROBS:
+        raise BadRequest(
+            f"logprobs (top alternatives per token) must be an integer in 0..{MAX_LOGPROBS} "
+            f"or null, got {value!r}"
+        )
+
+
 def _to_ids(value: Iterable[int] | None) -> tuple[int, ...]:
     items = tuple(value or ())
     if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in items):
@@ -63,10 +102,22 @@ def _to_ids(value: Iterable[int] | None) -> tuple[int, ...]:
 class SamplingParams:
     """One request's sampling knobs.
 
-    ``temperature == 0`` is greedy (argmax). ``top_k == 0`` disables top-k; ``top_p == 1``
-    disables nucleus filtering. ``max_tokens`` counts generated tokens, the end token included.
+    ``temperature`` below :data:`GREEDY_BELOW` (0 included) is greedy (argmax). ``top_k == 0``
+    disables top-k; ``top_p == 1`` disables nucleus filtering. ``max_tokens`` counts generated
+    tokens, the end token included.
     ``seed`` makes sampling reproducible. ``stop`` strings end the output before the match;
     ``stop_token_ids`` and the model's end-of-sequence ids (unless ``ignore_eos``) end it too.
+
+    Logits processing (``talaria.engine.logits``), as vLLM does it: until ``min_tokens`` tokens
+    were generated the end ids (end-of-sequence unless ``ignore_eos``, and ``stop_token_ids``)
+    cannot be drawn and stop strings do not end the output. ``repetition_penalty`` (> 0, 1 is
+    off; Hugging Face / vLLM semantics) divides the positive logits and multiplies the negative
+    ones of every token present in the prompt or the output; ``frequency_penalty`` and
+    ``presence_penalty`` (in [-2, 2], 0 is off; OpenAI semantics) subtract ``frequency *
+    count + presence * (count > 0)`` from each token's logit, ``count`` its occurrences in the
+    output so far. ``logprobs`` (None: off) asks for each drawn token's log-probability under
+    the model (the raw distribution, before any processing, as vLLM reports it by default) and
+    that many most likely alternatives. ``max_tokens`` must be >= ``min_tokens``.
     Invalid values raise BadRequest.
     """
 
@@ -77,12 +128,52 @@ class SamplingParams:
     seed: int | None = attrs.field(default=None, validator=_check_seed)
     stop: tuple[str, ...] = attrs.field(default=(), converter=_to_stop)
     stop_token_ids: tuple[int, ...] = attrs.field(default=(), converter=_to_ids)
-    ignore_eos: bool = False
+    ignore_eos: bool = attrs.field(default=False, validator=_check_bool("ignore_eos"))
+    min_tokens: int = attrs.field(default=0, validator=_check_int("min_tokens", 0))
+    repetition_penalty: float = attrs.field(
+        default=1.0,
+        validator=_check_penalty("repetition_penalty", 0.0, MAX_REPETITION_PENALTY, True),
+    )
+    presence_penalty: float = attrs.field(
+        default=0.0, validator=_check_penalty("presence_penalty", -MAX_PENALTY, MAX_PENALTY)
+    )
+    frequency_penalty: float = attrs.field(
+        default=0.0, validator=_check_penalty("frequency_penalty", -MAX_PENALTY, MAX_PENALTY)
+    )
+    logprobs: int | None = attrs.field(default=None, validator=_check_logprobs)
+
+    def __attrs_post_init__(self) -> None:
+        if self.min_tokens > self.max_tokens:
+            raise BadRequest(
+                f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})"
+            )
 
     @property
     def greedy(self) -> bool:
         """True when sampling reduces to argmax."""
-        return self.temperature == 0.0 or self.top_k == 1
+        return self.temperature < GREEDY_BELOW or self.top_k == 1
+
+    @property
+    def processes_logits(self) -> bool:
+        """True when the logits are changed before the draw (min tokens or a penalty): only
+        such requests pay for per-request logits processing."""
+        return (
+            self.min_tokens > 0
+            or self.repetition_penalty != 1.0
+            or self.presence_penalty != 0.0
+            or self.frequency_penalty != 0.0
+        )
+
+
+@attrs.frozen
+class TokenLogprob:
+    """One drawn token's log-probability (natural log) and the ``top`` most likely tokens of
+    the same distribution as ``(token id, logprob)``, most likely first (ties: lower id first).
+    """
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
 
 
 class TextStream(Protocol):
@@ -122,7 +213,10 @@ class StopChecker:
     (``eos_token_ids`` unless ``ignore_eos``, or a ``stop_token_ids`` entry) ends with "stop" and
     its own text is not sent; a stop string ends with "stop" and the text from the match on is
     not sent; reaching ``max_tokens`` ends with "length". Text that could be the start of a stop
-    string is held back until it cannot be. Mutates itself and ``stream`` only.
+    string is held back until it cannot be. Until ``min_tokens`` tokens came (as vLLM: the
+    end ids are masked from the draw for as long, see ``SamplingParams``), an end token is
+    text like any other and a stop string ends nothing; from then on a stop string that is
+    complete in the text not yet sent ends the output. Mutates itself and ``stream`` only.
     """
 
     def __init__(
@@ -151,7 +245,7 @@ class StopChecker:
         if self.finished:
             raise RuntimeError("update() after the sequence finished")
         self.num_tokens += 1
-        if token_id in self._end_ids:
+        if token_id in self._end_ids and self.num_tokens > self._params.min_tokens:
             tail = self._stream.flush() if self._stream is not None else ""
             return self._scan(tail, final=True, reason=token_id)
         delta = self._stream.push(token_id) if self._stream is not None else ""
@@ -168,7 +262,8 @@ class StopChecker:
         """Add ``delta`` to the held text; end on a stop string, or when ``final``."""
         text = self._pending + delta
         stops = self._params.stop
-        hits = [(text.find(s), s) for s in stops if s in text]
+        early = self.num_tokens < self._params.min_tokens
+        hits = [] if early else [(text.find(s), s) for s in stops if s in text]
         if hits:
             position, matched = min(hits)
             self._pending = ""

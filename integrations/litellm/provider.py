@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 import litellm
+from litellm import exceptions as lx
 from litellm.exceptions import BadRequestError
 from litellm.llms.custom_llm import CustomLLM
 from litellm.types.utils import (
@@ -348,6 +349,14 @@ class TalariaLLM(CustomLLM):
     ) -> tuple[Call, tuple[str, ...] | None]:
         """The backend call, and the declared tool names (None: no tools)."""
         params = dict(optional_params or {})
+        n = params.get("n")
+        if n is not None and n != 1:  # one choice comes back through this provider
+            raise lx.BadRequestError(
+                f"n={n}: the Talaria provider returns one choice per call; send n=1 (or ask "
+                "the server's OpenAI API for several choices directly)",
+                model=model,
+                llm_provider=PROVIDER,
+            )
         extra = params.get("extra_body")
         extra = dict(extra) if isinstance(extra, Mapping) else {}
         session_id, hdrs = _session_and_headers(params, extra, litellm_params, headers)

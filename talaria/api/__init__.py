@@ -21,7 +21,16 @@ return), ``tenants`` (per-tenant session scoping), ``talaria`` (the async API), 
 """
 
 from talaria.api.config import DEFAULT_MAX_TOKENS, TalariaConfig
-from talaria.api.results import ChatChunk, ChatResult, ModelInfo, Usage
+from talaria.api.results import (
+    ChatChunk,
+    ChatResult,
+    Choice,
+    Logprob,
+    ModelInfo,
+    Tokenized,
+    TopLogprob,
+    Usage,
+)
 from talaria.api.sync import SyncTalaria
 from talaria.api.talaria import Talaria
 from talaria.api.tenants import DEFAULT_TENANT, scoped_session_id
@@ -32,11 +41,15 @@ __all__ = [
     "DEFAULT_TENANT",
     "ChatChunk",
     "ChatResult",
+    "Choice",
+    "Logprob",
     "ModelInfo",
     "SessionSummary",
     "SyncTalaria",
     "Talaria",
     "TalariaConfig",
+    "Tokenized",
+    "TopLogprob",
     "Usage",
     "scoped_session_id",
 ]

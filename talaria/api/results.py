@@ -1,5 +1,7 @@
-"""What the in-process API returns: answers (``ChatResult``), streamed pieces
-(``ChatChunk``), their token counts (``Usage``) and served models (``ModelInfo``).
+"""What the in-process API returns: answers (``ChatResult``, one ``Choice`` per sample),
+streamed pieces (``ChatChunk``), their token counts (``Usage``), per-token log-probabilities
+(``Logprob``, ``TopLogprob``), tokenizations (``Tokenized``) and served models
+(``ModelInfo``).
 
 Plain frozen data made by ``talaria.api.talaria.Talaria``; the HTTP server reads them through
 the protocols in ``talaria.server.schemas``.
@@ -20,10 +22,58 @@ class Usage:
     def total_tokens(self) -> int:
         return self.prompt_tokens + self.completion_tokens
 
+    @classmethod
+    def of_choices(cls, usages: tuple[Usage, ...]) -> Usage:
+        """The usage of one request answered with several choices, as OpenAI counts it: the
+        prompt once (the first choice's prompt and cached tokens), completions summed."""
+        first = usages[0]
+        completion = sum(u.completion_tokens for u in usages)
+        return cls(first.prompt_tokens, completion, first.cached_tokens)
+
+
+@attrs.frozen
+class TopLogprob:
+    """One candidate token: its text (``bytes`` decoded, U+FFFD for part of a character),
+    id, natural-log probability and raw bytes."""
+
+    token: str
+    token_id: int
+    logprob: float
+    bytes: tuple[int, ...]
+
+
+@attrs.frozen
+class Logprob:
+    """A generated token's log-probability and the most likely alternatives at its place
+    (``top``, most likely first), under the model's raw distribution."""
+
+    token: str
+    token_id: int
+    logprob: float
+    bytes: tuple[int, ...]
+    top: tuple[TopLogprob, ...] = ()
+
+
+@attrs.frozen
+class Choice:
+    """One sample of an answer (``n`` > 1 gives several). ``usage`` is its own: its prompt
+    and cached tokens (choices after the first find the prompt's full blocks cached) and its
+    completion tokens. ``logprobs`` is None unless asked for, else one per generated id."""
+
+    index: int
+    text: str
+    finish_reason: str
+    token_ids: tuple[int, ...]
+    usage: Usage
+    logprobs: tuple[Logprob, ...] | None = None
+
 
 @attrs.frozen
 class ChatResult:
-    """A whole answer. ``finish_reason`` is "stop" (end token or stop string) or "length"."""
+    """A whole answer. ``finish_reason`` is "stop" (end token or stop string) or "length".
+    The top-level ``text``, ``finish_reason``, ``token_ids`` and ``logprobs`` are the first
+    choice's; ``choices`` holds every choice (one unless ``n`` > 1); ``usage`` counts the
+    request (``Usage.of_choices``)."""
 
     id: str
     model: str
@@ -35,11 +85,16 @@ class ChatResult:
     created: int
     token_ids: tuple[int, ...] = ()
     ttft_s: float = 0.0
+    choices: tuple[Choice, ...] = ()
+    logprobs: tuple[Logprob, ...] | None = None
 
 
 @attrs.frozen
 class ChatChunk:
-    """A piece of a streamed answer; ``finish_reason`` and ``usage`` only on the last."""
+    """A piece of a streamed answer; ``finish_reason`` and ``usage`` only on the last of its
+    choice (``index``; with ``n`` > 1 the choices' chunks interleave and each last chunk
+    carries that choice's own usage). ``logprobs`` (when asked for) has one entry per id of
+    ``token_ids``."""
 
     id: str
     model: str
@@ -50,6 +105,18 @@ class ChatChunk:
     session_id: str
     created: int
     token_ids: tuple[int, ...] = ()
+    logprobs: tuple[Logprob, ...] | None = None
+    index: int = 0
+
+
+@attrs.frozen
+class Tokenized:
+    """A text or conversation as ``model`` sees it: its ids, the vocabulary's string of each
+    (byte-level BPE's own spelling, ``Ġ`` for a space) and the model's context length."""
+
+    token_ids: tuple[int, ...]
+    token_strs: tuple[str, ...]
+    max_model_len: int
 
 
 @attrs.frozen

@@ -15,7 +15,7 @@ import anyio.abc
 import anyio.from_thread
 
 from talaria.api.config import TalariaConfig
-from talaria.api.results import ChatChunk, ChatResult, ModelInfo
+from talaria.api.results import ChatChunk, ChatResult, ModelInfo, Tokenized
 from talaria.api.talaria import Talaria
 from talaria.runtime.live import SessionSummary
 
@@ -90,6 +90,12 @@ class SyncTalaria(AbstractContextManager["SyncTalaria"]):
 
     def stats(self) -> dict[str, Any]:
         return self.talaria.stats()
+
+    def tokenize(self, model: str, **kwargs: Any) -> Tokenized:
+        return self.talaria.tokenize(model, **kwargs)
+
+    def detokenize(self, model: str, token_ids: Sequence[int]) -> str:
+        return self.talaria.detokenize(model, token_ids)
 
     def models(self) -> list[ModelInfo]:
         return self.talaria.models()

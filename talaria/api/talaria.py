@@ -9,6 +9,7 @@ Calls return the types of ``talaria.api.results``; session ids are scoped per te
 
 from __future__ import annotations
 
+import math
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
@@ -16,18 +17,34 @@ from contextlib import aclosing
 from typing import Any
 
 import anyio
+import anyio.abc
 import attrs
+from anyio.streams.memory import MemoryObjectSendStream
 
 from talaria.api.config import TalariaConfig
-from talaria.api.results import ChatChunk, ChatResult, ModelInfo, Usage
+from talaria.api.results import (
+    ChatChunk,
+    ChatResult,
+    Choice,
+    Logprob,
+    ModelInfo,
+    Tokenized,
+    TopLogprob,
+    Usage,
+)
 from talaria.api.stats import snapshot
 from talaria.api.tenants import DEFAULT_TENANT, scoped_session_id
 from talaria.backends.embedded import EmbeddedCluster, build_embedded_cluster
 from talaria.engine.sampling import SamplingParams, StopChecker
 from talaria.engine.tokenizer import Tokenizer
-from talaria.errors import BadRequest, ShuttingDown, TalariaError, UnknownModel
+from talaria.errors import BadRequest, ShuttingDown, TalariaError, UnknownModel, UnknownSession
+from talaria.generation import TokenLogprob
 from talaria.runtime.live import Delta, Failed, Finished, LiveCluster, SessionSummary
 from talaria.types import EventKind, TokenSeq
+
+MAX_CHOICES = 16  # ``n``: samples of one prompt per request
+SEED_SPAN = 2**64  # torch seeds: a choice's seed (seed + index) wraps within this span
+_Item = tuple[int, str, Delta | Finished] | tuple[int, BaseException]
 
 
 @attrs.frozen
@@ -58,6 +75,7 @@ class Talaria:
         self._config = config or TalariaConfig.default()
         self._cluster: EmbeddedCluster | None = None
         self._live: LiveCluster | None = None
+        self._tg: anyio.abc.TaskGroup | None = None  # runs the choices of n > 1 requests
         self._created = int(time.time())
 
     @property
@@ -92,6 +110,9 @@ class Talaria:
         )
         await live.__aenter__()
         self._live = live
+        tg = anyio.create_task_group()
+        await tg.__aenter__()
+        self._tg = tg
         return self
 
     async def drain(self) -> None:
@@ -104,8 +125,19 @@ class Talaria:
 
     async def __aexit__(self, *exc_info: Any) -> None:
         live, self._live = self._live, None
-        if live is not None:
-            await live.__aexit__(*exc_info)
+        tg, self._tg = self._tg, None
+        try:
+            if live is not None:  # calls end (the choices' tasks with them) ...
+                with anyio.CancelScope(shield=True):
+                    await live.shutdown()
+        finally:
+            try:
+                if tg is not None:  # ... then the task group entered last exits first
+                    tg.cancel_scope.cancel()
+                    await tg.__aexit__(None, None, None)
+            finally:
+                if live is not None:
+                    await live.__aexit__(*exc_info)
 
     # ------------------------------------------------------------------ models
     def models(self) -> list[ModelInfo]:
@@ -197,6 +229,47 @@ class Talaria:
             raise BadRequest("messages must be a non-empty list of {role, content} objects")
         return self._tokenizer(model).apply_chat_template(messages, True, tools=tools)
 
+    def tokenize(
+        self,
+        model: str,
+        *,
+        prompt: str | None = None,
+        messages: Sequence[Mapping[str, Any]] | None = None,
+        add_special_tokens: bool | None = None,
+        add_generation_prompt: bool = True,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+    ) -> Tokenized:
+        """``prompt`` (a text) or ``messages`` (rendered by the chat template, with the
+        generation prompt unless ``add_generation_prompt`` is false) as ``model``'s tokens,
+        as vLLM's ``/tokenize`` does. ``add_special_tokens`` defaults as vLLM's: true for a
+        prompt, false for messages (the template writes them). Note that calls encode their
+        text without special tokens. BadRequest unless exactly one of the two is given."""
+        if (prompt is None) == (messages is None):
+            raise BadRequest("send exactly one of prompt (a text) and messages (a conversation)")
+        tok = self._tokenizer(model)
+        if messages is not None:
+            if not isinstance(messages, Sequence) or isinstance(messages, str) or not messages:
+                raise BadRequest("messages must be a non-empty list of {role, content} objects")
+            text = tok.apply_chat_template(messages, add_generation_prompt, tools=tools)
+            special = bool(add_special_tokens)
+        else:
+            if not isinstance(prompt, str):
+                raise BadRequest("prompt must be a string")
+            text = prompt
+            special = True if add_special_tokens is None else add_special_tokens
+        ids = tok.encode(text, add_special_tokens=special)
+        strs = tuple(tok.token_str(i) for i in ids)
+        limit = self._require_cluster().archs[model].max_context
+        return Tokenized(tuple(ids), strs, limit)
+
+    def detokenize(self, model: str, token_ids: Sequence[int]) -> str:
+        """The text of ``token_ids`` under ``model``'s tokenizer (special tokens kept, as
+        vLLM's ``/detokenize``). BadRequest for an id outside the vocabulary."""
+        ids = list(token_ids)
+        if not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+            raise BadRequest("tokens must be a list of integer token ids")
+        return self._tokenizer(model).decode(ids, skip_special_tokens=False)
+
     async def chat(
         self,
         messages: Sequence[Mapping[str, Any]],
@@ -206,14 +279,16 @@ class Talaria:
         max_tokens: int | None = None,
         tenant: str = "default",
         tools: Sequence[Mapping[str, Any]] | None = None,
+        n: int = 1,
         **sampling: Any,
     ) -> ChatResult:
         """Answer a conversation (OpenAI message dicts). ``sampling``: temperature, top_p,
-        top_k, seed, stop, stop_token_ids, ignore_eos (see ``SamplingParams``)."""
+        top_k, seed, stop, stop_token_ids, ignore_eos, min_tokens, repetition_penalty,
+        presence_penalty, frequency_penalty, logprobs (see ``SamplingParams``). ``n`` > 1
+        draws that many choices of the same prompt (see :meth:`_choices`)."""
         text = self._chat_text(model, messages, tools)
-        return await self._whole(
-            self._prepare(model, session_id, text, max_tokens, sampling, tenant)
-        )
+        p = self._prepare(model, session_id, text, max_tokens, sampling, tenant)
+        return await self._whole(self._choices(p, n))
 
     def chat_stream(
         self,
@@ -224,13 +299,15 @@ class Talaria:
         max_tokens: int | None = None,
         tenant: str = "default",
         tools: Sequence[Mapping[str, Any]] | None = None,
+        n: int = 1,
         **sampling: Any,
     ) -> AsyncIterator[ChatChunk]:
         """Like ``chat``, as chunks of text. Input errors raise here, before iteration.
         A consumer that stops early should close the iterator (``contextlib.aclosing``):
         that cancels the call and frees its KV at once."""
         text = self._chat_text(model, messages, tools)
-        return self._chunks(self._prepare(model, session_id, text, max_tokens, sampling, tenant))
+        p = self._prepare(model, session_id, text, max_tokens, sampling, tenant)
+        return self._chunks(self._choices(p, n))
 
     async def complete(
         self,
@@ -240,17 +317,14 @@ class Talaria:
         session_id: str | None = None,
         max_tokens: int | None = None,
         tenant: str = "default",
+        n: int = 1,
         **sampling: Any,
     ) -> ChatResult:
         """Continue a raw prompt (no chat template)."""
         if not isinstance(prompt, str):
             raise BadRequest("prompt must be a string")
-        return await self._whole(
-            attrs.evolve(
-                self._prepare(model, session_id, prompt, max_tokens, sampling, tenant),
-                id_prefix="cmpl",
-            )
-        )
+        p = self._prepare(model, session_id, prompt, max_tokens, sampling, tenant)
+        return await self._whole(self._choices(attrs.evolve(p, id_prefix="cmpl"), n))
 
     def complete_stream(
         self,
@@ -260,51 +334,170 @@ class Talaria:
         session_id: str | None = None,
         max_tokens: int | None = None,
         tenant: str = "default",
+        n: int = 1,
         **sampling: Any,
     ) -> AsyncIterator[ChatChunk]:
         if not isinstance(prompt, str):
             raise BadRequest("prompt must be a string")
         p = self._prepare(model, session_id, prompt, max_tokens, sampling, tenant)
-        return self._chunks(attrs.evolve(p, id_prefix="cmpl"))
+        return self._chunks(self._choices(attrs.evolve(p, id_prefix="cmpl"), n))
 
-    async def _whole(self, p: _Prepared) -> ChatResult:
+    def _choices(self, p: _Prepared, n: int) -> list[_Prepared]:
+        """The calls that answer a request for ``n`` choices (``1 <= n <= MAX_CHOICES``).
+
+        Choice 0 is ``p``: it runs in the caller's session, so the session's history
+        continues from it. Choices 1..n-1 are one-call sessions of the same tenant, started
+        once choice 0's prompt is computed (its first token), so the prefix cache serves
+        their prompt's full blocks; with a ``seed``, choice i samples with ``seed + i`` (as
+        vLLM does), else each from fresh entropy. Raises BadRequest for a bad ``n``."""
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_CHOICES:
+            raise BadRequest(f"n (choices) must be an integer in 1..{MAX_CHOICES}, got {n!r}")
+        out = [p]
+        for i in range(1, n):
+            seed = p.params.seed
+            if seed is not None:
+                seed = seed + i if seed + i < SEED_SPAN else seed + i - SEED_SPAN
+            params = attrs.evolve(p.params, seed=seed)
+            sid = f"call-{uuid.uuid4().hex}"
+            out.append(attrs.evolve(p, session_id=sid, one_shot=True, params=params))
+        return out
+
+    async def _merged(
+        self, ps: list[_Prepared]
+    ) -> AsyncGenerator[tuple[int, str, Delta | Finished]]:
+        """The events of every choice as (index, instance, event), interleaved; raises the
+        first choice's error that occurs (the others are then cancelled). One choice runs in
+        this task; several run as tasks of this API's task group (choice 0 first, the rest
+        once its first token came), cancelled when this generator is closed."""
+        if len(ps) == 1:
+            async with aclosing(self._events(ps[0])) as events:
+                async for inst, ev in events:
+                    yield 0, inst, ev
+            return
+        tg = self._tg
+        if tg is None:
+            raise ShuttingDown("Talaria is not running: use `async with Talaria(config) as t:`")
+        send, receive = anyio.create_memory_object_stream[_Item](math.inf)
+        prompt_done = anyio.Event()
+        scopes = [anyio.CancelScope() for _ in ps]
+        for i, p in enumerate(ps):
+            tg.start_soon(self._forward, i, p, scopes[i], send.clone(), prompt_done)
+        send.close()
+        try:
+            async with receive:
+                async for item in receive:
+                    if len(item) == 2:
+                        raise item[1]
+                    yield item
+        finally:
+            for scope in scopes:
+                scope.cancel()
+
+    async def _forward(
+        self,
+        index: int,
+        p: _Prepared,
+        scope: anyio.CancelScope,
+        send: MemoryObjectSendStream[_Item],
+        prompt_done: anyio.Event,
+    ) -> None:
+        """Run choice ``index`` and hand its events (or its error) to ``send``; choice 0
+        sets ``prompt_done`` at its first event (or its end), the others wait for it."""
+        with scope, send:
+            try:
+                if index > 0:
+                    await prompt_done.wait()
+                async with aclosing(self._events(p)) as events:
+                    async for inst, ev in events:
+                        if index == 0:
+                            prompt_done.set()
+                        send.send_nowait((index, inst, ev))
+            except Exception as exc:  # the caller raises it (and cancels the others)
+                send.send_nowait((index, exc))
+            finally:
+                if index == 0:
+                    prompt_done.set()
+
+    def _logprobs(self, p: _Prepared, entries: Sequence[TokenLogprob]) -> tuple[Logprob, ...]:
+        """The API's form of a substrate's logprobs: each id with its text and bytes."""
+        tok = p.tokenizer
+
+        def top(token_id: int, logprob: float) -> TopLogprob:
+            raw = tok.token_bytes(token_id) if token_id < tok.vocab_size else b""
+            return TopLogprob(raw.decode("utf-8", "replace"), token_id, logprob, tuple(raw))
+
+        out = []
+        for e in entries:
+            head = top(e.token_id, e.logprob)
+            alts = tuple(top(i, lp) for i, lp in e.top)
+            out.append(Logprob(head.token, e.token_id, e.logprob, head.bytes, alts))
+        return tuple(out)
+
+    async def _whole(self, ps: list[_Prepared]) -> ChatResult:
+        p = ps[0]
         cid = f"{p.id_prefix}-{uuid.uuid4().hex}"
-        text: list[str] = []
-        ids: list[int] = []
-        async for _, ev in self._events(p):
-            if isinstance(ev, Delta):
-                text.append(ev.text)
-                ids.extend(ev.token_ids)
-            else:
-                return ChatResult(
-                    cid,
-                    p.model,
-                    "".join(text),
+        text: list[list[str]] = [[] for _ in ps]
+        ids: list[list[int]] = [[] for _ in ps]
+        logprobs: list[list[Logprob]] = [[] for _ in ps]
+        choices: dict[int, Choice] = {}
+        first: Finished | None = None
+        async with aclosing(self._merged(ps)) as events:
+            async for i, inst, ev in events:
+                if isinstance(ev, Delta):
+                    text[i].append(ev.text)
+                    ids[i].extend(ev.token_ids)
+                    logprobs[i].extend(self._logprobs(p, ev.logprobs))
+                    continue
+                usage = Usage(ev.prompt_tokens, ev.completion_tokens, ev.cached_tokens)
+                asked = ps[i].params.logprobs is not None
+                choices[i] = Choice(
+                    i,
+                    "".join(text[i]),
                     ev.finish_reason,
-                    Usage(ev.prompt_tokens, ev.completion_tokens, ev.cached_tokens),
-                    ev.instance,
-                    p.session_id,
-                    int(time.time()),
-                    tuple(ids),
-                    ev.ttft_s,
+                    tuple(ids[i]),
+                    usage,
+                    tuple(logprobs[i]) if asked else None,
                 )
-        raise TalariaError(
-            "the call ended without an answer"
-        )  # unreachable: a stream ends with one
+                if i == 0:
+                    first, instance = ev, inst
+        if first is None or len(choices) != len(ps):
+            raise TalariaError("the call ended without an answer")  # a stream ends with one
+        ordered = tuple(choices[i] for i in range(len(ps)))
+        c0 = ordered[0]
+        return ChatResult(
+            cid,
+            p.model,
+            c0.text,
+            c0.finish_reason,
+            Usage.of_choices(tuple(c.usage for c in ordered)),
+            instance,
+            p.session_id,
+            int(time.time()),
+            c0.token_ids,
+            first.ttft_s,
+            ordered,
+            c0.logprobs,
+        )
 
-    async def _chunks(self, p: _Prepared) -> AsyncIterator[ChatChunk]:
+    async def _chunks(self, ps: list[_Prepared]) -> AsyncIterator[ChatChunk]:
+        p = ps[0]
         cid = f"{p.id_prefix}-{uuid.uuid4().hex}"
         created = int(time.time())
         sid = p.session_id
-        async with aclosing(self._events(p)) as events:
-            async for inst, ev in events:
+        asked = p.params.logprobs is not None
+        async with aclosing(self._merged(ps)) as events:
+            async for i, inst, ev in events:
                 if isinstance(ev, Delta):
+                    lps = self._logprobs(p, ev.logprobs) if asked else None
                     yield ChatChunk(
-                        cid, p.model, ev.text, None, None, inst, sid, created, ev.token_ids
+                        cid, p.model, ev.text, None, None, inst, sid, created, ev.token_ids, lps, i
                     )
                 else:
                     usage = Usage(ev.prompt_tokens, ev.completion_tokens, ev.cached_tokens)
-                    yield ChatChunk(cid, p.model, "", ev.finish_reason, usage, inst, sid, created)
+                    lps = () if asked else None
+                    yield ChatChunk(
+                        cid, p.model, "", ev.finish_reason, usage, inst, sid, created, (), lps, i
+                    )
 
     # ------------------------------------------------------------------ sessions
     async def event(
@@ -328,7 +521,10 @@ class Talaria:
                 f"unknown event {event!r}; send one of {[k.value for k in EventKind]}"
             ) from None
         scoped = scoped_session_id(tenant, session_id)
-        summary = self.live.event(scoped, kind, expected_s, tool=tool, measured_s=measured_s)
+        try:
+            summary = self.live.event(scoped, kind, expected_s, tool=tool, measured_s=measured_s)
+        except UnknownSession as exc:  # name the caller's own id, never the scoped one
+            raise UnknownSession(str(exc).replace(repr(scoped), repr(session_id))) from None
         if summary is not None:
             summary = attrs.evolve(summary, session_id=session_id)
         return summary

@@ -47,12 +47,13 @@ from talaria.engine.arch import ModelArch
 from talaria.engine.batch import BatchInput, SeqInput
 from talaria.engine.kernels import DecodeKernel
 from talaria.engine.kv_pool import KVPool, PagedKV
+from talaria.engine.logits import LogitsProcessor, token_logprob
 from talaria.engine.model import LlamaModel
 from talaria.engine.sampling import make_generator, sample_row
 from talaria.engine.staging import BackgroundCopy
 from talaria.engine.weight_layout import bind_weights
 from talaria.errors import BadRequest, ConfigError
-from talaria.generation import SamplingParams
+from talaria.generation import SamplingParams, TokenLogprob
 from talaria.memory.kv import CallKey
 from talaria.memory.weights import SwitchPlan
 from talaria.schedule import Executed, Request, Schedule, StepPlan
@@ -90,6 +91,7 @@ class _CallSampling:
     generator: torch.Generator | None
     vocab_limit: int | None
     forced: tuple[int, ...] | None
+    processor: LogitsProcessor | None = None  # built at the first draw, if params need one
 
 
 class EngineRunner:
@@ -159,6 +161,8 @@ class EngineRunner:
         self._abort_stage = False  # the core took the lent blocks back: stop the copy first
         self._prompts: dict[CallKey, tuple[int, ...]] = {}
         self.outputs: dict[CallKey, list[int]] = {}  # generated ids; kept until take_output
+        # per generated id of the calls that ask for logprobs; dropped with their outputs
+        self.logprobs: dict[CallKey, list[TokenLogprob]] = {}
 
     def _flatten(
         self, name: str, arch: ModelArch, weights: Mapping[str, torch.Tensor], pin: bool
@@ -215,6 +219,7 @@ class EngineRunner:
         """The ids a finished call generated (forgotten afterwards)."""
         self._prompts.pop(key, None)
         self._sampling.pop(key, None)
+        self.logprobs.pop(key, None)
         return tuple(self.outputs.pop(key))
 
     def forget(self, key: CallKey) -> None:
@@ -222,6 +227,7 @@ class EngineRunner:
         self._prompts.pop(key, None)
         self._sampling.pop(key, None)
         self.outputs.pop(key, None)
+        self.logprobs.pop(key, None)
 
     def vocab_size(self, model: str) -> int | None:
         """Token ids ``model`` accepts here (None: not served by this runner)."""
@@ -236,8 +242,10 @@ class EngineRunner:
         forced: Sequence[int] | None = None,
     ) -> None:
         """Announce a call the core was given (the substrate protocol): its tokens are drawn
-        with ``params`` (its own seeded generator; ids below ``vocab_limit`` only), or are
-        exactly ``forced`` (a replay), one per step. A call not prepared is greedy."""
+        with ``params`` (its own seeded generator; ids below ``vocab_limit`` only; logits
+        processed by a ``LogitsProcessor`` when ``params.processes_logits``; each drawn id's
+        logprob recorded in ``logprobs`` when ``params.logprobs`` is set), or are exactly
+        ``forced`` (a replay), one per step. A call not prepared is greedy."""
         generator = None if params.greedy else make_generator(params, self.device)
         pinned = tuple(forced) if forced is not None else None
         self._sampling[key] = _CallSampling(params, generator, vocab_limit, pinned)
@@ -246,13 +254,32 @@ class EngineRunner:
     def _draw(self, logits: torch.Tensor, req: Request) -> int:
         """The next token of ``req`` from its last row of logits."""
         how = self._sampling.get(req.key)
-        if how is not None and how.forced is not None:
-            return how.forced[len(self.outputs[req.key])]
-        if how is not None and how.vocab_limit is not None:
-            logits = logits[: how.vocab_limit]
-        if how is None or how.generator is None:  # greedy: the first maximum, as argmax
+        if how is None:  # greedy: the first maximum, as argmax
             return int(torch.argmax(logits))
-        return int(sample_row(logits.float(), how.params, how.generator))
+        if how.forced is not None:
+            return how.forced[len(self.outputs[req.key])]
+        if how.vocab_limit is not None:
+            logits = logits[: how.vocab_limit]
+        raw = logits
+        if how.params.processes_logits:
+            if how.processor is None:
+                ends = set(how.params.stop_token_ids)
+                if not how.params.ignore_eos:
+                    ends.update(self.eos.get(req.call.model, ()))
+                how.processor = LogitsProcessor(
+                    how.params, self._prompt(req), ends, logits.shape[-1], logits.device
+                )
+            logits = how.processor(logits)
+        if how.generator is None:  # greedy: the first maximum, as argmax
+            token = int(torch.argmax(logits))
+        else:
+            token = int(sample_row(logits.float(), how.params, how.generator))
+        if how.processor is not None:
+            how.processor.observe(token)
+        if how.params.logprobs is not None:
+            entry = token_logprob(raw, token, how.params.logprobs)
+            self.logprobs.setdefault(req.key, []).append(entry)
+        return token
 
     @property
     def idle(self) -> bool:

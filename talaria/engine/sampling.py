@@ -66,6 +66,10 @@ def sample_row(logits: torch.Tensor, params: SamplingParams, generator: torch.Ge
     if params.greedy:
         return int(torch.argmax(logits).item())
     scaled = logits.float() / params.temperature
+    # large logits over a small temperature overflow to +inf (and inf - inf is NaN in the
+    # softmax): cap at the largest float, keeping masked ids at -inf
+    big = torch.finfo(scaled.dtype).max
+    scaled = torch.nan_to_num(scaled, nan=float("-inf"), posinf=big, neginf=float("-inf"))
     scaled = _filter_top_p(_filter_top_k(scaled, params.top_k), params.top_p)
     probs = torch.softmax(scaled, dim=-1)
     return int(torch.multinomial(probs, 1, generator=generator).item())

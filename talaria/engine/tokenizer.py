@@ -290,6 +290,9 @@ class Tokenizer:
         self._template = (
             compile_chat_template(source, chat_template) if chat_template is not None else None
         )
+        self._added = {i: t.content for i, t in self._backend.get_added_tokens_decoder().items()}
+        byte_level = isinstance(self._backend.decoder, decoders.ByteLevel)
+        self._unbyte = {c: b for b, c in bytes_to_unicode().items()} if byte_level else None
 
     @classmethod
     def from_gguf_metadata(cls, meta: Mapping[str, Any], source: str) -> Tokenizer:
@@ -388,6 +391,28 @@ class Tokenizer:
                 f"token id {bad[0]} is outside the vocabulary (0..{self.vocab_size - 1})"
             )
         return str(self._backend.decode(ids, skip_special_tokens=skip_special_tokens))
+
+    def token_str(self, token_id: int) -> str:
+        """The vocabulary's own string for ``token_id`` (byte-level BPE's ``Ġ`` for a space,
+        as transformers' ``convert_ids_to_tokens``); BadRequest outside the vocabulary."""
+        piece = self._backend.id_to_token(token_id) if 0 <= token_id < self.vocab_size else None
+        if piece is None:
+            raise BadRequest(
+                f"token id {token_id} is outside the vocabulary (0..{self.vocab_size - 1})"
+            )
+        return str(piece)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes ``token_id`` stands for in decoded text: a byte-level BPE token's raw
+        bytes (possibly part of a UTF-8 character), an added token's text in UTF-8, else
+        the UTF-8 of its decoding alone. BadRequest outside the vocabulary."""
+        piece = self.token_str(token_id)
+        added = self._added.get(token_id)
+        if added is not None:
+            return added.encode("utf-8")
+        if self._unbyte is not None and all(c in self._unbyte for c in piece):
+            return bytes(self._unbyte[c] for c in piece)
+        return self.decode([token_id], skip_special_tokens=False).encode("utf-8")
 
     def stream(self, skip_special_tokens: bool = True) -> DetokenizeStream:
         """A fresh incremental detokenizer for one generated sequence."""

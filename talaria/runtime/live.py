@@ -50,7 +50,7 @@ from talaria.errors import (
     TooManyRequests,
     UnknownSession,
 )
-from talaria.generation import SamplingParams, StopChecker
+from talaria.generation import SamplingParams, StopChecker, TokenLogprob
 from talaria.memory.kv import CallKey
 from talaria.policy.gaps import check_hint_s, check_seconds
 from talaria.runtime.cluster import ClusterCore
@@ -113,10 +113,13 @@ class StepTiming:
 
 @attrs.frozen
 class Delta:
-    """New text of a call (may be empty when only token ids advanced)."""
+    """New text of a call (may be empty when only token ids advanced); ``logprobs`` has one
+    entry per id of ``token_ids`` when the call asked for them (``SamplingParams.logprobs``),
+    else none."""
 
     text: str
     token_ids: tuple[int, ...]
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 @attrs.frozen
@@ -151,6 +154,7 @@ class LiveCall:
     checker: StopChecker
     send: MemoryObjectSendStream[Event]
     sent_tokens: int = 0
+    sent_logprobs: int = 0
     text: list[str] = attrs.field(factory=list)
 
     @property
@@ -556,8 +560,11 @@ class LiveCluster:
         lc.text.clear()
         ids = tuple(out[lc.sent_tokens :])
         lc.sent_tokens = len(out)
+        every = runner.logprobs.get(key, ())
+        logprobs = tuple(every[lc.sent_logprobs :])
+        lc.sent_logprobs = len(every)
         if text or ids:
-            _deliver(lc, Delta(text, ids))
+            _deliver(lc, Delta(text, ids, logprobs))
 
     def _finished(self, name: str, req: Request) -> None:
         runner = self.drivers[name].runner

@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
 
-from talaria.generation import SamplingParams
+from talaria.generation import SamplingParams, TokenLogprob
 from talaria.memory.kv import CallKey
 from talaria.schedule import Executed, Request, Schedule
 
@@ -47,6 +47,12 @@ class Substrate(Protocol):
     @property
     def outputs(self) -> Mapping[CallKey, Sequence[int]]:
         """Generated ids of the calls in flight (read on the event loop between phases)."""
+        ...
+
+    @property
+    def logprobs(self) -> Mapping[CallKey, Sequence[TokenLogprob]]:
+        """Of the calls in flight whose params ask for logprobs: one entry per generated id,
+        in ``outputs`` order (read on the event loop between phases)."""
         ...
 
     def vocab_size(self, model: str) -> int | None:

@@ -2,7 +2,8 @@
 
 Endpoints: ``POST /v1/chat/completions``, ``POST /v1/completions`` (both stream with
 ``stream: true``, see ``talaria.server.streaming``), ``GET /v1/models[/{id}]``, ``POST
-/v1/sessions/{id}/events``, ``GET /health`` and ``GET /metrics``. Bodies are validated by
+/v1/sessions/{id}/events``, ``POST /tokenize`` and ``POST /detokenize`` (vLLM's),
+``GET /health`` and ``GET /metrics``. Bodies are validated by
 ``talaria.server.schemas``; failures raise ``talaria.server.errors.HttpError``. Each app
 holds its :class:`Context` (the backend and the app's metrics) on ``app.state``, put there
 by ``talaria.server.app.create_app``.
@@ -54,6 +55,8 @@ def add_routes(app: FastAPI) -> None:
     app.add_api_route("/v1/models", _list_models, methods=["GET"])
     app.add_api_route("/v1/models/{model:path}", _get_model, methods=["GET"])
     app.add_api_route("/v1/sessions/{session_id:path}/events", _session_event, methods=["POST"])
+    app.add_api_route("/tokenize", _tokenize, methods=["POST"])
+    app.add_api_route("/detokenize", _detokenize, methods=["POST"])
     app.add_api_route("/health", _health, methods=["GET"])
     app.add_api_route("/metrics", _metrics, methods=["GET"])
 
@@ -82,6 +85,51 @@ async def _completions(request: Request) -> Response:
         return ctx.backend.complete_stream(prompt, body.model, **args)
 
     return await _answer(request, open_stream, chat=False, body=body)
+
+
+async def _tokenize(request: Request) -> Response:
+    """vLLM's ``/tokenize``: ``{"count", "max_model_len", "tokens", "token_strs"}``
+    (``token_strs`` null unless ``return_token_strs``)."""
+    body = await _parse(request, s.TokenizeRequest)
+    model = _default_model(request, body.model)
+    messages = None if body.messages is None else [m.to_api(i) for i, m in enumerate(body.messages)]
+    out = _ctx(request).backend.tokenize(
+        model,
+        prompt=body.prompt,
+        messages=messages,
+        add_special_tokens=body.add_special_tokens,
+        add_generation_prompt=body.add_generation_prompt,
+        tools=body.tools,
+    )
+    return JSONResponse(
+        {
+            "count": len(out.token_ids),
+            "max_model_len": out.max_model_len,
+            "tokens": list(out.token_ids),
+            "token_strs": list(out.token_strs) if body.return_token_strs else None,
+        }
+    )
+
+
+async def _detokenize(request: Request) -> Response:
+    """vLLM's ``/detokenize``: ``{"prompt": text}`` (special tokens kept)."""
+    body = await _parse(request, s.DetokenizeRequest)
+    model = _default_model(request, body.model)
+    return JSONResponse({"prompt": _ctx(request).backend.detokenize(model, body.tokens)})
+
+
+def _default_model(request: Request, name: str | None) -> str:
+    """``name`` if served (404 otherwise), or the one served model when ``name`` is None
+    (a 400 asking for ``model`` when several are served)."""
+    if name is not None:
+        return _require_model(request, name).name
+    served = [m.name for m in _ctx(request).backend.models()]
+    if len(served) != 1:
+        raise bad_request(
+            f"model is required: this server serves {', '.join(served) or 'no models'}.",
+            "model",
+        )
+    return served[0]
 
 
 async def _list_models(request: Request) -> Response:
@@ -200,15 +248,12 @@ def _call_args(request: Request, body: s.SamplingFields, max_tokens: int | None)
         log.info(
             "call of tenant %s, session %s, for user %r", _tenant(request), sid, body.user[:256]
         )
+    request.state.talaria_ignored = body.unknown_fields()
     return {
         "session_id": sid,
         "tenant": _tenant(request),
         "max_tokens": max_tokens,
-        "temperature": body.sampling_temperature,
-        "top_p": body.top_p,
-        "top_k": max(body.top_k, 0),
-        "seed": body.seed,
-        "stop": body.stop,
+        **body.sampling_args(),
     }
 
 
@@ -266,37 +311,57 @@ async def _answer(
         "X-Talaria-Instance": _header(first.instance),
         "X-Session-ID": _header(first.session_id),
     }
+    ignored = getattr(request.state, "talaria_ignored", [])
+    if ignored:
+        headers["X-Talaria-Ignored-Fields"] = _header(",".join(ignored))
     if body.stream:
         head = s.ChunkHead(first.id, first.model, first.created, body.include_usage)
-        events = streaming.sse(request, first, stream, head, chat)
+        events = streaming.sse(request, first, stream, head, chat, body.n)
         headers["Cache-Control"] = "no-cache"
         return streaming.SameTaskStream(events, media_type="text/event-stream", headers=headers)
-    answer = await _collect(first, stream)
+    answer = await _collect(first, stream, body.n)
     payload = s.chat_completion(answer) if chat else s.text_completion(answer)
     return JSONResponse(payload, headers=headers)
 
 
-async def _collect(first: s.ChunkLike, stream: AsyncIterator[s.ChunkLike]) -> s.Answer:
-    """Join the chunks of an answer (closing the stream); a stream that ends without a
-    ``finish_reason`` is taken as finished with ``stop``."""
-    parts = [first.text]
-    last = first
+async def _collect(first: s.ChunkLike, stream: AsyncIterator[s.ChunkLike], n: int) -> s.Answer:
+    """Join the chunks of an answer's ``n`` choices (closing the stream); a stream that ends
+    before a choice's ``finish_reason`` came is taken as finished with ``stop`` there."""
+    texts: list[list[str]] = [[] for _ in range(n)]
+    logprobs: list[list[s.LogprobLike] | None] = [None] * n
+    finish: dict[int, str] = {}
+    usages: dict[int, s.UsageLike] = {}
+    chunk: s.ChunkLike | None = first
     try:
-        while last.finish_reason is None:
-            nxt = await anext(stream, None)
-            if nxt is None:
-                break
-            last = nxt
-            parts.append(last.text)
+        while chunk is not None:
+            i = chunk.index
+            texts[i].append(chunk.text)
+            if chunk.logprobs is not None:
+                logprobs[i] = (logprobs[i] or []) + list(chunk.logprobs)
+            if chunk.finish_reason is not None:
+                finish[i] = chunk.finish_reason
+                if chunk.usage is not None:
+                    usages[i] = chunk.usage
+                if len(finish) == n:
+                    break
+            chunk = await anext(stream, None)
     finally:
         await streaming.close(stream)
+    choices = tuple(
+        s.AnswerChoice(i, "".join(texts[i]), finish.get(i, "stop"), _tuple_or_none(logprobs[i]))
+        for i in range(n)
+    )
+    usage = s.total_usage([usages[i] for i in range(n)]) if len(usages) == n else None
     return s.Answer(
         id=first.id,
         model=first.model,
         created=first.created,
-        text="".join(parts),
-        finish_reason=last.finish_reason or "stop",
-        usage=last.usage,
+        choices=choices,
+        usage=usage,
         instance=first.instance,
         session_id=first.session_id,
     )
+
+
+def _tuple_or_none(items: list[s.LogprobLike] | None) -> tuple[s.LogprobLike, ...] | None:
+    return None if items is None else tuple(items)

@@ -32,33 +32,46 @@ async def sse(
     stream: AsyncIterator[s.ChunkLike],
     head: s.ChunkHead,
     chat: bool,
+    n: int = 1,
 ) -> AsyncIterator[bytes]:
-    """Server-sent events of one answer: (chat) a role chunk, content chunks, a chunk with
-    ``finish_reason``, a usage chunk if asked, then ``data: [DONE]``. An error after the
-    stream began is sent as an ``{"error": ...}`` event followed by ``[DONE]``. Records the
-    outcome (200, the error's status, or 499 if the client left) for metrics; always closes
-    ``stream``."""
+    """Server-sent events of one answer of ``n`` choices: (chat) a role chunk per choice,
+    content chunks (with their tokens' ``logprobs`` when asked for), a chunk with
+    ``finish_reason`` per choice, a usage chunk if asked (the request's, see
+    ``schemas.total_usage``), then ``data: [DONE]``. An error after the stream began is sent
+    as an ``{"error": ...}`` event followed by ``[DONE]``. Records the outcome (200, the
+    error's status, or 499 if the client left) for metrics; always closes ``stream``."""
     status = 499
     try:
         if chat:
-            yield _data(s.chat_chunk(head, {"role": "assistant", "content": ""}))
-        chunk = first
-        while True:
-            done = chunk.finish_reason is not None
-            if chat and chunk.text:
-                yield _data(s.chat_chunk(head, {"content": chunk.text}))
-            elif not chat and (chunk.text or done):
-                yield _data(s.text_chunk(head, chunk.text, chunk.finish_reason))
+            for i in range(n):
+                yield _data(s.chat_chunk(head, {"role": "assistant", "content": ""}, index=i))
+        usages: dict[int, s.UsageLike] = {}
+        offsets = [0] * n  # text_offset of each choice's next token (legacy logprobs)
+        finished: set[int] = set()
+        chunk: s.ChunkLike | None = first
+        while chunk is not None:
+            i, done = chunk.index, chunk.finish_reason is not None
+            if chat and (chunk.text or chunk.logprobs):
+                lps = s.chat_logprobs(chunk.logprobs)
+                yield _data(s.chat_chunk(head, {"content": chunk.text}, None, i, lps))
+            elif not chat and (chunk.text or chunk.logprobs or done):
+                lps = s.text_logprobs(chunk.logprobs, offsets[i])
+                offsets[i] += sum(len(e.token) for e in chunk.logprobs or ())
+                yield _data(s.text_chunk(head, chunk.text, chunk.finish_reason, i, lps))
             if done:
-                break
-            nxt = await anext(stream, None)
-            if nxt is None:
-                break
-            chunk = nxt
-        if chat:
-            yield _data(s.chat_chunk(head, {}, chunk.finish_reason or "stop"))
-        if head.include_usage and chunk.usage is not None:
-            yield _data(s.usage_chunk(head, chunk.usage, chat))
+                finished.add(i)
+                if chunk.usage is not None:
+                    usages[i] = chunk.usage
+                if chat:
+                    yield _data(s.chat_chunk(head, {}, chunk.finish_reason, i))
+                if len(finished) == n:
+                    break
+            chunk = await anext(stream, None)
+        if chat:  # a stream that ended early: its open choices end with "stop"
+            for i in sorted(set(range(n)) - finished):
+                yield _data(s.chat_chunk(head, {}, "stop", i))
+        if head.include_usage and len(usages) == n:
+            yield _data(s.usage_chunk(head, s.total_usage([usages[i] for i in range(n)]), chat))
         status = 200
     except TalariaError as exc:
         err = from_talaria(exc)

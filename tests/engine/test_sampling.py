@@ -37,6 +37,18 @@ from talaria.errors import BadRequest, ConfigError
         {"stop": [""]},
         {"stop": [3]},
         {"stop_token_ids": [-1]},
+        {"min_tokens": -1},
+        {"min_tokens": 17},  # above max_tokens (16)
+        {"repetition_penalty": 0.0},
+        {"repetition_penalty": -1.0},
+        {"repetition_penalty": float("nan")},
+        {"presence_penalty": 2.5},
+        {"frequency_penalty": -2.01},
+        {"frequency_penalty": True},
+        {"logprobs": -1},
+        {"logprobs": 21},
+        {"logprobs": True},
+        {"ignore_eos": 1},
     ],
 )
 def test_bad_params_are_bad_requests(kwargs: dict[str, Any]) -> None:
@@ -192,6 +204,29 @@ def test_eos_on_the_last_allowed_token_is_stop() -> None:
     assert checker.update(5).finish_reason == "stop"
 
 
+def test_min_tokens_makes_end_ids_text_and_defers_stop_strings() -> None:
+    pieces = {0: "a", 1: "STOP", 2: "<eos>", 3: "b"}
+    params = SamplingParams(stop=["STOP"], min_tokens=3, max_tokens=10)
+    text, updates = _run(StopChecker(params, [2], FakeStream(pieces)), [2, 1, 3, 0, 2])
+    # tokens 1..3 ("<eos>", "STOP", "b") are generated before min_tokens is reached: the end
+    # id is text and the stop string ends nothing; the fifth token (eos) ends the output
+    assert text == "<eos>STOPba" and updates[-1] == StopUpdate("", "stop", 2)
+    assert len(updates) == 5
+
+
+def test_a_stop_string_completed_at_min_tokens_ends_the_output() -> None:
+    pieces = {0: "x", 1: "ST", 2: "OP", 3: "y"}
+    params = SamplingParams(stop=["STOP"], min_tokens=3, max_tokens=10)
+    text, updates = _run(StopChecker(params, [], FakeStream(pieces)), [0, 1, 2, 3])
+    assert text == "x" and updates[-1] == StopUpdate("", "stop", "STOP") and len(updates) == 3
+
+
+def test_an_end_id_right_after_min_tokens_ends_the_output() -> None:
+    checker = StopChecker(SamplingParams(min_tokens=1, max_tokens=5), [5])
+    assert checker.update(5) == StopUpdate("")  # the first token: still below min_tokens
+    assert checker.update(5).finish_reason == "stop" and checker.num_tokens == 2
+
+
 def test_stop_strings_need_a_stream() -> None:
     with pytest.raises(ConfigError):
         StopChecker(SamplingParams(stop=["x"]), [])
@@ -208,3 +243,21 @@ def test_stop_strings_with_a_real_tokenizer_stream() -> None:
     emoji = tok.encode("hi 😀😀")
     text, updates = _run(StopChecker(SamplingParams(max_tokens=100), [2], tok.stream()), emoji)
     assert updates[-1].finish_reason is None and text == "hi 😀😀"
+
+
+@pytest.mark.parametrize("temperature", [5e-324, 1e-40, 9.99e-6])
+def test_a_temperature_near_zero_samples_greedily(temperature: float) -> None:
+    # dividing by it would overflow the logits to inf and fail the draw (found by the fuzz)
+    params = SamplingParams(temperature=temperature, seed=1)
+    assert params.greedy
+    logits = torch.tensor([[0.5, 3.0, -1.0]])
+    assert sample(logits, [params], [make_generator(params)]).tolist() == [1]
+    assert not SamplingParams(temperature=1e-5).greedy
+
+
+def test_logits_that_overflow_over_the_temperature_still_draw() -> None:
+    # float32 max over a temperature of 1e-5 is +inf; the draw caps it instead of failing
+    params = SamplingParams(temperature=1e-5, seed=3)
+    big = torch.finfo(torch.float32).max
+    logits = torch.tensor([[big, 0.0, -big, float("-inf")]])
+    assert sample(logits, [params], [make_generator(params)]).tolist() == [0]

@@ -288,7 +288,7 @@ def test_refused_option_is_litellm_bad_request(served: Served, handler: TalariaL
     with pytest.raises(lx.BadRequestError):
         asyncio.run(
             litellm.acompletion(
-                model=LLM, messages=messages, api_base=served.url, presence_penalty=1.0
+                model=LLM, messages=messages, api_base=served.url, logit_bias={"1": 5.0}
             )
         )
 

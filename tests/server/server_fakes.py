@@ -56,6 +56,8 @@ class Chunk:
     instance: str
     session_id: str
     created: int
+    index: int = 0
+    logprobs: tuple[Any, ...] | None = None
 
 
 @attrs.frozen
