@@ -1,40 +1,67 @@
-"""SWE-agent on Talaria: ``TalariaAgentHook`` and the LiteLLM provider ``talaria/<model>``.
+"""Run SWE-agent 1.1.0 on Talaria: one real ``RunSingle`` with TalariaAgentHook.
 
-Needs SWE-agent 1.x, installed from its repository (PyPI's ``sweagent`` is an unrelated
-2024 placeholder)::
+SWE-agent runs with SWE-ReX's ``local`` deployment (commands run on this machine, no
+Docker) on a tiny git repository made here (or ``--repo``), with a one-line problem
+statement, and calls the model ``talaria/<model>`` through Talaria's LiteLLM provider.
+``TalariaAgentHook`` gives the run one session (``X-Session-ID`` on every call), reports
+each command as a tool gap (``tool_start`` with the predicted seconds, ``tool_end`` with the
+measured span) and ends the session with the run. SmolLM2-135M solves nothing; ``--calls``
+bounds the run (SWE-agent's ``per_instance_call_limit``), whatever the model writes.
 
-    git clone https://github.com/SWE-agent/SWE-agent && pip install -e ./SWE-agent
-    talaria serve                                   # http://127.0.0.1:8000
-    python examples/swe_agent_hook_example.py       # --base-url, --model, --steps
+One command, from a checkout, SWE-agent installed or not::
 
-It runs SWE-agent's own ``RunSingle`` with SWE-agent's ``config/default.yaml``, the model
-``talaria/<model>`` (:func:`~integrations.swe_agent.sweagent_hook.swe_agent_model_config`),
-a local deployment (SWE-ReX runs the commands on this machine, in a temporary git
-repository) and a one-line problem statement. The hook gives the run one session
-(``X-Session-ID`` on every call), reports each command as a tool gap, and ends the session
-with the run. SmolLM2-135M will not solve anything; ``--steps`` caps the calls.
+    .venv/bin/python examples/swe_agent_hook_example.py --serve \\
+        --sweagent-src ../shared/vendor/SWE-agent-1.1.0-src.tar.gz
 
-Not exercised in this repository's CI (SWE-agent is not installable there); the hook itself
-is tested by ``tests/integrations/test_swe_agent_hook.py``, driven the way SWE-agent calls it.
+``--serve`` starts ``talaria serve`` for ``--model`` on a free port and stops it afterwards
+(without it, ``--base-url`` names a running server). Without ``sweagent`` importable,
+``--sweagent-src`` installs SWE-agent from its source tarball into a throwaway virtual
+environment (``--sweagent-venv``, reused while the tarball is the same; it sees this
+environment's packages and changes nothing in it) and reruns this script there. The
+``local`` deployment copies the repository to ``/<repo name>`` and writes ``/root/tools``,
+``/root/state.json``, ``/root/.swe-agent-env`` and ``/root/model.patch``; this script
+removes what it created. The model's commands run on this machine as you.
+
+Exit status: 0 when the run ended by SWE-agent's own rules (call limit, submission,
+repeated format errors), 1 when it ended by an error (``exit_error``, ``exit_api``, ...),
+2 when it could not start. ``--summary FILE`` writes the run's report as JSON.
+``tests/integrations/test_swe_agent_run.py`` runs this script against a live server.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import os
+import socket
 import subprocess
 import sys
 import tempfile
-from collections.abc import Sequence
+import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
-
-import httpx
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no network at import
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # run from a checkout
 
-PROBLEM = "Create hello.txt containing hello."
+import httpx  # noqa: E402
+
+from integrations.swe_agent.sweagent_run import (  # noqa: E402
+    PROBLEM,
+    SweAgentInstallError,
+    demo_repository,
+    local_deployment_cleanup,
+    overlay_environment,
+    run_config,
+    run_swe_agent,
+    small_model_agent_config,
+    sweagent_importable,
+)
+
+REEXEC_GUARD = "TALARIA_SWE_AGENT_REEXEC"
+DEFAULT_VENV = Path(os.getenv("XDG_CACHE_HOME", Path.home() / ".cache")) / "talaria/swe-agent"
 
 
 def server_problem(base_url: str) -> str | None:
@@ -44,81 +71,132 @@ def server_problem(base_url: str) -> str | None:
     except httpx.HTTPError as exc:
         return (
             f"no Talaria server at {base_url} ({exc}). Start one with `talaria serve` "
-            "(it listens on 127.0.0.1:8000), or pass --base-url."
+            "(it listens on 127.0.0.1:8000), pass --base-url, or pass --serve."
         )
     return None if health.status_code == 200 else f"unhealthy: {health.text[:200]}"
 
 
-def run_config(base_url: str, model: str, steps: int, repo: Path, out: Path) -> dict[str, Any]:
-    """A ``RunSingleConfig`` dict: SWE-agent's default agent, Talaria's model."""
-    import yaml  # type: ignore[import-untyped, unused-ignore]
-    from sweagent import CONFIG_DIR  # type: ignore[import-not-found, unused-ignore]
-
-    from integrations.swe_agent.sweagent_hook import swe_agent_model_config
-
-    agent = yaml.safe_load((CONFIG_DIR / "default.yaml").read_text())["agent"]
-    agent["model"] = swe_agent_model_config(
-        model,
-        base_url,
-        per_instance_call_limit=steps,
-        completion_kwargs={"max_tokens": 128, "temperature": 0.0},
+@contextlib.contextmanager
+def talaria_serve(model: str, workdir: Path, timeout_s: float = 300.0) -> Iterator[str]:
+    """``talaria serve`` for ``model`` on a free 127.0.0.1 port; yields its URL."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    config = workdir / "talaria.toml"
+    config.write_text(
+        f'models = ["{model}"]\ndevice_memory_bytes = {2 * 10**9}\n'
+        f"host_memory_bytes = {2 * 10**9}\n"
     )
-    # A small model cannot call functions; let it write its command in a fenced block.
-    agent.setdefault("tools", {})["parse_function"] = {"type": "thought_action"}
-    return {
-        "agent": agent,
-        "env": {"deployment": {"type": "local"}, "repo": {"type": "local", "path": str(repo)}},
-        "problem_statement": {"type": "text", "text": PROBLEM, "id": "talaria-hello"},
-        "output_dir": str(out),
-    }
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--base-url", default="http://127.0.0.1:8000")
-    parser.add_argument("--model", default="smollm2-135m")
-    parser.add_argument("--steps", type=int, default=4, help="model calls at most")
-    args = parser.parse_args(argv)
-    base_url = args.base_url.rstrip("/").removesuffix("/v1")
+    log = workdir / "talaria-serve.log"
+    cmd = [sys.executable, "-m", "talaria.cli", "serve", "--config", str(config)]
+    cmd += ["--port", str(port), "--log-level", "warning"]
+    env = dict(os.environ, OMP_NUM_THREADS=os.getenv("OMP_NUM_THREADS", "1"))
+    with log.open("wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+    url = f"http://127.0.0.1:{port}"
     try:
-        from sweagent.run.run_single import (  # type: ignore[import-not-found, unused-ignore]
-            RunSingle,
-            RunSingleConfig,
-        )
-    except ImportError:
-        print("error: SWE-agent is not installed; see this script's docstring.", file=sys.stderr)
+        deadline = time.monotonic() + timeout_s
+        while server_problem(url) is not None:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                tail = log.read_text(errors="replace")[-2000:]
+                raise RuntimeError(f"talaria serve did not come up:\n{tail}")
+            time.sleep(0.2)
+        print(f"talaria serve: {url} (log {log})", file=sys.stderr)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    doc = __doc__ or ""
+    parser = argparse.ArgumentParser(
+        description=doc.split("\n\n")[0],
+        epilog=doc.split("\n\n", 1)[1] if "\n\n" in doc else None,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--base-url", default="http://127.0.0.1:8000", help="Talaria server")
+    parser.add_argument("--serve", action="store_true", help="start `talaria serve` for the run")
+    parser.add_argument("--model", default="smollm2-135m", help="a model the server serves")
+    parser.add_argument(
+        "--calls", "--steps", type=int, default=3, help="SWE-agent's per-instance call limit"
+    )
+    parser.add_argument("--max-tokens", type=int, default=48, help="tokens per answer")
+    parser.add_argument("--repo", type=Path, help="a git repository (default: a demo one)")
+    parser.add_argument("--problem", default=PROBLEM, help="the problem statement")
+    parser.add_argument("--session-id", help="the run's Talaria session id (default: new)")
+    parser.add_argument("--output-dir", type=Path, help="trajectories (default: temporary)")
+    parser.add_argument("--summary", type=Path, help="write the run's report here as JSON")
+    parser.add_argument(
+        "--sweagent-src", type=Path, help="SWE-agent's source tarball, when not installed"
+    )
+    parser.add_argument(
+        "--sweagent-venv", type=Path, default=DEFAULT_VENV, help="where to install it"
+    )
+    return parser.parse_args(argv)
+
+
+def reexec_with_sweagent(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    """Install SWE-agent into the overlay environment and rerun this script there."""
+    if os.environ.get(REEXEC_GUARD):
+        print("error: sweagent does not import even in the overlay environment", file=sys.stderr)
         return 2
+    if args.sweagent_src is None:
+        print(
+            "error: SWE-agent is not installed here. Pass --sweagent-src "
+            "SWE-agent-1.1.0-src.tar.gz to install it into a throwaway environment, "
+            "or install it from its source (see ../shared/vendor/README.md).",
+            file=sys.stderr,
+        )
+        return 2
+    print(f"installing SWE-agent into {args.sweagent_venv} ...", file=sys.stderr)
+    try:
+        python = overlay_environment(args.sweagent_src, args.sweagent_venv)
+    except (SweAgentInstallError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    env = dict(os.environ, **{REEXEC_GUARD: "1"})
+    return subprocess.run([str(python), __file__, *argv], env=env, check=False).returncode
+
+
+def run(args: argparse.Namespace, base_url: str, tmp: Path) -> int:
     problem = server_problem(base_url)
     if problem is not None:
         print(f"error: {problem}", file=sys.stderr)
         return 2
+    repo = args.repo.resolve() if args.repo is not None else demo_repository(tmp)
+    out = args.output_dir or tmp / "trajectories"
+    agent = small_model_agent_config(
+        args.model, base_url, calls=args.calls, max_tokens=args.max_tokens
+    )
+    config = run_config(agent, repo, out, problem=args.problem)
+    with local_deployment_cleanup(repo.name):
+        report = run_swe_agent(config, session_id=args.session_id)
+    summary = report.to_json()
+    print("talaria:", json.dumps(summary))
+    if args.summary is not None:
+        args.summary.write_text(json.dumps(summary, indent=2))
+    return 0 if report.finished else 1
 
-    from integrations.swe_agent.sweagent_hook import TalariaAgentHook
 
-    with tempfile.TemporaryDirectory(prefix="talaria-swe-") as tmp:
-        repo, out = Path(tmp) / "repo", Path(tmp) / "out"
-        repo.mkdir()
-        (repo / "README.md").write_text("demo\n")
-        subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
-        subprocess.run(["git", "add", "."], cwd=repo, check=True)
-        subprocess.run(
-            ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "init"],
-            cwd=repo,
-            check=True,
-        )
-        config = RunSingleConfig.model_validate(
-            run_config(base_url, args.model, args.steps, repo, out)
-        )
-        run = RunSingle.from_config(config)
-        hook = TalariaAgentHook(session_id="talaria-hello")
-        run.agent.add_hook(hook)
-        try:
-            run.run()
-        finally:
-            hook.close(timeout_s=2.0)
-            if hook.sessions is not None:
-                print("talaria:", hook.sessions.summary())
-    return 0
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse_args(argv)
+    if args.calls < 1:
+        print("error: --calls must be at least 1", file=sys.stderr)
+        return 2
+    if not sweagent_importable():
+        return reexec_with_sweagent(args, argv)
+    with tempfile.TemporaryDirectory(prefix="talaria-swe-") as name:
+        tmp = Path(name)
+        if not args.serve:
+            return run(args, args.base_url.rstrip("/").removesuffix("/v1"), tmp)
+        with talaria_serve(args.model, tmp) as url:
+            return run(args, url, tmp)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,9 @@
   wrapper and agent class (imports ``minisweagent``).
 - :mod:`integrations.swe_agent.sweagent_hook`: an SWE-agent agent hook (imports nothing from
   ``sweagent``; the model is reached through LiteLLM).
+- :mod:`integrations.swe_agent.sweagent_run`: one real SWE-agent run with the hook
+  (``RunSingle``, SWE-ReX's ``local`` deployment), and SWE-agent's install from source into
+  a throwaway environment (imports ``sweagent`` only when running).
 - :mod:`integrations.swe_agent.runs`: the per-agent session state both use.
 
 Nothing is imported here, so importing the package costs nothing and needs neither agent

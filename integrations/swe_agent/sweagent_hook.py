@@ -8,7 +8,9 @@ The class is duck-typed and imports nothing from ``sweagent`` (SWE-agent 1.x is 
 from its repository, not PyPI), so it loads without SWE-agent and works with any agent
 that calls these methods the same way.
 
-Usage (Python; SWE-agent's YAML configs have no field for agent hooks)::
+Usage (Python; SWE-agent's YAML configs and ``sweagent run`` have no field for agent hooks,
+and ``talaria/<model>`` resolves only where the provider is registered; a complete run is
+:func:`integrations.swe_agent.sweagent_run.run_swe_agent`, checked against SWE-agent 1.1.0)::
 
     from integrations.swe_agent.sweagent_hook import TalariaAgentHook, swe_agent_model_config
     from sweagent.run.run_single import RunSingle, RunSingleConfig
@@ -67,6 +69,22 @@ class _Step(Protocol):
     action: str
 
 
+# Arguments SWE-agent 1.x's LiteLLMModel._single_query gives litellm.completion besides
+# **completion_kwargs, and the model-config field that sets each.
+_SWE_AGENT_COMPLETION_ARGS = {
+    "model": "the model argument",
+    "messages": "nothing: SWE-agent sends the history",
+    "temperature": "the temperature field",
+    "top_p": "the top_p field",
+    "api_version": "the api_version field",
+    "api_key": "the api_key field",
+    "fallbacks": "the fallbacks field",
+    "n": "nothing: SWE-agent sends n itself",
+    "api_base": "the api_base argument",
+    "tools": "the agent's tools config",
+}
+
+
 def swe_agent_model_config(
     model: str,
     api_base: str | None = "http://127.0.0.1:8000",
@@ -79,7 +97,20 @@ def swe_agent_model_config(
     model through the LiteLLM provider: ``name`` ``talaria/<model>``, cost limits 0 (a
     self-hosted model has no price, and SWE-agent refuses unpriced models with limits set),
     ``max_input_tokens`` 0 (no client-side check: the server rejects a too-long prompt).
-    ``api_base`` None serves from an embedded Talaria in the agent's process. Pure."""
+    ``api_base`` None serves from an embedded Talaria in the agent's process. Pure.
+
+    ``completion_kwargs`` must not name an argument SWE-agent's ``LiteLLMModel`` passes to
+    ``litellm.completion`` itself (``temperature``, ``top_p``, ``api_base``, ...): the call
+    would fail with ``TypeError: got multiple values for keyword argument`` on every query;
+    this raises ``ValueError`` naming the config field to use instead (``temperature=0.0``
+    is a keyword of this function, like every other ``GenericAPIModelConfig`` field)."""
+    clashes = sorted(set(completion_kwargs or {}) & set(_SWE_AGENT_COMPLETION_ARGS))
+    if clashes:
+        fields = ", ".join(f"{k!r} (use {_SWE_AGENT_COMPLETION_ARGS[k]})" for k in clashes)
+        raise ValueError(
+            f"completion_kwargs must not set {fields}: SWE-agent passes these to "
+            "litellm.completion itself"
+        )
     name = model if model.startswith(PROVIDER_PREFIX) else PROVIDER_PREFIX + model
     config: dict[str, Any] = {
         "name": name,

@@ -1,15 +1,16 @@
 """The SWE-agent hook (integrations.swe_agent.sweagent_hook) against a live Talaria server.
 
-SWE-agent 1.x is not installable here (PyPI's ``sweagent`` is a 2024 placeholder, 0.0.1;
-the real package installs from its repository), so these tests drive the hook the way
-SWE-agent 1.x's ``DefaultAgent`` does, in its order: ``add_hook`` -> ``on_init``; setup
-callbacks; ``on_run_start``; per step ``on_step_start``, ``on_model_query``, the model
-query, ``on_actions_generated``, ``on_action_started``, the command, ``on_action_executed``,
-``on_step_done``; ``on_run_done``. The model query repeats SWE-agent's
-``LiteLLMModel._single_query`` call to ``litellm.completion`` argument for argument, with
-the model ``talaria/smollm2-135m`` (the LiteLLM provider) and the model config's own
-``completion_kwargs`` dict (where the hook puts the session header). Commands run in a real
-shell. One real server per module (SmolLM2-135M, about 13 s to load).
+The real SWE-agent 1.1.0 run is ``test_swe_agent_run.py``; these tests drive the hook
+without SWE-agent, the way SWE-agent 1.x's ``DefaultAgent`` does (so they run where
+SWE-agent is not installed, and cover orders a short real run does not reach: two runs of
+one agent, ``RetryAgent``'s order, a dead server), in its order: ``add_hook`` ->
+``on_init``; setup callbacks; ``on_run_start``; per step ``on_step_start``,
+``on_model_query``, the model query, ``on_actions_generated``, ``on_action_started``, the
+command, ``on_action_executed``, ``on_step_done``; ``on_run_done``. The model query repeats
+SWE-agent's ``LiteLLMModel._single_query`` call to ``litellm.completion`` argument for
+argument, with the model ``talaria/smollm2-135m`` (the LiteLLM provider) and the model
+config's own ``completion_kwargs`` dict (where the hook puts the session header). Commands
+run in a real shell. One real server per module (SmolLM2-135M, about 13 s to load).
 """
 
 from __future__ import annotations
