@@ -50,6 +50,12 @@ class Recorder:
     def complete_stream(self, prompt: str, model: str, **kwargs: Any) -> Any:
         return self.talaria.complete_stream(prompt, model, **kwargs)
 
+    def tokenize(self, model: str, **kwargs: Any) -> Any:
+        return self.talaria.tokenize(model, **kwargs)
+
+    def detokenize(self, model: str, token_ids: Any) -> str:
+        return self.talaria.detokenize(model, token_ids)
+
     async def integrity_problems(self) -> list[str]:
         return await self.talaria.integrity_problems()
 
