@@ -198,6 +198,8 @@ class SoakReport:
     fds_peak: int
     threads_end: int
     errors: tuple[str, ...]
+    # resident memory at each tenth of the run (the shape, not just the ends)
+    rss_by_tenth_bytes: tuple[int, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -268,6 +270,10 @@ async def soak(
         fds_peak=max(s.open_fds for s in samples),
         threads_end=samples[-1].threads,
         errors=tuple(tally.errors),
+        rss_by_tenth_bytes=tuple(
+            samples[min(len(samples) - 1, k * len(samples) // 10)].rss_bytes for k in range(10)
+        )
+        + tuple(s.rss_bytes for s in samples[-1:]),
     )
 
 
