@@ -33,7 +33,7 @@ import httpx
 if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.serve_process import KEY, TINY, serving, tiny_fields
+from benchmarks.serve_process import KEY, TINY, emit, serving, tiny_fields
 
 CHAT = "/v1/chat/completions"
 
@@ -291,11 +291,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.sessions < 1 or args.calls < 1 or args.max_tokens < 1:
         ap.error("--sessions, --calls and --max-tokens must be positive")
     rep = measure(args.sessions, args.calls, args.url, args.max_tokens)
-    data = attrs.asdict(rep) | {"ok": rep.ok}
-    print(json.dumps(data, indent=2))
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(data, indent=2) + "\n")
+    emit(attrs.asdict(rep) | {"ok": rep.ok}, args.json)
     return 0 if rep.ok else 1
 
 

@@ -5,6 +5,7 @@ soak benchmarks and by ``tests/reliability``."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -21,6 +22,15 @@ from talaria.engine.catalog import listings
 
 TINY = "smollm2-tiny-dummy"
 KEY = "reliability-key"
+
+
+def emit(data: Mapping[str, Any], path: Path | None) -> None:
+    """Print a benchmark's report as JSON, and write it to ``path`` if given."""
+    text = json.dumps(data, indent=2)
+    print(text)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text + "\n")
 
 
 def tiny_available() -> bool:

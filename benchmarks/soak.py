@@ -36,7 +36,7 @@ import httpx
 if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.serve_process import KEY, TINY, Server, serving, tiny_fields
+from benchmarks.serve_process import KEY, TINY, Server, emit, serving, tiny_fields
 
 CHAT = "/v1/chat/completions"
 TOOLS = ("bash", "edit", "pytest", "grep")
@@ -303,11 +303,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if min(args.minutes, args.max_gap_s, args.session_idle_s, args.rate) <= 0:
         ap.error("--minutes, --max-gap-s, --session-idle-s and --rate must be positive")
     rep = run(args.minutes, args.max_gap_s, args.session_idle_s, args.rate, args.seed)
-    data = attrs.asdict(rep) | {"ok": rep.ok, "rss_growth_bytes": rep.rss_growth_bytes}
-    print(json.dumps(data, indent=2))
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(data, indent=2) + "\n")
+    emit(attrs.asdict(rep) | {"ok": rep.ok, "rss_growth_bytes": rep.rss_growth_bytes}, args.json)
     return 0 if rep.ok else 1
 
 

@@ -224,10 +224,18 @@ class Talaria:
                 if p.one_shot and p.scoped_id in live.sessions:
                     live.event(p.scoped_id, EventKind.END)
 
-    def _chat_text(self, model: str, messages: Sequence[Mapping[str, Any]], tools: Any) -> str:
+    def _chat_text(
+        self,
+        model: str,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Any,
+        add_generation_prompt: bool = True,
+    ) -> str:
         if not isinstance(messages, Sequence) or isinstance(messages, str) or not messages:
             raise BadRequest("messages must be a non-empty list of {role, content} objects")
-        return self._tokenizer(model).apply_chat_template(messages, True, tools=tools)
+        return self._tokenizer(model).apply_chat_template(
+            messages, add_generation_prompt, tools=tools
+        )
 
     def tokenize(
         self,
@@ -248,9 +256,7 @@ class Talaria:
             raise BadRequest("send exactly one of prompt (a text) and messages (a conversation)")
         tok = self._tokenizer(model)
         if messages is not None:
-            if not isinstance(messages, Sequence) or isinstance(messages, str) or not messages:
-                raise BadRequest("messages must be a non-empty list of {role, content} objects")
-            text = tok.apply_chat_template(messages, add_generation_prompt, tools=tools)
+            text = self._chat_text(model, messages, tools, add_generation_prompt)
             special = bool(add_special_tokens)
         else:
             if not isinstance(prompt, str):

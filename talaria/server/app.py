@@ -107,12 +107,17 @@ def app_for_config(
     """An app that owns a ``Talaria`` built from ``config``: the app's lifespan loads the
     models at startup and shuts Talaria down gracefully at exit. Accepted keys are
     ``config.api_keys`` plus ``api_keys``. No I/O until the app starts."""
-    return _owned_app(config, api_keys, max_body_bytes)[0]
+    return app_and_talaria(config, api_keys=api_keys, max_body_bytes=max_body_bytes)[0]
 
 
-def _owned_app(
-    config: TalariaConfig, api_keys: Sequence[str], max_body_bytes: int
+def app_and_talaria(
+    config: TalariaConfig,
+    *,
+    api_keys: Sequence[str] = (),
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
 ) -> tuple[FastAPI, Talaria]:
+    """:func:`app_for_config`'s app and the ``Talaria`` it owns (running while the app's
+    lifespan is: from startup to shutdown), for callers that drain or inspect it."""
     from talaria.api import Talaria
 
     talaria = Talaria(config)
@@ -167,7 +172,7 @@ def serve(
     ``config.shutdown_grace_s``, fail those still running with a clean ``ShuttingDown`` error,
     then shut Talaria down (see :class:`DrainingServer`). As uvicorn does, the process then
     ends by the signal it got (exit status 143 for SIGTERM in a shell)."""
-    app, talaria = _owned_app(config, api_keys, max_body_bytes)
+    app, talaria = app_and_talaria(config, api_keys=api_keys, max_body_bytes=max_body_bytes)
     grace = max(1, math.ceil(config.shutdown_grace_s)) + FLUSH_S
     uv = uvicorn.Config(
         app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=grace

