@@ -195,9 +195,9 @@ class Admitter:
         """Fair share between tenants (:func:`talaria.policy.tenant_share.fair_order`): the
         next call admitted is from the tenant with the fewest of ``model``'s calls in the batch;
         a tenant's own calls keep their order. A no-op when one tenant waits."""
-        queue = self.calls.waiting[model]
-        if len({r.call.tenant for r in queue}) < 2:
+        if self.calls.tenants_waiting(model) < 2:
             return
+        queue = self.calls.waiting[model]
         running = collections.Counter(
             r.call.tenant for r in self.calls.running.values() if r.call.model == model
         )

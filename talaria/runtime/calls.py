@@ -36,6 +36,9 @@ class CallTable:
         self.finished: collections.deque[Request] = collections.deque(maxlen=recent)
         self._running_of: dict[str, int] = dict.fromkeys(names, 0)
         self._queued_tokens: dict[str, int] = dict.fromkeys(names, 0)
+        self._waiting_tenants: dict[str, collections.Counter[str]] = {
+            m: collections.Counter() for m in names
+        }
         self._load_tokens = 0
         self._changes = 0
 
@@ -58,6 +61,10 @@ class CallTable:
         """Prompt tokens of ``model``'s waiting calls."""
         return self._queued_tokens[model]
 
+    def tenants_waiting(self, model: str) -> int:
+        """How many tenants have a call in ``model``'s queue."""
+        return len(self._waiting_tenants[model])
+
     def held(self) -> Iterator[Request]:
         """Every call held: running, then waiting (by model, in queue order)."""
         yield from self.running.values()
@@ -73,6 +80,7 @@ class CallTable:
         """Queue ``req`` at the back of its model's queue."""
         self.waiting[req.call.model].append(req)
         self._queued_tokens[req.call.model] += req.prompt_len
+        self._waiting_tenants[req.call.model][req.call.tenant] += 1
         self._load_tokens += req.prompt_len + req.target_output
         self._changes += 1
 
@@ -81,6 +89,7 @@ class CallTable:
         IndexError on an empty queue."""
         req = self.waiting[model].popleft()
         self._queued_tokens[model] -= req.prompt_len
+        self._untenant(model, req.call.tenant)
         self._changes += 1
         return req
 
@@ -110,9 +119,16 @@ class CallTable:
             if req is None:
                 return None
             self._queued_tokens[req.call.model] -= req.prompt_len
+            self._untenant(req.call.model, req.call.tenant)
         self._load_tokens -= req.prompt_len + req.target_output
         self._changes += 1
         return req, was_running
+
+    def _untenant(self, model: str, tenant: str) -> None:
+        tenants = self._waiting_tenants[model]
+        tenants[tenant] -= 1
+        if not tenants[tenant]:
+            del tenants[tenant]
 
     def _unqueue(self, key: CallKey) -> Request | None:
         for queue in self.waiting.values():
@@ -149,6 +165,12 @@ class CallTable:
                 out.append(f"{m}: {self._running_of[m]} running counted, {running} held")
             if self._queued_tokens[m] != queued:
                 out.append(f"{m}: {self._queued_tokens[m]} queued tokens counted, {queued}")
+            tenants = collections.Counter(r.call.tenant for r in queue)
+            if self._waiting_tenants[m] != tenants:
+                out.append(
+                    f"{m}: waiting tenants {dict(self._waiting_tenants[m])} counted, "
+                    f"{dict(tenants)} queued"
+                )
         load = sum(r.prompt_len + r.target_output for r in self.held())
         if self._load_tokens != load:
             out.append(f"load {self._load_tokens} tokens counted, {load} held")

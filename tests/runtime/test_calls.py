@@ -88,3 +88,19 @@ def test_any_sequence_of_moves_keeps_every_total(ops: list[tuple[str, str, int, 
         before = t.changes
         assert t.problems() == []
         assert len(t.finished) <= 4
+
+
+def test_the_tenants_waiting_per_model_follow_the_queue() -> None:
+    t = CallTable(MODELS)
+    a = Request(Call("a1", 0, "A", TokenSeq((1, 2)), 2, tenant="x"), None, 2, 0.0)
+    b = Request(Call("b1", 0, "A", TokenSeq((3, 4)), 2, tenant="y"), None, 2, 0.0)
+    c = Request(Call("c1", 0, "A", TokenSeq((5, 6)), 2, tenant="x"), None, 2, 0.0)
+    for r in (a, b, c):
+        t.enqueue(r)
+    assert (t.tenants_waiting("A"), t.tenants_waiting("B")) == (2, 0)
+    t.start(t.pop_waiting("A"))  # a: x still has c waiting
+    assert t.tenants_waiting("A") == 2
+    assert t.remove(b.key) == (b, False)
+    assert t.tenants_waiting("A") == 1 and t.problems() == []
+    t._waiting_tenants["A"]["z"] = 1
+    assert t.problems() == ["A: waiting tenants {'x': 1, 'z': 1} counted, {'x': 1} queued"]
