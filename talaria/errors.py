@@ -12,6 +12,8 @@ class TalariaError(Exception):
 
     http_status: int = 500
     code: str = "internal_error"
+    # whether a 5xx's message is written for users (else the server logs it, not echoes it)
+    public: bool = False
 
 
 class ConfigError(TalariaError, ValueError):
@@ -86,6 +88,16 @@ class OutOfBlocks(TalariaError, RuntimeError):
     """A memory manager was asked to commit more blocks than it has (a caller skipped the check)."""
 
     code = "out_of_blocks"
+
+
+class ToolCallFailed(TalariaError, RuntimeError):
+    """``tool_choice`` asked for a tool call and the model's answer is not a well-formed call
+    of one of the request's tools (the server forced the call's opening; the model wrote
+    the rest)."""
+
+    http_status = 500
+    code = "tool_call_failed"
+    public = True
 
 
 class TraceError(TalariaError, ValueError):

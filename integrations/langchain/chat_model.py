@@ -25,7 +25,6 @@ from langchain_core.utils import secret_from_env
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from pydantic import Field, PrivateAttr, SecretStr
 
-from integrations import requested_tool_names
 from integrations.langchain.convert import (
     ai_message,
     final_chunk,
@@ -48,7 +47,6 @@ class _Request:
     messages: list[dict[str, Any]]
     params: dict[str, Any]
     session_id: str | None
-    tools: tuple[str, ...] | None
 
 
 @contextmanager
@@ -73,13 +71,11 @@ def _openai_base_url(base_url: str) -> str:
 
 
 class _StreamState:
-    """What a streamed answer accumulates: text, finish reason, usage, native tool calls."""
+    """What a streamed answer leaves for its last chunk: finish reason and usage."""
 
     def __init__(self) -> None:
-        self.text: list[str] = []
         self.finish: str | None = None
         self.usage: Any = None
-        self.native = False
 
     def feed(self, chunk: Any) -> Iterator[AIMessageChunk]:
         """The message chunks of one ``ChatCompletionChunk``."""
@@ -88,11 +84,7 @@ class _StreamState:
         for choice in chunk.choices[:1]:
             delta = choice.delta
             calls = stream_tool_chunks(getattr(delta, "tool_calls", None))
-            if calls:
-                self.native = True
             if delta.content or calls:
-                if delta.content:
-                    self.text.append(delta.content)
                 yield AIMessageChunk(content=delta.content or "", tool_call_chunks=calls)
             if choice.finish_reason:
                 self.finish = choice.finish_reason
@@ -114,10 +106,9 @@ class ChatTalaria(BaseChatModel):
     the run's callback metadata, then the ``session_id`` field; with none, each call is a
     one-call session.
 
-    Tools: :meth:`bind_tools` sends OpenAI-format ``tools``. Tool calls come from the
-    answer's ``tool_calls`` or, when the model writes them as text (small models do), are
-    parsed from it (``parse_tool_calls``); ``tool_calls_as_text`` writes an assistant
-    message's tool calls into its empty content for chat templates that ignore them.
+    Tools: :meth:`bind_tools` sends OpenAI-format ``tools`` (and ``tool_choice``); tool
+    calls are the answer's ``tool_calls``, which the server reads from the model's output
+    (and it renders the history's calls for the model's chat template).
     """
 
     model: str = DEFAULT_MODEL
@@ -133,8 +124,6 @@ class ChatTalaria(BaseChatModel):
     max_retries: int = Field(default=2, ge=0)
     session_id: str | None = None
     streaming: bool = False
-    parse_tool_calls: bool = True
-    tool_calls_as_text: bool = True
     model_kwargs: dict[str, Any] = Field(default_factory=dict)
 
     _client: openai.OpenAI | None = PrivateAttr(default=None)
@@ -247,8 +236,7 @@ class ChatTalaria(BaseChatModel):
             params.pop("stop", None)
         metadata = run_manager.metadata if run_manager is not None else None
         sid = _session_id(kwargs, metadata, self.session_id)
-        body = openai_messages(messages, self.tool_calls_as_text)
-        return _Request(body, params, sid, requested_tool_names(params))
+        return _Request(openai_messages(messages), params, sid)
 
     def _options(self, request: _Request, stream: bool) -> dict[str, Any]:
         headers = {} if request.session_id is None else {"X-Session-ID": request.session_id}
@@ -299,7 +287,7 @@ class ChatTalaria(BaseChatModel):
                 **self._options(request, False)
             )
             completion = raw.parse()
-        message = ai_message(completion, raw.headers, request.tools, self.parse_tool_calls)
+        message = ai_message(completion, raw.headers)
         return _result(message)
 
     async def _agenerate(
@@ -316,7 +304,7 @@ class ChatTalaria(BaseChatModel):
                     **self._options(request, False)
                 )
                 completion = raw.parse()
-        message = ai_message(completion, raw.headers, request.tools, self.parse_tool_calls)
+        message = ai_message(completion, raw.headers)
         return _result(message)
 
     def _stream(
@@ -336,7 +324,7 @@ class ChatTalaria(BaseChatModel):
                 for chunk in chunks:
                     for message in state.feed(chunk):
                         yield ChatGenerationChunk(message=message)
-        yield self._last(state, request, raw.headers)
+        yield self._last(state, raw.headers)
 
     async def _astream(
         self,
@@ -356,18 +344,10 @@ class ChatTalaria(BaseChatModel):
                     async for chunk in chunks:
                         for message in state.feed(chunk):
                             yield ChatGenerationChunk(message=message)
-        yield self._last(state, request, raw.headers)
+        yield self._last(state, raw.headers)
 
-    def _last(self, state: _StreamState, request: _Request, headers: Any) -> ChatGenerationChunk:
-        last = final_chunk(
-            "".join(state.text),
-            state.native,
-            state.finish,
-            state.usage,
-            self.model,
-            request.tools,
-            self.parse_tool_calls,
-        )
+    def _last(self, state: _StreamState, headers: Any) -> ChatGenerationChunk:
+        last = final_chunk(state.finish, state.usage, self.model)
         last.response_metadata["session_id"] = headers.get("x-session-id")
         last.response_metadata["talaria_instance"] = headers.get("x-talaria-instance")
         info = {"finish_reason": last.response_metadata.get("finish_reason")}

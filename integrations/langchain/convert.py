@@ -1,9 +1,9 @@
 """LangChain messages to OpenAI's wire format and OpenAI answers back to LangChain messages.
 
-Pure functions (no I/O). Tool calls come from the answer's OpenAI ``tool_calls`` when the
-server sends them, else (when tools were bound) from the answer's text
-(:func:`integrations.parse_tool_calls`); the text itself is kept as ``content`` unchanged,
-so the next prompt repeats exactly what the model generated and its KV stays reusable.
+Pure functions (no I/O). Tool calls are the answer's OpenAI ``tool_calls``: the server
+reads them from the model's output (``talaria.api.tool_parsers``), and renders the history's
+calls back in the model's own format, so the next prompt repeats what the model wrote and
+its KV stays reusable.
 """
 
 from __future__ import annotations
@@ -23,8 +23,6 @@ from langchain_core.messages.tool import (
 )
 from langchain_core.messages.utils import convert_to_openai_messages
 
-from integrations import parse_tool_calls, tool_calls_as_text
-
 __all__ = [
     "PROVIDER",
     "ai_message",
@@ -37,13 +35,11 @@ __all__ = [
 PROVIDER = "talaria"
 
 
-def openai_messages(messages: Sequence[BaseMessage], calls_as_text: bool) -> list[dict[str, Any]]:
-    """``messages`` as OpenAI chat messages (text content as one string). With
-    ``calls_as_text``, an assistant message that only calls tools also carries the calls as
-    ``<tool_call>`` text (:func:`integrations.tool_calls_as_text`)."""
+def openai_messages(messages: Sequence[BaseMessage]) -> list[dict[str, Any]]:
+    """``messages`` as OpenAI chat messages (text content as one string; an assistant
+    message's tool calls as ``tool_calls``)."""
     converted = convert_to_openai_messages(list(messages), text_format="string")
-    plain = [dict(m) for m in converted]
-    return tool_calls_as_text(plain) if calls_as_text else plain
+    return [dict(m) for m in converted]
 
 
 def usage_metadata(usage: Any) -> UsageMetadata | None:
@@ -91,14 +87,6 @@ def _native_calls(raw: Any) -> tuple[list[ToolCall], list[InvalidToolCall]]:
     return calls, invalid
 
 
-def _text_calls(text: str, names: tuple[str, ...] | None) -> list[ToolCall]:
-    if not names:
-        return []
-    return [
-        tool_call(name=c.name, args=c.arguments, id=c.id) for c in parse_tool_calls(text, names)
-    ]
-
-
 def _metadata(
     model: str, finish_reason: str | None, headers: Mapping[str, str] | None
 ) -> dict[str, Any]:
@@ -113,27 +101,21 @@ def _metadata(
     return meta
 
 
-def ai_message(
-    completion: Any, headers: Mapping[str, str] | None, names: tuple[str, ...] | None, parse: bool
-) -> AIMessage:
-    """An ``AIMessage`` from a ``ChatCompletion``: text as ``content``, tool calls (native,
-    else parsed from the text when ``parse`` and tools were declared), usage, and
-    ``response_metadata`` (``finish_reason``: "tool_calls" when there are calls,
-    ``session_id`` and ``talaria_instance`` from the answer's headers)."""
+def ai_message(completion: Any, headers: Mapping[str, str] | None) -> AIMessage:
+    """An ``AIMessage`` from a ``ChatCompletion``: text as ``content``, the server's tool
+    calls, usage, and ``response_metadata`` (``finish_reason``; ``session_id`` and
+    ``talaria_instance`` from the answer's headers)."""
     if not completion.choices:
         raise ValueError("the server answered without a choice")
     choice = completion.choices[0]
     text = choice.message.content or ""
     calls, invalid = _native_calls(getattr(choice.message, "tool_calls", None))
-    if not calls and not invalid and parse:
-        calls = _text_calls(text, names)
-    finish = "tool_calls" if calls else choice.finish_reason
     return AIMessage(
         content=text,
         tool_calls=calls,
         invalid_tool_calls=invalid,
         usage_metadata=usage_metadata(completion.usage),
-        response_metadata=_metadata(completion.model, finish, headers),
+        response_metadata=_metadata(completion.model, choice.finish_reason, headers),
         id=completion.id,
     )
 
@@ -154,29 +136,12 @@ def stream_tool_chunks(delta_calls: Any) -> list[ToolCallChunk]:
     return out
 
 
-def final_chunk(
-    text: str,
-    native: bool,
-    finish_reason: str | None,
-    usage: Any,
-    model: str,
-    names: tuple[str, ...] | None,
-    parse: bool,
-) -> AIMessageChunk:
-    """The last chunk of a streamed answer (``chunk_position="last"``): usage, metadata,
-    and, unless the server streamed tool calls itself (``native``), the tool calls parsed
-    from the whole ``text``."""
-    chunks: list[ToolCallChunk] = []
-    if not native and parse:
-        chunks = [
-            tool_call_chunk(name=c["name"], args=json.dumps(c["args"]), id=c["id"], index=i)
-            for i, c in enumerate(_text_calls(text, names))
-        ]
-    finish = "tool_calls" if chunks or native else finish_reason
+def final_chunk(finish_reason: str | None, usage: Any, model: str) -> AIMessageChunk:
+    """The last chunk of a streamed answer (``chunk_position="last"``): usage and
+    metadata (the tool calls came in earlier chunks)."""
     return AIMessageChunk(
         content="",
-        tool_call_chunks=chunks,
         usage_metadata=usage_metadata(usage),
-        response_metadata=_metadata(model, finish, None),
+        response_metadata=_metadata(model, finish_reason, None),
         chunk_position="last",
     )

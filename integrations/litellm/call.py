@@ -21,6 +21,7 @@ __all__ = [
     "Piece",
     "ServerError",
     "TimedOut",
+    "ToolCall",
     "Unreachable",
     "Usage",
 ]
@@ -74,25 +75,45 @@ class Usage:
 
 
 @attrs.frozen
+class ToolCall:
+    """A tool call the server read from the model's answer: its place in the answer
+    (``index``), ``id``, the tool's ``name`` and ``arguments`` (JSON text; in a stream, a
+    fragment to append to the call of the same index)."""
+
+    index: int
+    id: str | None
+    name: str | None
+    arguments: str
+
+    def to_openai(self) -> dict[str, Any]:
+        """OpenAI's ``tool_calls`` entry (``index`` included, as streamed deltas carry)."""
+        function = {"name": self.name, "arguments": self.arguments}
+        return {"index": self.index, "id": self.id, "type": "function", "function": function}
+
+
+@attrs.frozen
 class Answer:
     """A whole answer. ``session_id``: the session the server ran it in (generated for a
-    one-call session); ``instance``: the serving instance, when known."""
+    one-call session); ``instance``: the serving instance, when known; ``tool_calls``: the
+    calls the server read from it (``finish_reason`` "tool_calls")."""
 
     text: str
     finish_reason: str
     usage: Usage | None
     session_id: str | None = None
     instance: str | None = None
+    tool_calls: tuple[ToolCall, ...] = ()
 
 
 @attrs.frozen
 class Piece:
-    """A piece of a streamed answer: text, then (last piece only) ``finish_reason`` and
-    ``usage``."""
+    """A piece of a streamed answer: text or tool calls, then (last piece only)
+    ``finish_reason`` and ``usage``."""
 
     text: str
     finish_reason: str | None = None
     usage: Usage | None = None
+    tool_calls: tuple[ToolCall, ...] = ()
 
 
 class CallError(Exception):

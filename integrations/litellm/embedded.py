@@ -26,7 +26,15 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import attrs
 from pydantic import ValidationError
 
-from integrations.litellm.call import Answer, Call, Piece, ServerError, TimedOut, Usage
+from integrations.litellm.call import (
+    Answer,
+    Call,
+    Piece,
+    ServerError,
+    TimedOut,
+    ToolCall,
+    Usage,
+)
 from talaria.errors import TalariaError
 from talaria.server import schemas
 from talaria.server.errors import HttpError, from_talaria, from_validation
@@ -83,7 +91,9 @@ def _chat_kwargs(call: Call) -> dict[str, Any]:
     return {
         "messages": request.api_messages(),
         "model": request.model,
-        "tools": request.api_tools(),
+        "tools": request.tools,
+        "tool_choice": request.tool_choice,
+        "parallel_tool_calls": request.parallel_tool_calls,
         "session_id": sid,
         "max_tokens": request.new_tokens(),
         "temperature": request.temperature,
@@ -207,6 +217,9 @@ class EmbeddedTalaria:
             usage=Usage(u.prompt_tokens, u.completion_tokens, u.cached_tokens),
             session_id=result.session_id,
             instance=result.instance,
+            tool_calls=tuple(
+                ToolCall(i, c.id, c.name, c.arguments) for i, c in enumerate(result.tool_calls)
+            ),
         )
 
     async def _pump(self, kwargs: dict[str, Any], put: Callable[[_Item], None]) -> None:
@@ -301,6 +314,12 @@ def _pieces(item: _Item) -> Iterator[Piece]:
     chunk: ChatChunk = item
     if chunk.text:
         yield Piece(chunk.text)
+    if chunk.tool_calls:
+        calls = tuple(
+            ToolCall(chunk.first_call + k, c.id, c.name, c.arguments)
+            for k, c in enumerate(chunk.tool_calls)
+        )
+        yield Piece("", tool_calls=calls)
     if chunk.finish_reason is not None:
         yield Piece("", chunk.finish_reason, _usage(chunk.usage))
 

@@ -25,6 +25,7 @@ from integrations.litellm.call import (
     Piece,
     ServerError,
     TimedOut,
+    ToolCall,
     Unreachable,
     Usage,
 )
@@ -126,21 +127,39 @@ def _answer(completion: ChatCompletion, headers: Any) -> Answer:
     if not completion.choices:
         raise ServerError(502, "the server answered without a choice", code="empty_answer")
     choice = completion.choices[0]
+    calls = tuple(
+        ToolCall(i, c.id, c.function.name, c.function.arguments)
+        for i, c in enumerate(choice.message.tool_calls or ())
+        if c.type == "function"
+    )
     return Answer(
         text=choice.message.content or "",
         finish_reason=choice.finish_reason or "stop",
         usage=_usage(completion.usage),
         session_id=headers.get("x-session-id"),
         instance=headers.get("x-talaria-instance"),
+        tool_calls=calls,
     )
 
 
 def _pieces(chunk: ChatCompletionChunk, finish: list[str | None]) -> Iterator[Piece]:
-    """Text pieces of one chunk; remembers the finish reason in ``finish[0]``; a usage
-    chunk (sent last) yields the final piece."""
+    """Text and tool call pieces of one chunk; remembers the finish reason in
+    ``finish[0]``; a usage chunk (sent last) yields the final piece."""
     for choice in chunk.choices[:1]:
         if choice.delta.content:
             yield Piece(choice.delta.content)
+        deltas = choice.delta.tool_calls or ()
+        calls = tuple(
+            ToolCall(
+                d.index,
+                d.id,
+                d.function.name if d.function else None,
+                (d.function.arguments if d.function else None) or "",
+            )
+            for d in deltas
+        )
+        if calls:
+            yield Piece("", tool_calls=calls)
         if choice.finish_reason:
             finish[0] = choice.finish_reason
     if chunk.usage is not None:

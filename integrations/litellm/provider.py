@@ -32,7 +32,6 @@ from litellm.types.utils import (
     ModelResponse,
 )
 
-from integrations import TextToolCall, parse_tool_calls, requested_tool_names, tool_calls_as_text
 from integrations.litellm.call import Answer, Call, CallError, Piece
 from integrations.litellm.embedded import DEFAULT_STARTUP_TIMEOUT_S, EmbeddedTalaria
 from integrations.litellm.errors import to_litellm_error
@@ -70,11 +69,9 @@ class TalariaLLM(CustomLLM):
     ``embedded_config``: what the embedded Talaria serves when a call has no ``api_base``
     (default ``TalariaConfig.default()``; ``startup_timeout_s`` bounds its loading).
     ``connect_timeout_s``: the longest wait for a connection, whatever the call's own
-    ``timeout`` (so an unreachable server fails fast). ``tool_calls_as_text``: write an
-    assistant message's ``tool_calls`` into its empty ``content`` (see
-    :func:`integrations.tool_calls_as_text`). ``parse_tool_calls``: when the call declares
-    ``tools``, read tool calls from the answer's text (:func:`integrations.parse_tool_calls`)
-    into ``message.tool_calls`` (``finish_reason`` "tool_calls").
+    ``timeout`` (so an unreachable server fails fast). Tool calls are the server's
+    (``message.tool_calls``, streamed as ``tool_use`` chunks): Talaria reads them from the
+    model's answer and renders those of the history for the model's chat template.
 
     The instance holds what it opened: HTTP clients per server, hint senders per server,
     the embedded Talaria, one gap predictor; :meth:`close` releases them.
@@ -86,8 +83,6 @@ class TalariaLLM(CustomLLM):
         embedded_config: TalariaConfig | None = None,
         connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
         startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S,
-        tool_calls_as_text: bool = True,
-        parse_tool_calls: bool = True,
     ) -> None:
         super().__init__()
         if not (isinstance(connect_timeout_s, (int, float)) and 0 < connect_timeout_s <= 600):
@@ -95,8 +90,6 @@ class TalariaLLM(CustomLLM):
         self.embedded_config = embedded_config
         self.connect_timeout_s = float(connect_timeout_s)
         self.startup_timeout_s = startup_timeout_s
-        self.tool_calls_as_text = tool_calls_as_text
-        self.parse_tool_calls = parse_tool_calls
         self._lock = threading.RLock()  # the maps below; never held while loading models
         self._start_lock = threading.Lock()  # one embedded start at a time
         self._http: dict[tuple[str, str | None], HttpBackend] = {}
@@ -223,12 +216,12 @@ class TalariaLLM(CustomLLM):
         client: Any = None,
     ) -> ModelResponse:
         """A whole answer (``litellm.completion``)."""
-        call, tools = self._call(model, messages, optional_params, litellm_params, headers, timeout)
+        call = self._call(model, messages, optional_params, litellm_params, headers, timeout)
         try:
             answer = self._backend(api_base, api_key).chat(call)
         except CallError as exc:
             raise to_litellm_error(exc, model, PROVIDER) from exc
-        return self._response(model_response, model, answer, tools)
+        return self._response(model_response, model, answer)
 
     def streaming(
         self,
@@ -251,12 +244,12 @@ class TalariaLLM(CustomLLM):
     ) -> Iterator[GenericStreamingChunk]:
         """The answer as LiteLLM's generic chunks (``litellm.completion(stream=True)``).
         The call starts here, so an error answer raises from ``litellm.completion``."""
-        call, tools = self._call(model, messages, optional_params, litellm_params, headers, timeout)
+        call = self._call(model, messages, optional_params, litellm_params, headers, timeout)
         try:
             pieces = self._backend(api_base, api_key).stream(call)
         except CallError as exc:
             raise to_litellm_error(exc, model, PROVIDER) from exc
-        return _generic_chunks(pieces, tools, model, self.parse_tool_calls)
+        return _generic_chunks(pieces, model)
 
     async def acompletion(
         self,
@@ -278,13 +271,13 @@ class TalariaLLM(CustomLLM):
         client: Any = None,
     ) -> ModelResponse:
         """A whole answer (``litellm.acompletion``), on the caller's event loop."""
-        call, tools = self._call(model, messages, optional_params, litellm_params, headers, timeout)
+        call = self._call(model, messages, optional_params, litellm_params, headers, timeout)
         try:
             backend = await self._abackend(api_base, api_key)
             answer = await backend.achat(call)
         except CallError as exc:
             raise to_litellm_error(exc, model, PROVIDER) from exc
-        return self._response(model_response, model, answer, tools)
+        return self._response(model_response, model, answer)
 
     def astreaming(  # type: ignore[override,misc]  # LiteLLM only iterates the result
         self,
@@ -315,26 +308,24 @@ class TalariaLLM(CustomLLM):
         first chunk as its ``MidStreamFallbackError``, holding ours as
         ``original_exception``).
         """
-        call, tools = self._call(model, messages, optional_params, litellm_params, headers, timeout)
-        parse = self.parse_tool_calls
+        call = self._call(model, messages, optional_params, litellm_params, headers, timeout)
         if running_loop_or_none() is not None:
-            return self._astream_lazy(call, tools, model, api_base, api_key)
+            return self._astream_lazy(call, model, api_base, api_key)
         try:
             pieces = self._backend(api_base, api_key).stream(call)
         except CallError as exc:
             raise to_litellm_error(exc, model, PROVIDER) from exc
-        return _agenerics(_in_threads(pieces), tools, model, parse)
+        return _agenerics(_in_threads(pieces), model)
 
     async def _astream_lazy(
         self,
         call: Call,
-        tools: tuple[str, ...] | None,
         model: str,
         api_base: str | None,
         api_key: str | None,
     ) -> AsyncIterator[GenericStreamingChunk]:
         backend = await self._abackend(api_base, api_key)
-        async for chunk in _agenerics(backend.astream(call), tools, model, self.parse_tool_calls):
+        async for chunk in _agenerics(backend.astream(call), model):
             yield chunk
 
     # ------------------------------------------------------------------ helpers
@@ -346,8 +337,8 @@ class TalariaLLM(CustomLLM):
         litellm_params: Mapping[str, Any] | None,
         headers: Mapping[str, str] | None,
         timeout: float | httpx.Timeout | None,
-    ) -> tuple[Call, tuple[str, ...] | None]:
-        """The backend call, and the declared tool names (None: no tools)."""
+    ) -> Call:
+        """The backend call."""
         params = dict(optional_params or {})
         n = params.get("n")
         if n is not None and n != 1:  # one choice comes back through this provider
@@ -363,11 +354,8 @@ class TalariaLLM(CustomLLM):
         body = {k: v for k, v in params.items() if k not in _NOT_FORWARDED and v is not None}
         body.update({k: v for k, v in extra.items() if k != "session_id"})
         plain = [_plain_message(m) for m in messages]
-        if self.tool_calls_as_text:
-            plain = tool_calls_as_text(plain)
         total, connect = self._timeouts(timeout)
-        call = Call(model, plain, body, session_id, hdrs, total, connect)
-        return call, requested_tool_names(body)
+        return Call(model, plain, body, session_id, hdrs, total, connect)
 
     def _timeouts(self, timeout: float | httpx.Timeout | None) -> tuple[float, float]:
         total: float | None = None
@@ -386,27 +374,23 @@ class TalariaLLM(CustomLLM):
         response: ModelResponse,
         model: str,
         answer: Answer,
-        tools: tuple[str, ...] | None,
     ) -> ModelResponse:
         """Fill LiteLLM's ``model_response`` with ``answer``."""
         choice = response.choices[0]
         if not isinstance(choice, Choices):
             raise TypeError(f"LiteLLM passed a {type(choice).__name__} to fill, not Choices")
         message = choice.message
-        message.content = answer.text
-        finish = answer.finish_reason
-        calls = _parsed(answer.text, tools) if self.parse_tool_calls else ()
-        if calls:
+        message.content = answer.text or (None if answer.tool_calls else "")
+        if answer.tool_calls:
             message.tool_calls = [
                 ChatCompletionMessageToolCall(
-                    function=Function(name=c.name, arguments=c.arguments_json()),
+                    function=Function(name=c.name, arguments=c.arguments),
                     id=c.id,
                     type="function",
                 )
-                for c in calls
+                for c in answer.tool_calls
             ]
-            finish = "tool_calls"
-        choice.finish_reason = finish  # type: ignore[assignment]  # LiteLLM's Literal; ours are OpenAI's
+        choice.finish_reason = answer.finish_reason  # type: ignore[assignment]  # LiteLLM's Literal; ours are OpenAI's
         response.model = model
         response.created = int(time.time())
         if answer.usage is not None:
@@ -476,10 +460,6 @@ def _session_and_headers(
     return session_id_from_litellm({"litellm_params": litellm_params or {}}), hdrs
 
 
-def _parsed(text: str, tools: tuple[str, ...] | None) -> tuple[TextToolCall, ...]:
-    return () if not tools else parse_tool_calls(text, tools)
-
-
 def _generic(
     text: str = "",
     *,
@@ -498,33 +478,23 @@ def _generic(
     return chunk  # type: ignore[return-value]  # the TypedDict, built as a dict
 
 
-def _chunks_of(
-    piece: Piece, collected: list[str], tools: tuple[str, ...] | None, parse: bool
-) -> Iterator[GenericStreamingChunk]:
-    """Generic chunks for one piece; the final piece first yields parsed tool calls."""
+def _chunks_of(piece: Piece) -> Iterator[GenericStreamingChunk]:
+    """Generic chunks for one piece: its text, each tool call, then the finish."""
     if piece.text:
-        if tools:
-            collected.append(piece.text)
         yield _generic(piece.text)
-    if piece.finish_reason is None:
-        return
-    finish = piece.finish_reason
-    calls = _parsed("".join(collected), tools) if parse else ()
-    for i, c in enumerate(calls):
-        function = {"name": c.name, "arguments": c.arguments_json()}
-        yield _generic(tool_use={"id": c.id, "type": "function", "function": function, "index": i})
-        finish = "tool_calls"
-    usage = piece.usage.to_openai() if piece.usage is not None else None
-    yield _generic(finish_reason=finish, usage=usage)
+    for call in piece.tool_calls:
+        yield _generic(tool_use=call.to_openai())
+    if piece.finish_reason is not None:
+        usage = piece.usage.to_openai() if piece.usage is not None else None
+        yield _generic(finish_reason=piece.finish_reason, usage=usage)
 
 
 async def _agenerics(
-    pieces: AsyncIterator[Piece], tools: tuple[str, ...] | None, model: str, parse: bool
+    pieces: AsyncIterator[Piece], model: str
 ) -> AsyncIterator[GenericStreamingChunk]:
-    collected: list[str] = []
     try:
         async for piece in pieces:
-            for chunk in _chunks_of(piece, collected, tools, parse):
+            for chunk in _chunks_of(piece):
                 yield chunk
     except CallError as exc:
         raise to_litellm_error(exc, model, PROVIDER) from exc
@@ -574,13 +544,10 @@ async def _in_threads(pieces: Iterator[Piece]) -> AsyncIterator[Piece]:
         stop.set()
 
 
-def _generic_chunks(
-    pieces: Iterator[Piece], tools: tuple[str, ...] | None, model: str, parse: bool
-) -> Iterator[GenericStreamingChunk]:
-    collected: list[str] = []
+def _generic_chunks(pieces: Iterator[Piece], model: str) -> Iterator[GenericStreamingChunk]:
     try:
         for piece in pieces:
-            yield from _chunks_of(piece, collected, tools, parse)
+            yield from _chunks_of(piece)
     except CallError as exc:
         raise to_litellm_error(exc, model, PROVIDER) from exc
     finally:

@@ -16,8 +16,9 @@
 Calls without a session id are one-call sessions: they end when they return.
 
 The package: ``config`` (``TalariaConfig`` and its TOML form), ``results`` (what calls
-return), ``tenants`` (per-tenant session scoping), ``talaria`` (the async API), ``stats``
-(the ``Talaria.stats()`` snapshot) and ``sync`` (``SyncTalaria``).
+return), ``tool_choice`` and ``tool_parsers`` (a request's tools shown to the model and its
+calls read from the answer), ``tenants`` (per-tenant session scoping), ``talaria`` (the
+async API), ``stats`` (the ``Talaria.stats()`` snapshot) and ``sync`` (``SyncTalaria``).
 """
 
 from talaria.api.config import DEFAULT_MAX_TOKENS, TalariaConfig
@@ -28,6 +29,7 @@ from talaria.api.results import (
     Logprob,
     ModelInfo,
     Tokenized,
+    ToolCall,
     TopLogprob,
     Usage,
 )
@@ -49,6 +51,7 @@ __all__ = [
     "Talaria",
     "TalariaConfig",
     "Tokenized",
+    "ToolCall",
     "TopLogprob",
     "Usage",
     "scoped_session_id",

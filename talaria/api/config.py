@@ -17,6 +17,7 @@ import attrs
 import torch
 
 from talaria.api.tenants import DEFAULT_TENANT
+from talaria.api.tool_parsers import ToolFormat
 from talaria.config import InstanceSpec, PolicyConfig
 from talaria.engine.catalog import DEFAULT_MODELS, ENTRIES
 from talaria.errors import ConfigError
@@ -88,6 +89,9 @@ class TalariaConfig:
     session_idle_s: float = attrs.field(default=600.0, validator=_positive)
     shutdown_grace_s: float = attrs.field(default=30.0, validator=_positive)
     default_max_tokens: int = attrs.field(default=DEFAULT_MAX_TOKENS, validator=_positive)
+    # model -> how it writes tool calls (a talaria.api.tool_parsers.ToolFormat value, a TOML
+    # [tool_parsers] table); a model not listed gets the format its chat template teaches
+    tool_parsers: Mapping[str, str] = attrs.field(factory=dict, converter=dict)
 
     def __attrs_post_init__(self) -> None:
         if self.dtype not in _DTYPES:
@@ -105,6 +109,13 @@ class TalariaConfig:
                 raise ConfigError(
                     f"tenants maps API keys to tenant names of 1 to 64 printable characters "
                     f"(not {DEFAULT_TENANT!r}); got {name!r}"
+                )
+        formats = sorted(f.value for f in ToolFormat)
+        for model, fmt in self.tool_parsers.items():
+            if model not in self.models or fmt not in formats:
+                raise ConfigError(
+                    f"tool_parsers maps served models ({', '.join(self.models)}) to one of "
+                    f"{formats}; got {model!r} = {fmt!r}"
                 )
         self.policy_config()  # unknown policy or knob
 

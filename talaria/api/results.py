@@ -1,7 +1,7 @@
 """What the in-process API returns: answers (``ChatResult``, one ``Choice`` per sample),
 streamed pieces (``ChatChunk``), their token counts (``Usage``), per-token log-probabilities
 (``Logprob``, ``TopLogprob``), tokenizations (``Tokenized``) and served models
-(``ModelInfo``).
+(``ModelInfo``), and the tool calls models write (``ToolCall``).
 
 Plain frozen data made by ``talaria.api.talaria.Talaria``; the HTTP server reads them through
 the protocols in ``talaria.server.schemas``.
@@ -55,10 +55,23 @@ class Logprob:
 
 
 @attrs.frozen
+class ToolCall:
+    """A call of one of the request's tools that the model wrote (``talaria.api.tool_parsers``
+    read it): an id (``call_`` + 24 hex digits), the tool's ``name`` and its ``arguments``
+    as the JSON text of an object (OpenAI's ``function.arguments``)."""
+
+    id: str
+    name: str
+    arguments: str
+
+
+@attrs.frozen
 class Choice:
     """One sample of an answer (``n`` > 1 gives several). ``usage`` is its own: its prompt
     and cached tokens (choices after the first find the prompt's full blocks cached) and its
-    completion tokens. ``logprobs`` is None unless asked for, else one per generated id."""
+    completion tokens. ``logprobs`` is None unless asked for, else one per generated id.
+    With tools, ``text`` is the answer's content without its tool calls, which are in
+    ``tool_calls`` (``finish_reason`` "tool_calls"); ``token_ids`` are all generated ids."""
 
     index: int
     text: str
@@ -66,13 +79,15 @@ class Choice:
     token_ids: tuple[int, ...]
     usage: Usage
     logprobs: tuple[Logprob, ...] | None = None
+    tool_calls: tuple[ToolCall, ...] = ()
 
 
 @attrs.frozen
 class ChatResult:
     """A whole answer. ``finish_reason`` is "stop" (end token or stop string) or "length".
     The top-level ``text``, ``finish_reason``, ``token_ids`` and ``logprobs`` are the first
-    choice's; ``choices`` holds every choice (one unless ``n`` > 1); ``usage`` counts the
+    choice's, and so are ``tool_calls`` (``finish_reason`` "tool_calls" when there are
+    some); ``choices`` holds every choice (one unless ``n`` > 1); ``usage`` counts the
     request (``Usage.of_choices``)."""
 
     id: str
@@ -87,6 +102,7 @@ class ChatResult:
     ttft_s: float = 0.0
     choices: tuple[Choice, ...] = ()
     logprobs: tuple[Logprob, ...] | None = None
+    tool_calls: tuple[ToolCall, ...] = ()
 
 
 @attrs.frozen
@@ -94,7 +110,9 @@ class ChatChunk:
     """A piece of a streamed answer; ``finish_reason`` and ``usage`` only on the last of its
     choice (``index``; with ``n`` > 1 the choices' chunks interleave and each last chunk
     carries that choice's own usage). ``logprobs`` (when asked for) has one entry per id of
-    ``token_ids``."""
+    ``token_ids``. With tools, ``text`` is content only and a chunk may carry tool calls
+    instead (each whole, once the model closed it), numbered within the choice from
+    ``first_call``."""
 
     id: str
     model: str
@@ -107,6 +125,8 @@ class ChatChunk:
     token_ids: tuple[int, ...] = ()
     logprobs: tuple[Logprob, ...] | None = None
     index: int = 0
+    tool_calls: tuple[ToolCall, ...] = ()
+    first_call: int = 0
 
 
 @attrs.frozen

@@ -34,6 +34,8 @@ from talaria.api.results import (
 )
 from talaria.api.stats import snapshot
 from talaria.api.tenants import DEFAULT_TENANT, scoped_session_id
+from talaria.api.tool_choice import AnswerReader, ToolPlan, plan_tools, render_messages
+from talaria.api.tool_parsers import ToolFormat, format_for_template
 from talaria.backends.embedded import EmbeddedCluster, build_embedded_cluster
 from talaria.engine.sampling import SamplingParams, StopChecker
 from talaria.engine.tokenizer import Tokenizer
@@ -57,6 +59,7 @@ class _Prepared:
     tokenizer: Tokenizer
     tenant: str
     id_prefix: str = "chatcmpl"  # OpenAI's: "chatcmpl" for chats, "cmpl" for completions
+    tools: ToolPlan | None = None  # how the answer's tool calls are read (None: no tools)
 
     @property
     def scoped_id(self) -> str:
@@ -175,6 +178,7 @@ class Talaria:
         max_tokens: int | None,
         sampling: Mapping[str, Any],
         tenant: str,
+        tools: ToolPlan | None = None,
     ) -> _Prepared:
         tok = self._tokenizer(model)
         ids = tok.encode(text, add_special_tokens=False)
@@ -183,12 +187,17 @@ class Talaria:
         limit = self._require_cluster().archs[model].max_context - len(ids)
         if max_tokens is None:
             max_tokens = max(1, min(self._config.default_max_tokens, limit))
+        end = tools.stop if tools is not None else None
+        if end is not None:  # the forced call ends the answer (see ToolPlan.stop)
+            given = sampling.get("stop")
+            stops = [given] if isinstance(given, str) else list(given or ())
+            sampling = {**sampling, "stop": [*stops, end] if end not in stops else stops}
         params = SamplingParams(max_tokens=max_tokens, **sampling)
         one_shot = session_id is None
         sid = session_id if session_id is not None else f"call-{uuid.uuid4().hex}"
         if not sid or len(sid) > 256:
             raise BadRequest("session_id must be a non-empty string of at most 256 characters")
-        return _Prepared(sid, one_shot, model, TokenSeq(ids), params, tok, tenant)
+        return _Prepared(sid, one_shot, model, TokenSeq(ids), params, tok, tenant, tools=tools)
 
     async def _events(self, p: _Prepared) -> AsyncGenerator[tuple[str, Delta | Finished]]:
         """Run one prepared call; yields (instance, event): deltas then one ``Finished``;
@@ -224,18 +233,37 @@ class Talaria:
                 if p.one_shot and p.scoped_id in live.sessions:
                     live.event(p.scoped_id, EventKind.END)
 
+    def _tool_format(self, model: str) -> ToolFormat:
+        """How ``model`` writes tool calls: the config's ``tool_parsers`` entry, else what its
+        chat template teaches."""
+        named = self._config.tool_parsers.get(model)
+        if named is not None:
+            return ToolFormat(named)
+        return format_for_template(self._tokenizer(model).chat_template)
+
     def _chat_text(
         self,
         model: str,
         messages: Sequence[Mapping[str, Any]],
-        tools: Any,
+        tools: object,
         add_generation_prompt: bool = True,
-    ) -> str:
+        tool_choice: object = None,
+        parallel_tool_calls: object = None,
+    ) -> tuple[str, ToolPlan | None]:
+        """The prompt of a conversation (``talaria.api.tool_choice`` prepares its messages
+        and plans how the answer's tool calls are read) and that plan. BadRequest for bad
+        messages or tool fields."""
         if not isinstance(messages, Sequence) or isinstance(messages, str) or not messages:
             raise BadRequest("messages must be a non-empty list of {role, content} objects")
-        return self._tokenizer(model).apply_chat_template(
-            messages, add_generation_prompt, tools=tools
-        )
+        tok = self._tokenizer(model)
+        fmt = self._tool_format(model)
+        plan = plan_tools(tools, tool_choice, parallel_tool_calls, fmt)
+        shown = list(plan.tools) if plan is not None else None
+        rendered = render_messages(messages, tok.chat_template, fmt, shown)
+        text = tok.apply_chat_template(rendered, add_generation_prompt, tools=shown)
+        if plan is not None and add_generation_prompt:
+            text += plan.opening
+        return text, plan
 
     def tokenize(
         self,
@@ -256,7 +284,7 @@ class Talaria:
             raise BadRequest("send exactly one of prompt (a text) and messages (a conversation)")
         tok = self._tokenizer(model)
         if messages is not None:
-            text = self._chat_text(model, messages, tools, add_generation_prompt)
+            text, _ = self._chat_text(model, messages, tools, add_generation_prompt)
             special = bool(add_special_tokens)
         else:
             if not isinstance(prompt, str):
@@ -285,15 +313,21 @@ class Talaria:
         max_tokens: int | None = None,
         tenant: str = "default",
         tools: Sequence[Mapping[str, Any]] | None = None,
+        tool_choice: str | Mapping[str, Any] | None = None,
+        parallel_tool_calls: bool | None = None,
         n: int = 1,
         **sampling: Any,
     ) -> ChatResult:
         """Answer a conversation (OpenAI message dicts). ``sampling``: temperature, top_p,
         top_k, seed, stop, stop_token_ids, ignore_eos, min_tokens, repetition_penalty,
         presence_penalty, frequency_penalty, logprobs (see ``SamplingParams``). ``n`` > 1
-        draws that many choices of the same prompt (see :meth:`_choices`)."""
-        text = self._chat_text(model, messages, tools)
-        p = self._prepare(model, session_id, text, max_tokens, sampling, tenant)
+        draws that many choices of the same prompt (see :meth:`_choices`). ``tools``,
+        ``tool_choice`` and ``parallel_tool_calls`` as OpenAI's (see
+        ``talaria.api.tool_choice``): the answer's calls come back in ``tool_calls``."""
+        text, plan = self._chat_text(
+            model, messages, tools, tool_choice=tool_choice, parallel_tool_calls=parallel_tool_calls
+        )
+        p = self._prepare(model, session_id, text, max_tokens, sampling, tenant, plan)
         return await self._whole(self._choices(p, n))
 
     def chat_stream(
@@ -305,14 +339,18 @@ class Talaria:
         max_tokens: int | None = None,
         tenant: str = "default",
         tools: Sequence[Mapping[str, Any]] | None = None,
+        tool_choice: str | Mapping[str, Any] | None = None,
+        parallel_tool_calls: bool | None = None,
         n: int = 1,
         **sampling: Any,
     ) -> AsyncIterator[ChatChunk]:
-        """Like ``chat``, as chunks of text. Input errors raise here, before iteration.
-        A consumer that stops early should close the iterator (``contextlib.aclosing``):
-        that cancels the call and frees its KV at once."""
-        text = self._chat_text(model, messages, tools)
-        p = self._prepare(model, session_id, text, max_tokens, sampling, tenant)
+        """Like ``chat``, as chunks of text (and of whole tool calls). Input errors raise
+        here, before iteration. A consumer that stops early should close the iterator
+        (``contextlib.aclosing``): that cancels the call and frees its KV at once."""
+        text, plan = self._chat_text(
+            model, messages, tools, tool_choice=tool_choice, parallel_tool_calls=parallel_tool_calls
+        )
+        p = self._prepare(model, session_id, text, max_tokens, sampling, tenant, plan)
         return self._chunks(self._choices(p, n))
 
     async def complete(
@@ -456,13 +494,21 @@ class Talaria:
                     continue
                 usage = Usage(ev.prompt_tokens, ev.completion_tokens, ev.cached_tokens)
                 asked = ps[i].params.logprobs is not None
+                reader = AnswerReader(p.tools)
+                head = reader.feed("".join(text[i]))
+                tail, reason = reader.finish(ev.finish_reason)
+                content = head.content + tail.content
+                calls = head.calls + tail.calls
+                if calls:
+                    content = content.strip()
                 choices[i] = Choice(
                     i,
-                    "".join(text[i]),
-                    ev.finish_reason,
+                    content,
+                    reason,
                     tuple(ids[i]),
                     usage,
                     tuple(logprobs[i]) if asked else None,
+                    calls,
                 )
                 if i == 0:
                     first, instance = ev, inst
@@ -483,27 +529,56 @@ class Talaria:
             first.ttft_s,
             ordered,
             c0.logprobs,
+            c0.tool_calls,
         )
 
     async def _chunks(self, ps: list[_Prepared]) -> AsyncIterator[ChatChunk]:
         p = ps[0]
-        cid = f"{p.id_prefix}-{uuid.uuid4().hex}"
-        created = int(time.time())
-        sid = p.session_id
         asked = p.params.logprobs is not None
+        base = ChatChunk(
+            f"{p.id_prefix}-{uuid.uuid4().hex}",
+            p.model,
+            "",
+            None,
+            None,
+            "",
+            p.session_id,
+            int(time.time()),
+        )
+        readers = [AnswerReader(p.tools) for _ in ps]
         async with aclosing(self._merged(ps)) as events:
             async for i, inst, ev in events:
+                reader, first_call = readers[i], readers[i].calls_made
                 if isinstance(ev, Delta):
+                    piece = reader.feed(ev.text)
                     lps = self._logprobs(p, ev.logprobs) if asked else None
-                    yield ChatChunk(
-                        cid, p.model, ev.text, None, None, inst, sid, created, ev.token_ids, lps, i
+                    yield attrs.evolve(
+                        base,
+                        text=piece.content,
+                        instance=inst,
+                        token_ids=ev.token_ids,
+                        logprobs=lps,
+                        index=i,
+                        tool_calls=piece.calls,
+                        first_call=first_call,
                     )
-                else:
-                    usage = Usage(ev.prompt_tokens, ev.completion_tokens, ev.cached_tokens)
-                    lps = () if asked else None
-                    yield ChatChunk(
-                        cid, p.model, "", ev.finish_reason, usage, inst, sid, created, (), lps, i
+                    continue
+                piece, reason = reader.finish(ev.finish_reason)
+                lps = () if asked else None
+                if piece:
+                    yield attrs.evolve(
+                        base,
+                        text=piece.content,
+                        instance=inst,
+                        logprobs=lps,
+                        index=i,
+                        tool_calls=piece.calls,
+                        first_call=first_call,
                     )
+                usage = Usage(ev.prompt_tokens, ev.completion_tokens, ev.cached_tokens)
+                yield attrs.evolve(
+                    base, finish_reason=reason, usage=usage, instance=inst, logprobs=lps, index=i
+                )
 
     # ------------------------------------------------------------------ sessions
     async def event(

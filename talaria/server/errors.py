@@ -102,12 +102,12 @@ def internal(exc: BaseException) -> HttpError:
 def from_talaria(exc: TalariaError) -> HttpError:
     """Map a typed Talaria error to its HTTP answer (``exc.http_status``, ``exc.code``).
 
-    Messages of 4xx and 503 errors are written for users and pass through; any other 5xx is
-    treated as :func:`internal` (logged, not echoed).
+    Messages of 4xx and 503 errors, and of errors marked ``public``, are written for users
+    and pass through; any other 5xx is treated as :func:`internal` (logged, not echoed).
     """
     status = int(getattr(exc, "http_status", 500))
     code = str(getattr(exc, "code", "internal_error"))
-    if status >= 500 and status != 503:
+    if status >= 500 and status != 503 and not exc.public:
         return internal(exc)
     message = str(exc) or (type(exc).__doc__ or type(exc).__name__).strip()
     param: str | None = None

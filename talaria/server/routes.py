@@ -69,7 +69,14 @@ async def _chat_completions(request: Request) -> Response:
     ctx = _ctx(request)
 
     def open_stream() -> AsyncIterator[s.ChunkLike]:
-        return ctx.backend.chat_stream(messages, body.model, tools=body.api_tools(), **args)
+        return ctx.backend.chat_stream(
+            messages,
+            body.model,
+            tools=body.tools,
+            tool_choice=body.tool_choice,
+            parallel_tool_calls=body.parallel_tool_calls,
+            **args,
+        )
 
     return await _answer(request, open_stream, chat=True, body=body)
 
@@ -328,6 +335,7 @@ async def _collect(first: s.ChunkLike, stream: AsyncIterator[s.ChunkLike], n: in
     """Join the chunks of an answer's ``n`` choices (closing the stream); a stream that ends
     before a choice's ``finish_reason`` came is taken as finished with ``stop`` there."""
     texts: list[list[str]] = [[] for _ in range(n)]
+    calls: list[list[s.ToolCallLike]] = [[] for _ in range(n)]
     logprobs: list[list[s.LogprobLike] | None] = [None] * n
     finish: dict[int, str] = {}
     usages: dict[int, s.UsageLike] = {}
@@ -336,6 +344,7 @@ async def _collect(first: s.ChunkLike, stream: AsyncIterator[s.ChunkLike], n: in
         while chunk is not None:
             i = chunk.index
             texts[i].append(chunk.text)
+            calls[i].extend(chunk.tool_calls)
             if chunk.logprobs is not None:
                 logprobs[i] = (logprobs[i] or []) + list(chunk.logprobs)
             if chunk.finish_reason is not None:
@@ -348,7 +357,13 @@ async def _collect(first: s.ChunkLike, stream: AsyncIterator[s.ChunkLike], n: in
     finally:
         await streaming.close(stream)
     choices = tuple(
-        s.AnswerChoice(i, "".join(texts[i]), finish.get(i, "stop"), _tuple_or_none(logprobs[i]))
+        s.AnswerChoice(
+            i,
+            "".join(texts[i]).strip() if calls[i] else "".join(texts[i]),
+            finish.get(i, "stop"),
+            _tuple_or_none(logprobs[i]),
+            tuple(calls[i]),
+        )
         for i in range(n)
     )
     usage = s.total_usage([usages[i] for i in range(n)]) if len(usages) == n else None

@@ -9,7 +9,9 @@ Which fields do what, on chat and text completions:
   ``seed``, ``stop``, ``stream`` / ``stream_options.include_usage``, ``n`` (up to
   :data:`MAX_N` choices; the session continues from choice 0), ``presence_penalty``,
   ``frequency_penalty``, ``logprobs`` / ``top_logprobs`` (chat) and ``logprobs: int`` (text
-  completions), ``tools``, ``user`` (logged); vLLM's ``top_k``, ``min_tokens``,
+  completions), ``tools`` / ``tool_choice`` / ``parallel_tool_calls`` (calls in
+  ``message.tool_calls``, see ``talaria.api.tool_choice``), ``user`` (logged); vLLM's
+  ``top_k``, ``min_tokens``,
   ``ignore_eos``, ``repetition_penalty``, ``stop_token_ids`` and ``session_id``.
 - known but not honoured: the fields of :data:`UNHONOURED` (OpenAI's and vLLM's), and
   ``logit_bias``, ``response_format`` other than ``text`` (JSON mode needs decoding
@@ -267,9 +269,9 @@ class SamplingFields(StrictModel):
 
 
 class ChatCompletionRequest(SamplingFields):
-    """``POST /v1/chat/completions``. ``tools`` go to the model's chat template (unless
-    ``tool_choice`` is ``"none"``); other ``tool_choice`` values are accepted but not
-    enforced, and tool calls come back as text."""
+    """``POST /v1/chat/completions``. ``tools``, ``tool_choice`` and
+    ``parallel_tool_calls`` go to the in-process API, which shows the tools to the model
+    and reads its calls into ``message.tool_calls`` (``talaria.api.tool_choice``)."""
 
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
@@ -310,10 +312,6 @@ class ChatCompletionRequest(SamplingFields):
 
     def top_logprobs_asked(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None
-
-    def api_tools(self) -> list[dict[str, Any]] | None:
-        """Tool definitions for the chat template, or None."""
-        return None if self.tool_choice == "none" or not self.tools else self.tools
 
     def api_messages(self) -> list[dict[str, Any]]:
         """Messages as plain dicts for the in-process API."""
@@ -497,6 +495,7 @@ class AnswerChoice:
     text: str
     finish_reason: str
     logprobs: tuple[LogprobLike, ...] | None = None
+    tool_calls: tuple[ToolCallLike, ...] = ()
 
 
 @attrs.frozen
@@ -524,6 +523,32 @@ def usage_dict(usage: UsageLike | None) -> dict[str, Any] | None:
     }
 
 
+def tool_call_dict(call: ToolCallLike, index: int | None = None) -> dict[str, Any]:
+    """OpenAI's form of a tool call; with ``index`` (its place in the choice), the streamed
+    ``delta.tool_calls`` entry (sent whole: id, name and all the arguments at once)."""
+    out: dict[str, Any] = {} if index is None else {"index": index}
+    out.update(
+        {
+            "id": call.id,
+            "type": "function",
+            "function": {"name": call.name, "arguments": call.arguments},
+        }
+    )
+    return out
+
+
+def chat_message(choice: AnswerChoice) -> dict[str, Any]:
+    """The assistant ``message`` of a choice: ``content`` null when the answer only calls
+    tools, ``tool_calls`` present when it calls some."""
+    if not choice.tool_calls:
+        return {"role": "assistant", "content": choice.text}
+    return {
+        "role": "assistant",
+        "content": choice.text or None,
+        "tool_calls": [tool_call_dict(c) for c in choice.tool_calls],
+    }
+
+
 def chat_completion(a: Answer) -> dict[str, Any]:
     """A ``chat.completion`` object."""
     return {
@@ -534,7 +559,7 @@ def chat_completion(a: Answer) -> dict[str, Any]:
         "choices": [
             {
                 "index": c.index,
-                "message": {"role": "assistant", "content": c.text},
+                "message": chat_message(c),
                 "logprobs": chat_logprobs(c.logprobs),
                 "finish_reason": c.finish_reason,
             }
@@ -645,10 +670,22 @@ def model_card(name: str, context_length: int, source: str, created: int) -> dic
 # --- what the server needs from the in-process API (``talaria.api.Talaria``) -----------------
 
 
+class ToolCallLike(Protocol):
+    """A tool call the model wrote (``talaria.api.ToolCall``); ``arguments`` is JSON text."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def arguments(self) -> str: ...
+
+
 class ChunkLike(Protocol):
     """One streamed piece of an answer (``talaria.api.ChatChunk``): ``finish_reason`` and
     ``usage`` are set on the last chunk of each choice (``index``; ``n`` > 1 interleaves
-    them) only; ``logprobs`` (None unless asked for) has one entry per token of the chunk."""
+    them) only; ``logprobs`` (None unless asked for) has one entry per token of the chunk;
+    ``tool_calls`` are whole calls, numbered within the choice from ``first_call``."""
 
     @property
     def id(self) -> str: ...
@@ -670,6 +707,10 @@ class ChunkLike(Protocol):
     def index(self) -> int: ...
     @property
     def logprobs(self) -> Sequence[LogprobLike] | None: ...
+    @property
+    def tool_calls(self) -> Sequence[ToolCallLike]: ...
+    @property
+    def first_call(self) -> int: ...
 
 
 class TokenizedLike(Protocol):
@@ -733,6 +774,8 @@ class Backend(Protocol):
         n: int = ...,
         tenant: str = ...,
         tools: Sequence[Mapping[str, Any]] | None = ...,
+        tool_choice: str | Mapping[str, Any] | None = ...,
+        parallel_tool_calls: bool | None = ...,
     ) -> AsyncIterator[ChunkLike]: ...
 
     def complete_stream(

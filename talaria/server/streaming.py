@@ -35,7 +35,8 @@ async def sse(
     n: int = 1,
 ) -> AsyncIterator[bytes]:
     """Server-sent events of one answer of ``n`` choices: (chat) a role chunk per choice,
-    content chunks (with their tokens' ``logprobs`` when asked for), a chunk with
+    content chunks (with their tokens' ``logprobs`` when asked for), a ``tool_calls`` delta
+    per batch of whole tool calls, a chunk with
     ``finish_reason`` per choice, a usage chunk if asked (the request's, see
     ``schemas.total_usage``), then ``data: [DONE]``. An error after the stream began is sent
     as an ``{"error": ...}`` event followed by ``[DONE]``. Records the outcome (200, the
@@ -54,6 +55,10 @@ async def sse(
             if chat and (chunk.text or chunk.logprobs):
                 lps = s.chat_logprobs(chunk.logprobs)
                 yield _data(s.chat_chunk(head, {"content": chunk.text}, None, i, lps))
+            if chat and chunk.tool_calls:
+                base = chunk.first_call
+                calls = [s.tool_call_dict(c, base + k) for k, c in enumerate(chunk.tool_calls)]
+                yield _data(s.chat_chunk(head, {"tool_calls": calls}, None, i))
             elif not chat and (chunk.text or chunk.logprobs or done):
                 lps = s.text_logprobs(chunk.logprobs, offsets[i])
                 offsets[i] += sum(len(e.token) for e in chunk.logprobs or ())

@@ -38,23 +38,26 @@ from langchain_core.outputs import ChatGeneration, LLMResult
 from langchain_core.runnables import RunnableConfig, RunnableLambda
 from langchain_core.tools import tool
 
-from integrations import parse_tool_calls, render_tool_calls, tool_calls_as_text
 from integrations.langchain import ChatTalaria, TalariaCallbackHandler
 from integrations.langchain.chat_model import SESSION_KWARG, _session_id
 from talaria.session import HintSender
 from tests.integrations.live_server import MODEL, Served
 
-SYSTEM = (
-    "You can call one tool, run_shell(command: string), which runs a shell command. To call "
-    'it, reply with only: <tool_call>{"name": "run_shell", "arguments": {"command": '
-    '"<command>"}}</tool_call>'
-)
-EXAMPLE = [
+SYSTEM = "You are a shell assistant: you answer by running commands."
+EXAMPLE = [  # two earlier turns: the server renders their calls for SmolLM2's template
     HumanMessage("Show the date."),
-    AIMessage('<tool_call>{"name": "run_shell", "arguments": {"command": "date"}}</tool_call>'),
+    AIMessage("", tool_calls=[tool_call(name="run_shell", args={"command": "date"}, id="ex-1")]),
+    ToolMessage("$ date\nMon Dec  1 10:00:00 UTC 2026", tool_call_id="ex-1"),
+    AIMessage("It is Monday, December 1."),
+    HumanMessage("Say hello."),
+    AIMessage(
+        "", tool_calls=[tool_call(name="run_shell", args={"command": "echo hello"}, id="ex-2")]
+    ),
+    ToolMessage("$ echo hello\nhello", tool_call_id="ex-2"),
+    AIMessage("hello"),
 ]
 ALLOWED = {"ls", "pwd", "date", "echo"}
-SHORT = 8  # max_tokens after the first turn (the model has had its chance to call a tool)
+TOKENS = 48  # max_tokens per call: room for a call's arguments
 
 
 @tool
@@ -68,21 +71,27 @@ def run_shell(command: str) -> str:
 
 
 def llm(url: str, **kwargs: Any) -> ChatTalaria:
-    """Greedy; stops at a tool call's closing tag (the parser reads an unclosed last
-    block). Calls set ``max_tokens`` (32 fits a tool call)."""
-    return ChatTalaria(base_url=url, model=MODEL, temperature=0.0, stop=["</tool_call>"], **kwargs)
+    """Greedy; calls set ``max_tokens``."""
+    return ChatTalaria(base_url=url, model=MODEL, temperature=0.0, **kwargs)
+
+
+def agent_of(url: str) -> Any:
+    """The model with ``run_shell`` bound and chosen: every answer is a call the model
+    writes (the server opens it and reads it; nothing here makes one up)."""
+    return llm(url).bind_tools([run_shell], tool_choice="run_shell")
 
 
 def start_messages(task: str) -> list[BaseMessage]:
     return [SystemMessage(SYSTEM), *EXAMPLE, HumanMessage(task)]
 
 
-def calls_or_driven(ai: AIMessage, turn: int) -> tuple[list[ToolCall], bool]:
-    """The model's tool calls, or (when it wrote none) one the test makes; and whether
-    the model made them."""
-    if ai.tool_calls:
-        return list(ai.tool_calls), True
-    return [tool_call(name="run_shell", args={"command": "ls"}, id=f"driven-{turn}")], False
+def model_calls(ai: AIMessage) -> list[ToolCall]:
+    """The calls the server read from the model's answer (there must be one)."""
+    assert ai.tool_calls, ai
+    assert all(c["name"] == "run_shell" and isinstance(c["args"], dict) for c in ai.tool_calls)
+    assert all(str(c["id"]).startswith("call_") for c in ai.tool_calls)
+    assert ai.response_metadata["finish_reason"] == "tool_calls"
+    return list(ai.tool_calls)
 
 
 def merge(chunks: list[Any]) -> AIMessageChunk:
@@ -131,15 +140,14 @@ def test_sync_tool_loop_one_session_cached_tokens_and_gap_hints(served: Served) 
     sid = f"lc-sync-{uuid.uuid4().hex[:8]}"
     hints = TalariaCallbackHandler(served.url)
     config: RunnableConfig = {"metadata": {"session_id": sid}, "callbacks": [hints]}
-    agent = llm(served.url).bind_tools([run_shell])
+    agent = agent_of(served.url)
     messages = start_messages("List the files in the current directory.")
     before = served.talaria.stats()["sessions"]["total"]
     calls_before = len(served.recorder.calls)
     cached: list[int] = []
-    made: list[bool] = []  # whether the model wrote the tool calls itself (printed, not checked)
     for turn in range(3):
         if turn == 1:  # the streamed path, in the same loop
-            merged = merge(list(agent.stream(messages, config, max_tokens=SHORT)))
+            merged = merge(list(agent.stream(messages, config, max_tokens=TOKENS)))
             ai: AIMessage = AIMessage(
                 content=merged.content,
                 tool_calls=merged.tool_calls,
@@ -147,12 +155,10 @@ def test_sync_tool_loop_one_session_cached_tokens_and_gap_hints(served: Served) 
                 response_metadata=merged.response_metadata,
             )
         else:
-            ai = agent.invoke(messages, config, max_tokens=32 if turn == 0 else SHORT)
-        assert ai.content or ai.tool_calls
+            ai = agent.invoke(messages, config, max_tokens=TOKENS)
         assert ai.response_metadata["session_id"] == sid
         cached.append(cache_read(ai))
-        calls, by_model = calls_or_driven(ai, turn)
-        made.append(by_model)
+        calls = model_calls(ai)
         messages.append(AIMessage(content=ai.content, tool_calls=calls))
         if turn < 2:
             for call in calls:
@@ -161,7 +167,7 @@ def test_sync_tool_loop_one_session_cached_tokens_and_gap_hints(served: Served) 
                 messages.append(result)
     hints.end(sid)
     assert hints.flush(5.0)
-    print(f"tool calls written by the model, per turn: {made}; cached tokens: {cached}")
+    print(f"cached tokens per call: {cached}")
     check_run(served, sid, calls_before, cached)
     assert served.talaria.stats()["sessions"]["total"] - before == 1
     hints.close()
@@ -173,21 +179,21 @@ def test_async_agent_steps_with_thread_id(served: Served) -> None:
     their parent."""
     thread = f"lc-thread-{uuid.uuid4().hex[:8]}"
     hints = TalariaCallbackHandler(served.url)
-    agent = llm(served.url).bind_tools([run_shell])
+    agent = agent_of(served.url)
 
     async def step(messages: list[BaseMessage], config: RunnableConfig) -> list[BaseMessage]:
-        turn = sum(isinstance(m, AIMessage) for m in messages) - 1
+        turn = sum(isinstance(m, AIMessage) for m in messages[len(EXAMPLE) + 1 :])
         if turn == 1:
-            ai = await agent.ainvoke(messages, config, max_tokens=SHORT)
+            ai = await agent.ainvoke(messages, config, max_tokens=TOKENS)
         else:
-            tokens = 32 if turn == 0 else SHORT
-            merged = merge([c async for c in agent.astream(messages, config, max_tokens=tokens)])
+            merged = merge([c async for c in agent.astream(messages, config, max_tokens=TOKENS)])
             ai = AIMessage(
                 content=merged.content,
                 tool_calls=merged.tool_calls,
                 usage_metadata=merged.usage_metadata,
+                response_metadata=merged.response_metadata,
             )
-        calls, _ = calls_or_driven(ai, turn)
+        calls = model_calls(ai)
         out: list[BaseMessage] = [
             AIMessage(content=ai.content, tool_calls=calls, usage_metadata=ai.usage_metadata)
         ]
@@ -198,7 +204,7 @@ def test_async_agent_steps_with_thread_id(served: Served) -> None:
 
     async def run() -> list[BaseMessage]:
         config: RunnableConfig = {"configurable": {"thread_id": thread}, "callbacks": [hints]}
-        messages = start_messages("Print the working directory.")
+        messages = start_messages("List the files here.")
         runnable = RunnableLambda(step)
         for _ in range(3):
             messages = await runnable.ainvoke(messages, config)
@@ -247,63 +253,6 @@ def test_unreachable_server_fails_fast_and_hints_drop_quietly() -> None:
 
 
 # --- pure parts -------------------------------------------------------------------------------
-
-
-def test_parse_tool_calls_reads_the_common_shapes() -> None:
-    names = ("run_shell",)
-    shapes = {
-        "hermes": '<tool_call>{"name": "run_shell", "arguments": {"command": "ls"}}</tool_call>',
-        "unclosed": 'ok <tool_call>\n{"name": "run_shell", "arguments": {"command": "ls"}}',
-        "fenced": 'Sure:\n```json\n{"name": "run_shell", "parameters": {"command": "ls"}}\n```',
-        "bare": '{"name": "run_shell", "arguments": "{\\"command\\": \\"ls\\"}"}',
-        "openai": '[{"type": "function", "function": {"name": "run_shell", '
-        '"arguments": {"command": "ls"}}}]',
-        "inline": 'I will call {"name": "run_shell", "args": {"command": "ls"}} now.',
-    }
-    for shape, text in shapes.items():
-        calls = parse_tool_calls(text, names)
-        assert [(c.name, c.arguments) for c in calls] == [("run_shell", {"command": "ls"})], shape
-        assert calls[0].id.startswith("call_")
-    two = "<tool_call>" + '{"name": "run_shell", "arguments": {"command": "ls"}}' + "</tool_call>"
-    assert len(parse_tool_calls(two + "\n" + two, names)) == 2
-    assert parse_tool_calls('{"name": "other", "arguments": {}}', names) == ()
-    assert parse_tool_calls("Use ls to list files {not json}", names) == ()
-    assert parse_tool_calls('{"name": "run_shell", "arguments": [1]}', names) == ()
-    assert parse_tool_calls("", names) == ()
-    assert len(parse_tool_calls('{"name": "x", "arguments": {}}')) == 1  # no names: any
-
-
-def test_tool_calls_written_back_as_text() -> None:
-    messages: list[dict[str, Any]] = [
-        {
-            "role": "assistant",
-            "content": "",
-            "tool_calls": [
-                {
-                    "id": "1",
-                    "type": "function",
-                    "function": {"name": "run_shell", "arguments": '{"command": "ls"}'},
-                }
-            ],
-        },
-        {
-            "role": "assistant",
-            "content": "kept",
-            "tool_calls": [
-                {
-                    "id": "2",
-                    "type": "function",
-                    "function": {"name": "run_shell", "arguments": "{}"},
-                }
-            ],
-        },
-        {"role": "user", "content": ""},
-    ]
-    out = tool_calls_as_text(messages)
-    assert out[0]["content"] == render_tool_calls([("run_shell", {"command": "ls"})])
-    assert parse_tool_calls(out[0]["content"], ["run_shell"])[0].arguments == {"command": "ls"}
-    assert out[1]["content"] == "kept" and out[2] == messages[2]
-    assert messages[0]["content"] == ""  # not mutated
 
 
 def test_session_id_precedence() -> None:

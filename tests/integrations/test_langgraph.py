@@ -9,8 +9,9 @@ not call the tool): the run completes with a final answer, every model call carr
 thread's session, a second ``invoke`` on the thread continues that session with cached
 tokens, and any tool call the model made was run and reported as a gap. The second makes
 the tool path deterministic without faking it: a two-example few-shot prompt (greedy
-decoding) makes SmolLM2 write a ``<tool_call>`` itself, which ``ChatTalaria`` turns into
-``AIMessage.tool_calls``; the graph's ``ToolNode`` runs the tool and the model answers.
+decoding) makes SmolLM2 write a ``<tool_call>`` itself, which the server returns as OpenAI
+``tool_calls`` and ``ChatTalaria`` as ``AIMessage.tool_calls``; the graph's ``ToolNode``
+runs the tool and the model answers.
 """
 
 from __future__ import annotations
@@ -181,8 +182,10 @@ def test_react_agent_runs_the_tool_the_model_calls(served: Served) -> None:
     messages = out["messages"]
     check_completed(messages)
     answers = model_answers(messages)
-    # the model's own output, parsed by ChatTalaria; no call is made up by the test
-    assert "<tool_call>" in str(answers[0].content), answers[0]
+    # the model's own output, read by the server into tool_calls; none is made up here
+    assert (
+        answers[0].content == "" and answers[0].response_metadata["finish_reason"] == "tool_calls"
+    )
     assert [(c["name"], c["args"]) for c in answers[0].tool_calls] == [("add", {"a": 12, "b": 30})]
     assert check_tools_ran(messages) >= 1
     tool_messages = [m for m in messages if isinstance(m, ToolMessage)]

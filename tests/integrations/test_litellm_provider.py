@@ -27,7 +27,7 @@ import litellm
 from litellm import exceptions as lx
 
 from integrations.litellm import EmbeddedTalaria, HttpBackend, TalariaLLM, register
-from integrations.litellm.call import Answer, Call, Piece, Usage
+from integrations.litellm.call import Answer, Call, Piece, ToolCall, Usage
 from integrations.litellm.provider import (
     _chunks_of,
     _session_and_headers,
@@ -339,29 +339,34 @@ def test_session_id_precedence() -> None:
     assert spaced is not None and spaced.startswith("sess-")  # normalized for the wire
 
 
-def test_tool_calls_parsed_from_text_when_tools_declared() -> None:
-    text = '<tool_call>{"name": "run_shell", "arguments": {"command": "ls"}}</tool_call>'
-    pieces = [Piece(text), Piece("", "stop", Usage(10, 5, 8))]
-    collected: list[str] = []
-    chunks = [c for p in pieces for c in _chunks_of(p, collected, ("run_shell",), True)]
+def test_server_tool_calls_become_litellm_tool_calls() -> None:
+    """The backends' tool calls (the server read them) reach LiteLLM as ``tool_use`` chunks
+    and ``message.tool_calls``; the provider parses no text."""
+    call = ToolCall(0, "call_1", "run_shell", '{"command": "ls"}')
+    pieces = [Piece("", tool_calls=(call,)), Piece("", "tool_calls", Usage(10, 5, 8))]
+    chunks = [c for p in pieces for c in _chunks_of(p)]
     tool_chunks = [c for c in chunks if c.get("tool_use")]
-    assert len(tool_chunks) == 1
-    assert tool_chunks[0]["tool_use"]["function"] == {  # type: ignore[index]
-        "name": "run_shell",
-        "arguments": '{"command": "ls"}',
-    }
+    assert [c["tool_use"] for c in tool_chunks] == [
+        {
+            "index": 0,
+            "id": "call_1",
+            "type": "function",
+            "function": {"name": "run_shell", "arguments": '{"command": "ls"}'},
+        }
+    ]
     assert chunks[-1]["finish_reason"] == "tool_calls" and chunks[-1]["is_finished"]
     assert chunks[-1]["usage"]["prompt_tokens_details"] == {"cached_tokens": 8}  # type: ignore[index]
-    # without declared tools, text stays text
-    plain = [c for p in pieces for c in _chunks_of(p, [], None, True)]
-    assert not any(c.get("tool_use") for c in plain) and plain[-1]["finish_reason"] == "stop"
+    text = '<tool_call>{"name": "run_shell", "arguments": {"command": "ls"}}</tool_call>'
+    plain = [c for p in (Piece(text), Piece("", "stop")) for c in _chunks_of(p)]
+    assert not any(c.get("tool_use") for c in plain) and plain[0]["text"] == text
 
-    response = TalariaLLM()._response(
-        litellm.ModelResponse(), MODEL, Answer(text, "stop", Usage(10, 5, 8)), ("run_shell",)
-    )
+    answer = Answer("", "tool_calls", Usage(10, 5, 8), tool_calls=(call,))
+    response = TalariaLLM()._response(litellm.ModelResponse(), MODEL, answer)
     choice: Any = response.choices[0]
-    assert choice.finish_reason == "tool_calls"
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
     assert choice.message.tool_calls[0].function.name == "run_shell"
+    assert choice.message.tool_calls[0].function.arguments == '{"command": "ls"}'
+    assert choice.message.tool_calls[0].id == "call_1"
     assert response.usage.prompt_tokens_details.cached_tokens == 8  # type: ignore[attr-defined]
 
 

@@ -58,6 +58,8 @@ class Chunk:
     created: int
     index: int = 0
     logprobs: tuple[Any, ...] | None = None
+    tool_calls: tuple[Any, ...] = ()
+    first_call: int = 0
 
 
 @attrs.frozen
