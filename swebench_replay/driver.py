@@ -115,8 +115,12 @@ def run_replay(
     options: ReplayOptions,
     tool_table: ToolTimeTable,
     on_progress: Callable[[str, int], None] | None = None,
+    on_result: Callable[[str, SimResult], None] | None = None,
 ) -> dict[str, Any]:
-    """Every policy of ``options`` on ``replay``: the ``results.json`` document."""
+    """Every policy of ``options`` on ``replay``: the ``results.json`` document.
+    ``on_result(name, result)`` is handed each policy's full result, the references' not:
+    every call's timings and every slot, which the timeline plot draws and which are too
+    large for the document."""
     cluster = cluster_for(options.hardware, options.n_instances)
     scripts = to_scripts(replay, tool_table, options.gap_scale, options.hints)
     policies: dict[str, dict[str, Any]] = {}
@@ -128,13 +132,18 @@ def run_replay(
 
         result = simulate(replay, scripts, policy, cluster, tick)
         policies[policy.name] = policy_summary(result)
+        if on_result is not None:
+            on_result(policy.name, result)
     talaria = next((p for p in options.policies if p.name == TALARIA.name), None)
     if options.hints and options.no_hints_run and talaria is not None:
         # the same sessions with clients that send no hints: the server's own gap learning
         untold = to_scripts(replay, tool_table, options.gap_scale, hints=False)
-        entry = policy_summary(simulate(replay, untold, talaria, cluster))
+        untold_result = simulate(replay, untold, talaria, cluster)
+        entry = policy_summary(untold_result)
         entry["hints"] = False
         policies[f"{talaria.name}-no-hints"] = entry
+        if on_result is not None:
+            on_result(f"{talaria.name}-no-hints", untold_result)
     if options.references:
         alone = Simulator(cluster, TALARIA, estimators_for(cluster), learner=GapPredictor.default)
         policies.update(reference_entries(scripts, alone.run, TALARIA.name))

@@ -52,11 +52,15 @@ from talaria.engine.loader import LoadedModel
 from talaria.engine.runner import flatten_weights
 from talaria.engine.sampling import SamplingParams, StopChecker
 from talaria.errors import ConfigError, TalariaError
+from talaria.generation import TokenLogprob
+from talaria.memory.kv import CallKey
 from talaria.runtime.counters import cluster_counters
-from talaria.runtime.instance import Request
+from talaria.runtime.instance import InstanceCore, Request
 from talaria.runtime.live import Failed, Finished, LiveCluster, StepTiming
+from talaria.runtime.substrate import Substrate
+from talaria.schedule import Executed, Schedule
 from talaria.session.gaps import GapPredictor
-from talaria.sim.simulator import SessionRecord, SimResult, Simulator, record_of
+from talaria.sim.simulator import SessionRecord, SimResult, Simulator, SlotLog, record_of
 from talaria.types import Call, EventKind, SessionScript, TokenSeq
 
 GB = 10**9
@@ -109,9 +113,12 @@ def run_embedded_replay(
     tool_table: ToolTimeTable,
     on_progress: Progress | None = None,
     on_status: Callable[[str], None] | None = None,
+    on_result: Callable[[str, SimResult], None] | None = None,
 ) -> dict[str, Any]:
     """Every policy of ``options`` on ``replay`` in real time: the ``results.json`` document
-    (with a ``fidelity`` entry per policy when ``options.simulate``)."""
+    (with a ``fidelity`` entry per policy when ``options.simulate``). ``on_result(name,
+    result)`` is handed each policy's measured run: every call's timings and every slot
+    (seconds from the replay's start), which the timeline plot draws."""
     unknown = set(replay.models) - set(options.models)
     if unknown:
         raise ConfigError(f"the replay set uses models {sorted(unknown)} the engine does not load")
@@ -137,6 +144,8 @@ def run_embedded_replay(
         )
         check_conservation(result, replay.n_calls, tool_s)
         policies[policy.name] = policy_summary(result)
+        if on_result is not None:
+            on_result(policy.name, result)
         step_costs[policy.name] = step_breakdown(steps)
         if options.simulate:
             predicted = _simulate(cluster, policy, scripts)
@@ -221,7 +230,9 @@ async def _play(
     """Play ``scripts`` against a live cluster; the records the simulator would produce."""
     done: list[tuple[Request, str]] = []
     sessions: list[SessionRecord] = []
-    async with LiveCluster(cluster.core, cluster.runners, session_idle_s=3600) as live:
+    slots = SlotLog()
+    runners = {name: _SlotRecorder(name, r, slots) for name, r in cluster.runners.items()}
+    async with LiveCluster(cluster.core, runners, session_idle_s=3600) as live:
         t0 = live.clock.now()
 
         async def session(script: SessionScript) -> None:
@@ -255,7 +266,76 @@ async def _play(
         steps = list(live.steps)
         counters = cluster_counters(cluster.core.instances.values(), live.kv_bytes_moved)
     records = tuple(_shifted(record_of(req, inst), t0) for req, inst in done)
-    return SimResult(policy, records, tuple(sessions), counters, end), steps
+    slot_records = tuple(
+        attrs.evolve(r, switch_s=r.switch_s - t0, open_s=r.open_s - t0, until_s=r.until_s - t0)
+        for r in slots.records(end + t0)
+    )
+    return SimResult(policy, records, tuple(sessions), counters, end, slot_records), steps
+
+
+class _SlotRecorder:
+    """A substrate that notes in a :class:`SlotLog` every switch it is asked to make (when
+    it is planned, and when its copy is committed) and otherwise defers to ``inner``."""
+
+    def __init__(self, name: str, inner: Substrate, log: SlotLog) -> None:
+        self.name = name
+        self.inner = inner
+        self.log = log
+
+    @property
+    def core(self) -> InstanceCore:
+        return self.inner.core
+
+    @property
+    def idle(self) -> bool:
+        return self.inner.idle
+
+    @property
+    def outputs(self) -> Mapping[CallKey, Sequence[int]]:
+        return self.inner.outputs
+
+    @property
+    def logprobs(self) -> Mapping[CallKey, Sequence[TokenLogprob]]:
+        return self.inner.logprobs
+
+    def vocab_size(self, model: str) -> int | None:
+        return self.inner.vocab_size(model)
+
+    def prepare(
+        self,
+        key: CallKey,
+        params: SamplingParams,
+        vocab_limit: int | None = None,
+        forced: Sequence[int] | None = None,
+    ) -> None:
+        self.inner.prepare(key, params, vocab_limit, forced)
+
+    def plan(self, now: float) -> Schedule:
+        sched = self.inner.plan(now)
+        if sched.switch is not None:
+            self.log.switch(self.name, sched.switch.model, now)
+        return sched
+
+    def execute(self, sched: Schedule) -> Executed:
+        return self.inner.execute(sched)
+
+    def commit(
+        self,
+        sched: Schedule,
+        done: Executed,
+        now: float,
+        ends: Callable[[Request, int], bool] | None = None,
+    ) -> list[Request]:
+        finished = self.inner.commit(sched, done, now, ends)
+        if sched.switch is not None:
+            self.log.opened(self.name, sched.switch.model, now)
+        return finished
+
+    def take_output(self, key: CallKey) -> tuple[int, ...]:
+        return self.inner.take_output(key)
+
+    def forget(self, key: CallKey) -> None:
+        self.inner.forget(key)
 
 
 async def _one_call(live: LiveCluster, script: SessionScript, index: int) -> tuple[Request, str]:

@@ -13,7 +13,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 from rich.console import Console
@@ -21,6 +21,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from talaria.errors import ConfigError, TalariaError
 from talaria.policy.baselines import POLICIES, parse_policies
+
+if TYPE_CHECKING:
+    from talaria.sim.simulator import SimResult
 
 DEFAULT_OUT = Path("runs")
 # the real-engine replay: 12 sessions, about 8 calls each, token counts / 8, on the embedded
@@ -75,8 +78,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="replay SWE-bench sessions through every policy and report SCT",
         description="Replay agent sessions (30 sessions, about 960 calls, three >100B models "
         "by default) through each policy and report session completion time (SCT), time to "
-        "first token and what each mechanism did. Writes results.json, sct_cdf.png and a "
-        "table.",
+        "first token and what each mechanism did. Writes results.json, sct_cdf.png, "
+        "timeline.png (per policy: each instance's model slots and switches over time, and "
+        "every session's calls, waiting and running; talaria, round and the best per-request "
+        "baseline when more than three policies ran) and a table.",
     )
     _common_workload_args(rp)
     rp.add_argument(
@@ -226,9 +231,21 @@ def _progress(console: Console) -> Progress:
     )
 
 
+def _plots(results: dict[str, Any], runs: dict[str, SimResult], out: Path) -> list[Path]:
+    """``sct_cdf.png`` from the document, and ``timeline.png`` from the runs' call and slot
+    records (when the replay handed any over)."""
+    from swebench_replay.report import plot_sct_cdf
+    from swebench_replay.timeline import plot_timeline
+
+    plots = [plot_sct_cdf(results, out / "sct_cdf.png")]
+    if runs:
+        plots.append(plot_timeline(results, runs, out / "timeline.png"))
+    return plots
+
+
 def _cmd_replay(args: argparse.Namespace, console: Console) -> int:
     from swebench_replay.driver import ReplayOptions, run_replay
-    from swebench_replay.report import mechanism_table, plot_sct_cdf, policy_table
+    from swebench_replay.report import mechanism_table, policy_table
     from swebench_replay.setup import load_workload
 
     embedded = args.substrate == "embedded"
@@ -264,6 +281,7 @@ def _cmd_replay(args: argparse.Namespace, console: Console) -> int:
         hints=not args.no_hints,
     )
     out = args.out or DEFAULT_OUT / f"replay-{args.substrate}"
+    runs: dict[str, SimResult] = {}  # each policy's calls and slots, for the timeline
     started = time.perf_counter()
     with _progress(console) as progress:
         tasks = {p.name: progress.add_task(p.name, total=workload.replay.n_calls) for p in policies}
@@ -271,15 +289,17 @@ def _cmd_replay(args: argparse.Namespace, console: Console) -> int:
         def on_progress(name: str, n: int) -> None:
             progress.update(tasks[name], completed=n)
 
-        results = run_replay(workload.replay, options, workload.tool_table, on_progress)
+        results = run_replay(
+            workload.replay, options, workload.tool_table, on_progress, runs.__setitem__
+        )
     results["workload"]["source"] = workload.source
     results["wall_s"] = time.perf_counter() - started
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
-    plot = plot_sct_cdf(results, out / "sct_cdf.png")
+    plots = _plots(results, runs, out)
     console.print(policy_table(results))
     console.print(mechanism_table(results))
-    console.print(f"wrote {out / 'results.json'} and {plot}")
+    console.print(f"wrote {', '.join(map(str, [out / 'results.json', *plots]))}")
     return 0
 
 
@@ -287,7 +307,7 @@ def _replay_embedded(
     args: argparse.Namespace, console: Console, workload: Any, policies: Any
 ) -> int:
     from swebench_replay.live_replay import EmbeddedOptions, run_embedded_replay
-    from swebench_replay.report import fidelity_table, mechanism_table, plot_sct_cdf, policy_table
+    from swebench_replay.report import fidelity_table, mechanism_table, policy_table
     from talaria.cost.calibration import CalibrationMode
 
     options = EmbeddedOptions(
@@ -297,6 +317,7 @@ def _replay_embedded(
         calibration=CalibrationMode(args.calibration),
     )
     out = args.out or DEFAULT_OUT / "replay-embedded"
+    runs: dict[str, SimResult] = {}  # each policy's measured calls and slots, for the timeline
     started = time.perf_counter()
     with _progress(console) as progress:
         tasks = {p.name: progress.add_task(p.name, total=workload.replay.n_calls) for p in policies}
@@ -305,17 +326,22 @@ def _replay_embedded(
             progress.update(tasks[name], completed=n)
 
         results = run_embedded_replay(
-            workload.replay, options, workload.tool_table, on_progress, progress.console.print
+            workload.replay,
+            options,
+            workload.tool_table,
+            on_progress,
+            progress.console.print,
+            runs.__setitem__,
         )
     results["workload"]["source"] = workload.source
     results["wall_s"] = time.perf_counter() - started
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
-    plot = plot_sct_cdf(results, out / "sct_cdf.png")
+    plots = _plots(results, runs, out)
     console.print(policy_table(results))
     console.print(mechanism_table(results))
     console.print(fidelity_table(results))
-    console.print(f"wrote {out / 'results.json'} and {plot}")
+    console.print(f"wrote {', '.join(map(str, [out / 'results.json', *plots]))}")
     return 0
 
 

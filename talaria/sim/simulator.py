@@ -90,12 +90,58 @@ class SessionRecord:
 
 
 @attrs.frozen
+class SlotRecord:
+    """One model's stretch on an instance: the switch to ``model`` began at ``switch_s``,
+    its weights were in place and its slot open at ``open_s``, and it stayed the active
+    model until ``until_s``, when the next switch on the instance began or the run ended
+    (seconds, on the result's clock). Slots of one instance never overlap."""
+
+    instance: str
+    model: str
+    switch_s: float
+    open_s: float
+    until_s: float
+
+
+class SlotLog:
+    """Collects :class:`SlotRecord` s as an instance's driver switches models: ``switch``
+    when a switch is handed to the substrate, ``opened`` when its copy is done, ``records``
+    at the end of the run (every stretch still open closes then). Mutates only itself."""
+
+    def __init__(self) -> None:
+        self._done: list[SlotRecord] = []
+        self._open: dict[str, SlotRecord] = {}  # per instance: the latest stretch
+
+    def switch(self, instance: str, model: str, now: float) -> None:
+        prev = self._open.pop(instance, None)
+        if prev is not None:
+            self._done.append(attrs.evolve(prev, until_s=now))
+        self._open[instance] = SlotRecord(instance, model, now, now, now)
+
+    def opened(self, instance: str, model: str, now: float) -> None:
+        cur = self._open.get(instance)
+        if cur is not None and cur.model == model:
+            self._open[instance] = attrs.evolve(cur, open_s=now, until_s=now)
+
+    def records(self, end_s: float) -> tuple[SlotRecord, ...]:
+        """Every stretch in the order the switches began, the open ones closed at
+        ``end_s`` (never before their slot opened)."""
+        tail = [attrs.evolve(r, until_s=max(end_s, r.open_s)) for r in self._open.values()]
+        return tuple(sorted(self._done + tail, key=lambda r: (r.switch_s, r.instance)))
+
+
+@attrs.frozen
 class SimResult:
+    """One policy's run: every call answered, every session, the instances' counters, the
+    time the run ended and, where the substrate recorded them, the model slots of every
+    instance (``slots``, empty for a result that was merged from parts)."""
+
     policy: str
     calls: tuple[CallRecord, ...]
     sessions: tuple[SessionRecord, ...]
     counters: Mapping[str, int]
     end_s: float
+    slots: tuple[SlotRecord, ...] = ()
 
 
 @attrs.define
@@ -157,6 +203,7 @@ class _Run:
         self.sessions: list[_SessionRun] = []
         self.session_index: dict[str, int] = {}
         self.records: list[CallRecord] = []
+        self.slot_log = SlotLog()
         self.kv_moved = 0
 
     def push(self, t: float, kind: _Ev, name: str = "", idx: int = 0) -> None:
@@ -250,6 +297,7 @@ class _Run:
         if sched.stage is not None:
             self.push(self.now + cost.background_s, _Ev.STAGE_DONE, name)
         if sched.switch is not None:
+            self.slot_log.switch(name, sched.switch.model, self.now)
             self.busy[name] = _Busy(switch_model=sched.switch.model)
             self.push(self.now + cost.serial_s, _Ev.READY, name)
         elif step is not None:
@@ -281,6 +329,7 @@ class _Run:
         inst = self.core.instances[name]
         if busy is not None and busy.switch_model is not None:
             inst.switch_done(busy.switch_model, self.now)
+            self.slot_log.opened(name, busy.switch_model, self.now)
         elif busy is not None and busy.step is not None:
             for req in inst.complete_step(busy.step, self.now, busy.repeat):
                 self._call_done(req)
@@ -313,7 +362,14 @@ class _Run:
             )
             for s in self.sessions
         )
-        return SimResult(policy, tuple(self.records), sessions, self._counters(), self.now)
+        return SimResult(
+            policy,
+            tuple(self.records),
+            sessions,
+            self._counters(),
+            self.now,
+            self.slot_log.records(self.now),
+        )
 
     def _counters(self) -> dict[str, int]:
         return cluster_counters(self.core.instances.values(), self.kv_moved)
