@@ -39,9 +39,9 @@ import attrs
 from rich.console import Console
 from rich.table import Table
 
-from swebench_replay.traces import TraceSession, load_trace
 from talaria.errors import TraceError
 from talaria.session import GapModelConfig, GapPredictor, ToolKind, ToolPriors, load_tool_priors
+from talaria.swebench_replay.traces import TraceSession, load_trace
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_TRACES = ROOT.parent / "shared" / "traces"

@@ -21,11 +21,6 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from swebench_replay.driver import to_scripts
-from swebench_replay.live_replay import EmbeddedOptions
-from swebench_replay.metrics import policy_summary
-from swebench_replay.references import model_serial
-from swebench_replay.setup import load_workload
 from talaria.backends.embedded import load_catalog_model
 from talaria.cli import EMBEDDED_CONTEXT, EMBEDDED_TOKEN_SCALE
 from talaria.config import ClusterConfig, ModelSpec
@@ -35,6 +30,11 @@ from talaria.errors import UnknownModel
 from talaria.policy.baselines import POLICIES, policy
 from talaria.session.gaps import GapPredictor
 from talaria.sim.simulator import Simulator
+from talaria.swebench_replay.driver import to_scripts
+from talaria.swebench_replay.live_replay import EmbeddedOptions
+from talaria.swebench_replay.metrics import policy_summary
+from talaria.swebench_replay.references import model_serial
+from talaria.swebench_replay.setup import load_workload
 
 BOUNDS_S = (300.0, 20.0, 10.0, 5.0)
 

@@ -77,7 +77,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from langchain_core.runnables import RunnableConfig
     from langchain_core.tools import tool
 
-    from integrations.langchain import ChatTalaria, TalariaCallbackHandler
+    from talaria.integrations.langchain import ChatTalaria, TalariaCallbackHandler
 
     @tool
     def run_shell(command: str) -> str:

@@ -69,7 +69,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from langgraph.checkpoint.memory import InMemorySaver
     from langgraph.prebuilt import create_react_agent
 
-    from integrations.langchain import ChatTalaria, TalariaCallbackHandler
+    from talaria.integrations.langchain import ChatTalaria, TalariaCallbackHandler
 
     @tool
     def add(a: int, b: int) -> int:

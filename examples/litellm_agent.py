@@ -84,7 +84,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     import litellm
 
-    from integrations.litellm import register
+    from talaria.integrations.litellm import register
 
     talaria = register()
     messages: list[dict[str, Any]] = [

@@ -5,7 +5,7 @@ Start a server, then run the agent::
     talaria serve                                  # http://127.0.0.1:8000
     python examples/mini_swe_agent_example.py      # --base-url, --model, --steps, --task
 
-The agent (:class:`~integrations.swe_agent.mini_swe_agent.TalariaAgent`, mini-swe-agent's
+The agent (:class:`~talaria.integrations.swe_agent.mini_swe_agent.TalariaAgent`, mini-swe-agent's
 ``DefaultAgent`` with Talaria sessions) asks the model for one shell command per step and
 runs it with mini-swe-agent's ``LocalEnvironment`` in a fresh temporary directory (``HOME``
 points there too). The commands are the model's own: use a sandboxed environment (mini's
@@ -76,7 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from minisweagent.environments.local import LocalEnvironment
 
-    from integrations.swe_agent.mini_swe_agent import (
+    from talaria.integrations.swe_agent.mini_swe_agent import (
         SMALL_MODEL_ACTION_REGEX,
         TalariaAgent,
         TalariaModel,

@@ -48,7 +48,7 @@ sys.path.insert(0, str(ROOT))  # run from a checkout
 
 import httpx  # noqa: E402
 
-from integrations.swe_agent.sweagent_run import (  # noqa: E402
+from talaria.integrations.swe_agent.sweagent_run import (  # noqa: E402
     PROBLEM,
     SweAgentInstallError,
     demo_repository,

@@ -1,10 +1,10 @@
 """Agent-framework integrations of Talaria.
 
-* :mod:`integrations.litellm`: a LiteLLM custom provider (``model="talaria/<model>"``),
+* :mod:`talaria.integrations.litellm`: a LiteLLM custom provider (``model="talaria/<model>"``),
   against a Talaria server or an embedded in-process ``Talaria``.
-* :mod:`integrations.langchain`: ``ChatTalaria`` (a LangChain chat model) and
+* :mod:`talaria.integrations.langchain`: ``ChatTalaria`` (a LangChain chat model) and
   ``TalariaCallbackHandler`` (tool runs become tool-gap hints).
-* :mod:`integrations.swe_agent`: mini-swe-agent and SWE-agent hooks and runs.
+* :mod:`talaria.integrations.swe_agent`: mini-swe-agent and SWE-agent hooks and runs.
 
 Session ids and tool-gap hints come from :mod:`talaria.session` (DESIGN.md, "Wire format
 for sessions"). Tool calls are the server's: Talaria reads them from the model's output

@@ -2,7 +2,7 @@
 
 So that users can replay their own runs::
 
-    python -m swebench_replay.convert runs/ other.traj.json --out my_runs.jsonl
+    python -m talaria.swebench_replay.convert runs/ other.traj.json --out my_runs.jsonl
 
 Supported inputs (the format is detected from the file's content):
 
@@ -39,13 +39,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from swebench_replay.traces import (
+from talaria.errors import TraceError
+from talaria.swebench_replay.traces import (
     ToolKind,
     TraceCall,
     TraceSession,
     session_to_json,
 )
-from talaria.errors import TraceError
 
 # --------------------------------------------------------------------------- tool kinds
 
@@ -508,7 +508,7 @@ def write_trace(sessions: Iterable[TraceSession], path: Path | str) -> int:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m swebench_replay.convert",
+        prog="python -m talaria.swebench_replay.convert",
         description=(
             "Convert mini-swe-agent (.traj.json, 1.x and 2.x) and SWE-agent (.traj) "
             "trajectories to a Talaria trace (talaria-trace/1) for replay."

@@ -15,15 +15,6 @@ from typing import Any
 
 import attrs
 
-from swebench_replay.metrics import (
-    add_ratios,
-    check_conservation,
-    policy_summary,
-    results_document,
-)
-from swebench_replay.references import add_bound_ratios, reference_entries
-from swebench_replay.traces import ToolTimeTable
-from swebench_replay.workload import ReplaySet
 from talaria.config import ClusterConfig, PolicyConfig
 from talaria.cost import cluster_estimators
 from talaria.cost.estimator import Estimator
@@ -32,6 +23,15 @@ from talaria.policy.baselines import TALARIA
 from talaria.session.gaps import GapPredictor
 from talaria.sim.catalog import paper_cluster
 from talaria.sim.simulator import SimResult, Simulator
+from talaria.swebench_replay.metrics import (
+    add_ratios,
+    check_conservation,
+    policy_summary,
+    results_document,
+)
+from talaria.swebench_replay.references import add_bound_ratios, reference_entries
+from talaria.swebench_replay.traces import ToolTimeTable
+from talaria.swebench_replay.workload import ReplaySet
 from talaria.types import ScriptedCall, SessionScript
 
 

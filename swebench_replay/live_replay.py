@@ -32,15 +32,6 @@ import anyio
 import attrs
 import torch
 
-from swebench_replay.driver import to_scripts
-from swebench_replay.metrics import (
-    add_ratios,
-    check_conservation,
-    policy_summary,
-    results_document,
-)
-from swebench_replay.traces import ToolTimeTable
-from swebench_replay.workload import ReplaySet
 from talaria.backends.calibrate import calibrate
 from talaria.backends.calibration_plan import CalibrationPlan
 from talaria.backends.embedded import EmbeddedCluster, cluster_from_loaded, load_catalog_model
@@ -61,6 +52,15 @@ from talaria.runtime.substrate import Substrate
 from talaria.schedule import Executed, Schedule
 from talaria.session.gaps import GapPredictor
 from talaria.sim.simulator import SessionRecord, SimResult, Simulator, SlotLog, record_of
+from talaria.swebench_replay.driver import to_scripts
+from talaria.swebench_replay.metrics import (
+    add_ratios,
+    check_conservation,
+    policy_summary,
+    results_document,
+)
+from talaria.swebench_replay.traces import ToolTimeTable
+from talaria.swebench_replay.workload import ReplaySet
 from talaria.types import Call, EventKind, SessionScript, TokenSeq
 
 GB = 10**9

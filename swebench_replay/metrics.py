@@ -11,9 +11,9 @@ from typing import Any
 
 import numpy as np
 
-from swebench_replay.workload import ReplaySet
 from talaria.config import InstanceSpec
 from talaria.sim.simulator import CallRecord, SessionRecord, SimResult
+from talaria.swebench_replay.workload import ReplaySet
 
 
 def percentile(values: Sequence[float], q: float) -> float:

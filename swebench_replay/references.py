@@ -21,8 +21,8 @@ from typing import Any
 
 import attrs
 
-from swebench_replay.metrics import policy_summary
 from talaria.sim.simulator import CallRecord, SessionRecord, SimResult
+from talaria.swebench_replay.metrics import policy_summary
 from talaria.types import SessionScript
 
 REFERENCES = ("isolated", "model-serial")

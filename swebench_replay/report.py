@@ -4,7 +4,7 @@
 policy's session-completion-time CDF; ``sweep_table`` / ``plot_sweep`` do the same for a
 sensitivity sweep. Plots are PNG files written with matplotlib's Agg backend. The replay's
 timeline (``timeline.png``) needs every call's and slot's timings, which the document does
-not keep: it is drawn by :mod:`swebench_replay.timeline` from the runs themselves.
+not keep: it is drawn by :mod:`talaria.swebench_replay.timeline` from the runs themselves.
 """
 
 from __future__ import annotations

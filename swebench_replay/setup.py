@@ -12,10 +12,15 @@ from pathlib import Path
 
 import attrs
 
-from swebench_replay.synth import synthesize
-from swebench_replay.traces import ToolTimeTable, TraceSession, find_traces, load_trace
-from swebench_replay.workload import ReplaySet, build_replay_set, parse_arrival, select_sessions
 from talaria.sim.catalog import PAPER_MODELS
+from talaria.swebench_replay.synth import synthesize
+from talaria.swebench_replay.traces import ToolTimeTable, TraceSession, find_traces, load_trace
+from talaria.swebench_replay.workload import (
+    ReplaySet,
+    build_replay_set,
+    parse_arrival,
+    select_sessions,
+)
 
 TOOL_TABLE_FILE = "tool_time_by_kind.json"
 

@@ -16,7 +16,7 @@ Lite):
   independently, median 180 reproduces the real per-turn prompt growth: median ~320 tokens
   (real 322), mean ~470 (real 454);
 - tool kinds: the step counts of ``tool_time_by_kind.json``; tool times drawn from its
-  per-kind percentiles (:class:`~swebench_replay.traces.ToolTimeTable`).
+  per-kind percentiles (:class:`~talaria.swebench_replay.traces.ToolTimeTable`).
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ import random
 
 import attrs
 
-from swebench_replay.traces import ToolKind, ToolTimeTable, TraceCall, TraceSession
 from talaria.errors import ConfigError
+from talaria.swebench_replay.traces import ToolKind, ToolTimeTable, TraceCall, TraceSession
 
 _PUBLISHED_KIND_COUNTS: tuple[tuple[ToolKind, float], ...] = (
     (ToolKind.SHELL_READ_EDIT, 7321.0),

@@ -25,13 +25,13 @@ from collections.abc import Iterable, Sequence
 import attrs
 import numpy as np
 
-from swebench_replay.traces import (
+from talaria.errors import BadRequest
+from talaria.swebench_replay.traces import (
     ToolKind,
     ToolTimeTable,
     TraceSession,
     fill_missing_tool_times,
 )
-from talaria.errors import BadRequest
 from talaria.types import Call, TokenSeq
 
 # --------------------------------------------------------------------------- arrivals

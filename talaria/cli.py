@@ -234,8 +234,8 @@ def _progress(console: Console) -> Progress:
 def _plots(results: dict[str, Any], runs: dict[str, SimResult], out: Path) -> list[Path]:
     """``sct_cdf.png`` from the document, and ``timeline.png`` from the runs' call and slot
     records (when the replay handed any over)."""
-    from swebench_replay.report import plot_sct_cdf
-    from swebench_replay.timeline import plot_timeline
+    from talaria.swebench_replay.report import plot_sct_cdf
+    from talaria.swebench_replay.timeline import plot_timeline
 
     plots = [plot_sct_cdf(results, out / "sct_cdf.png")]
     if runs:
@@ -244,9 +244,9 @@ def _plots(results: dict[str, Any], runs: dict[str, SimResult], out: Path) -> li
 
 
 def _cmd_replay(args: argparse.Namespace, console: Console) -> int:
-    from swebench_replay.driver import ReplayOptions, run_replay
-    from swebench_replay.report import mechanism_table, policy_table
-    from swebench_replay.setup import load_workload
+    from talaria.swebench_replay.driver import ReplayOptions, run_replay
+    from talaria.swebench_replay.report import mechanism_table, policy_table
+    from talaria.swebench_replay.setup import load_workload
 
     embedded = args.substrate == "embedded"
     from talaria.engine.catalog import DEFAULT_MODELS
@@ -306,9 +306,9 @@ def _cmd_replay(args: argparse.Namespace, console: Console) -> int:
 def _replay_embedded(
     args: argparse.Namespace, console: Console, workload: Any, policies: Any
 ) -> int:
-    from swebench_replay.live_replay import EmbeddedOptions, run_embedded_replay
-    from swebench_replay.report import fidelity_table, mechanism_table, policy_table
     from talaria.cost.calibration import CalibrationMode
+    from talaria.swebench_replay.live_replay import EmbeddedOptions, run_embedded_replay
+    from talaria.swebench_replay.report import fidelity_table, mechanism_table, policy_table
 
     options = EmbeddedOptions(
         policies,
@@ -356,8 +356,8 @@ def _numbers(text: str, kind: type[int] | type[float], flag: str) -> list[Any]:
 
 
 def _cmd_sweep(args: argparse.Namespace, console: Console) -> int:
-    from swebench_replay.report import plot_sweep, sweep_table
-    from swebench_replay.sweep import run_sweep
+    from talaria.swebench_replay.report import plot_sweep, sweep_table
+    from talaria.swebench_replay.sweep import run_sweep
 
     names = [p.name for p in parse_policies(args.policies)]
     if "round" not in names:

@@ -115,3 +115,19 @@ def test_the_runtime_reaches_substrates_only_through_the_protocol() -> None:
     ``talaria.runtime.substrate.Substrate``."""
     edges, _ = _graph()
     assert not edges["runtime"] & {"engine", "backends", "sim", "server", "api"}
+
+
+def test_integrations_and_the_replay_are_imported_under_the_talaria_namespace() -> None:
+    """``integrations/`` and ``swebench_replay/`` install as ``talaria.integrations`` and
+    ``talaria.swebench_replay`` (pyproject.toml); no code imports their bare top-level
+    names, which would load a second copy of each module from a source checkout."""
+    repo = ROOT.parent
+    offenders = []
+    for folder in ("talaria", "integrations", "swebench_replay", "tests", "examples", "benchmarks"):
+        for path in (repo / folder).rglob("*.py"):
+            for mod in _imports(path):
+                if mod.partition(".")[0] in ("integrations", "swebench_replay"):
+                    offenders.append(f"{path.relative_to(repo)}: {mod}")
+    assert offenders == []
+    assert (ROOT / "integrations").resolve() == (repo / "integrations").resolve()
+    assert (ROOT / "swebench_replay").resolve() == (repo / "swebench_replay").resolve()

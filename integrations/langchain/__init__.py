@@ -8,7 +8,7 @@ Supported: langchain-core >= 1.0 (checked against 1.8.3; it relies on ``BaseChat
 
 ::
 
-    from integrations.langchain import ChatTalaria, TalariaCallbackHandler
+    from talaria.integrations.langchain import ChatTalaria, TalariaCallbackHandler
 
     llm = ChatTalaria(base_url="http://127.0.0.1:8000", model="smollm2-135m")
     hints = TalariaCallbackHandler("http://127.0.0.1:8000")
@@ -24,7 +24,7 @@ reserves room across tool gaps); ``answer.usage_metadata["input_token_details"]
 ["cache_read"]`` reports the prompt tokens the server reused.
 """
 
-from integrations.langchain.callbacks import TalariaCallbackHandler
-from integrations.langchain.chat_model import ChatTalaria
+from talaria.integrations.langchain.callbacks import TalariaCallbackHandler
+from talaria.integrations.langchain.chat_model import ChatTalaria
 
 __all__ = ["ChatTalaria", "TalariaCallbackHandler"]

@@ -25,7 +25,7 @@ from langchain_core.utils import secret_from_env
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from pydantic import Field, PrivateAttr, SecretStr
 
-from integrations.langchain.convert import (
+from talaria.integrations.langchain.convert import (
     ai_message,
     final_chunk,
     openai_messages,

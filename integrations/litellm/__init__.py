@@ -6,7 +6,7 @@ Supported: LiteLLM >= 1.110 (``litellm.CustomLLM``; checked against 1.110.2), wi
 In code::
 
     import litellm
-    from integrations.litellm import register
+    from talaria.integrations.litellm import register
 
     talaria = register()                      # installs provider "talaria"
     with talaria.session("http://127.0.0.1:8000") as session:   # one agent run
@@ -35,7 +35,7 @@ own event loop, one per handler, so one per process for the module-level handler
 (``TalariaLLM(embedded_config=...)`` chooses what it serves; ``attach_embedded`` reuses a
 Talaria you already run). ``talaria_llm.close()`` stops it.
 
-Errors are LiteLLM's own exceptions (:mod:`integrations.litellm.errors`): an unknown model
+Errors are LiteLLM's own exceptions (:mod:`talaria.integrations.litellm.errors`): an unknown model
 raises ``litellm.NotFoundError``, a refused request ``litellm.BadRequestError``, an
 unreachable server ``litellm.APIConnectionError`` within ``connect_timeout_s`` (5 s by
 default), a slow one ``litellm.Timeout`` after the call's ``timeout``. Streamed calls fail
@@ -51,7 +51,7 @@ LiteLLM proxy (``litellm --config config.yaml``), with this repository importabl
           api_base: http://127.0.0.1:8000
     litellm_settings:
       custom_provider_map:
-        - {"provider": "talaria", "custom_handler": integrations.litellm.talaria_llm}
+        - {"provider": "talaria", "custom_handler": talaria.integrations.litellm.talaria_llm}
 
 The proxy needs its dependencies: ``pip install -e '.[litellm-proxy]'`` (LiteLLM's own
 ``litellm[proxy]`` pins a ``litellm-proxy`` package the registry may not serve, so the extra
@@ -78,11 +78,19 @@ until a call needs it.
 
 from __future__ import annotations
 
-from integrations.litellm.call import Answer, Call, Piece, ServerError, TimedOut, Unreachable, Usage
-from integrations.litellm.embedded import EmbeddedTalaria
-from integrations.litellm.errors import to_litellm_error
-from integrations.litellm.http import HttpBackend
-from integrations.litellm.provider import PROVIDER, TalariaLLM, register
+from talaria.integrations.litellm.call import (
+    Answer,
+    Call,
+    Piece,
+    ServerError,
+    TimedOut,
+    Unreachable,
+    Usage,
+)
+from talaria.integrations.litellm.embedded import EmbeddedTalaria
+from talaria.integrations.litellm.errors import to_litellm_error
+from talaria.integrations.litellm.http import HttpBackend
+from talaria.integrations.litellm.provider import PROVIDER, TalariaLLM, register
 
 __all__ = [
     "PROVIDER",

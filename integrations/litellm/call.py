@@ -1,11 +1,12 @@
 """What the provider hands a backend (one chat call) and gets back, and how a call fails.
 
-Both backends (:mod:`~integrations.litellm.http`, :mod:`~integrations.litellm.embedded`)
-take a :class:`Call` and answer with an :class:`Answer` or a stream of :class:`Piece` s; they
-fail with one of three errors, which the provider turns into LiteLLM's own exceptions
-(:mod:`~integrations.litellm.errors`): :class:`ServerError` (the server answered with an
-error: HTTP status and OpenAI's ``message`` / ``code`` / ``param``), :class:`Unreachable`
-(no connection) and :class:`TimedOut`. Units: tokens, seconds.
+Both backends (:mod:`~talaria.integrations.litellm.http`,
+:mod:`~talaria.integrations.litellm.embedded`) take a :class:`Call` and answer with an
+:class:`Answer` or a stream of :class:`Piece` s; they fail with one of three errors, which
+the provider turns into LiteLLM's own exceptions
+(:mod:`~talaria.integrations.litellm.errors`): :class:`ServerError` (the server answered
+with an error: HTTP status and OpenAI's ``message`` / ``code`` / ``param``),
+:class:`Unreachable` (no connection) and :class:`TimedOut`. Units: tokens, seconds.
 """
 
 from __future__ import annotations

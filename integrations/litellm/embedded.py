@@ -7,7 +7,7 @@ serves calls from a ``Talaria`` that already runs on some loop (a server's, a te
 
 Calls are validated exactly as the HTTP server validates them (``talaria.server.schemas``),
 so a call that the server would refuse fails here with the same status and message, as a
-:class:`~integrations.litellm.call.ServerError`. Each call runs as one task on the
+:class:`~talaria.integrations.litellm.call.ServerError`. Each call runs as one task on the
 Talaria loop; a streamed call is pumped by one task into a queue that the caller drains
 (from a thread or from its own event loop), and is cancelled when the caller stops early.
 """
@@ -26,7 +26,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import attrs
 from pydantic import ValidationError
 
-from integrations.litellm.call import (
+from talaria.errors import TalariaError
+from talaria.integrations.litellm.call import (
     Answer,
     Call,
     Piece,
@@ -35,7 +36,6 @@ from integrations.litellm.call import (
     ToolCall,
     Usage,
 )
-from talaria.errors import TalariaError
 from talaria.server import schemas
 from talaria.server.errors import HttpError, from_talaria, from_validation
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import httpx
 from litellm import exceptions as lx
 
-from integrations.litellm.call import CallError, ServerError, TimedOut
+from talaria.integrations.litellm.call import CallError, ServerError, TimedOut
 
 __all__ = ["to_litellm_error"]
 

@@ -2,7 +2,7 @@
 client (a dependency of LiteLLM).
 
 The client never retries (``max_retries=0``: retrying is LiteLLM's ``num_retries``).
-Every failure leaves as a :class:`~integrations.litellm.call.CallError`: an HTTP error
+Every failure leaves as a :class:`~talaria.integrations.litellm.call.CallError`: an HTTP error
 answer or an error event inside a stream as :class:`ServerError`, no connection as
 :class:`Unreachable`, a timeout as :class:`TimedOut`.
 """
@@ -18,7 +18,7 @@ import openai
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from openai.types.completion_usage import CompletionUsage
 
-from integrations.litellm.call import (
+from talaria.integrations.litellm.call import (
     Answer,
     Call,
     CallError,

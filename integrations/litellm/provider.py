@@ -32,10 +32,10 @@ from litellm.types.utils import (
     ModelResponse,
 )
 
-from integrations.litellm.call import Answer, Call, CallError, Piece
-from integrations.litellm.embedded import DEFAULT_STARTUP_TIMEOUT_S, EmbeddedTalaria
-from integrations.litellm.errors import to_litellm_error
-from integrations.litellm.http import HttpBackend, openai_base_url
+from talaria.integrations.litellm.call import Answer, Call, CallError, Piece
+from talaria.integrations.litellm.embedded import DEFAULT_STARTUP_TIMEOUT_S, EmbeddedTalaria
+from talaria.integrations.litellm.errors import to_litellm_error
+from talaria.integrations.litellm.http import HttpBackend, openai_base_url
 from talaria.session import (
     GapPredictor,
     HintSender,
@@ -404,11 +404,11 @@ class TalariaLLM(CustomLLM):
 
 def register(handler: TalariaLLM | None = None, provider: str = PROVIDER) -> TalariaLLM:
     """Install ``handler`` (default: the module-level ``talaria_llm`` of
-    :mod:`integrations.litellm`) as LiteLLM's provider ``provider``, replacing an earlier
+    :mod:`talaria.integrations.litellm`) as LiteLLM's provider ``provider``, replacing an earlier
     entry for that name; returns it. Mutates ``litellm.custom_provider_map``, the global
     registry LiteLLM reads on every call."""
     if handler is None:
-        from integrations.litellm import talaria_llm
+        from talaria.integrations.litellm import talaria_llm
 
         handler = talaria_llm
     entries = [e for e in litellm.custom_provider_map if e.get("provider") != provider]

@@ -12,7 +12,7 @@ Supports mini-swe-agent 2.x (written and tested against 2.4.6, whose ``Model`` p
   message's ``extra``. Plug it in by config (``model_class`` is an import path)::
 
       model:
-        model_class: integrations.swe_agent.mini_swe_agent.TalariaModel
+        model_class: talaria.integrations.swe_agent.mini_swe_agent.TalariaModel
         model_name: smollm2-135m
         base_url: http://127.0.0.1:8000
 
@@ -52,7 +52,7 @@ from minisweagent.models.utils.actions_text import (
 )
 from pydantic import Field, SecretStr, field_validator
 
-from integrations.swe_agent.runs import DEFAULT_BASE_URL, AgentSessions, SessionRecord
+from talaria.integrations.swe_agent.runs import DEFAULT_BASE_URL, AgentSessions, SessionRecord
 from talaria.session import GapPredictor, HintSender
 
 __all__ = [
@@ -416,4 +416,4 @@ class TalariaAgentMixin:
 
 class TalariaAgent(TalariaAgentMixin, DefaultAgent):
     """mini-swe-agent's ``DefaultAgent`` with :class:`TalariaAgentMixin`; usable as
-    ``agent_class: integrations.swe_agent.mini_swe_agent.TalariaAgent``."""
+    ``agent_class: talaria.integrations.swe_agent.mini_swe_agent.TalariaAgent``."""

@@ -10,9 +10,13 @@ that calls these methods the same way.
 
 Usage (Python; SWE-agent's YAML configs and ``sweagent run`` have no field for agent hooks,
 and ``talaria/<model>`` resolves only where the provider is registered; a complete run is
-:func:`integrations.swe_agent.sweagent_run.run_swe_agent`, checked against SWE-agent 1.1.0)::
+:func:`talaria.integrations.swe_agent.sweagent_run.run_swe_agent`, checked against SWE-agent
+1.1.0)::
 
-    from integrations.swe_agent.sweagent_hook import TalariaAgentHook, swe_agent_model_config
+    from talaria.integrations.swe_agent.sweagent_hook import (
+        TalariaAgentHook,
+        swe_agent_model_config,
+    )
     from sweagent.run.run_single import RunSingle, RunSingleConfig
 
     config = RunSingleConfig.model_validate({
@@ -50,10 +54,10 @@ import logging
 import threading
 from typing import TYPE_CHECKING, Any, Protocol
 
-from integrations.swe_agent.runs import AgentSessions, SessionRecord
+from talaria.integrations.swe_agent.runs import AgentSessions, SessionRecord
 
 if TYPE_CHECKING:
-    from integrations.litellm.provider import TalariaLLM
+    from talaria.integrations.litellm.provider import TalariaLLM
 
 __all__ = ["SESSION_HEADER", "TalariaAgentHook", "swe_agent_model_config"]
 
@@ -174,7 +178,7 @@ class TalariaAgentHook:
     # ------------------------------------------------------------------ setup
     def _provider(self) -> TalariaLLM:
         if self.provider is None:
-            from integrations.litellm import talaria_llm
+            from talaria.integrations.litellm import talaria_llm
 
             self.provider = talaria_llm
         return self.provider
@@ -211,7 +215,7 @@ class TalariaAgentHook:
 
         prefix = PROVIDER_PREFIX.rstrip("/")
         if not any(e.get("provider") == prefix for e in litellm.custom_provider_map):
-            from integrations.litellm import register
+            from talaria.integrations.litellm import register
 
             register(self._provider(), prefix)
 

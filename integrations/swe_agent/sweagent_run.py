@@ -44,7 +44,7 @@ from typing import Any
 
 import attrs
 
-from integrations.swe_agent.sweagent_hook import TalariaAgentHook, swe_agent_model_config
+from talaria.integrations.swe_agent.sweagent_hook import TalariaAgentHook, swe_agent_model_config
 
 __all__ = [
     "SWE_AGENT_VERSION",

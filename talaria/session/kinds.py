@@ -1,10 +1,11 @@
 """Tool kinds: what ran in a tool gap, from a tool name and (for shell tools) its command.
 
-The kinds are the trace schema's five (:class:`~swebench_replay.traces.ToolKind`) and shell
-commands are classified by the trace converter's own
-:func:`~swebench_replay.convert.classify_command`, so a live client and a converted trace
-agree on what a command is. ``swebench_replay.traces`` and ``swebench_replay.convert`` import
-only ``talaria.errors`` from the library, so importing them here creates no cycle.
+The kinds are the trace schema's five (:class:`~talaria.swebench_replay.traces.ToolKind`)
+and shell commands are classified by the trace converter's own
+:func:`~talaria.swebench_replay.convert.classify_command`, so a live client and a converted
+trace agree on what a command is. ``talaria.swebench_replay.traces`` and
+``talaria.swebench_replay.convert`` import only ``talaria.errors`` from the library, so
+importing them here creates no cycle.
 
 Tool *names* (function-calling agents: ``read_file``, ``run_tests``, ``pip_install``) are not
 shell commands; :func:`classify_tool` reads their words with a small table of its own before
@@ -15,8 +16,8 @@ from __future__ import annotations
 
 import re
 
-from swebench_replay.convert import classify_command
-from swebench_replay.traces import ToolKind
+from talaria.swebench_replay.convert import classify_command
+from talaria.swebench_replay.traces import ToolKind
 
 __all__ = ["OTHER_PREFIX", "ToolKind", "classify_command", "classify_tool", "gap_key"]
 

@@ -38,8 +38,8 @@ from langchain_core.outputs import ChatGeneration, LLMResult
 from langchain_core.runnables import RunnableConfig, RunnableLambda
 from langchain_core.tools import tool
 
-from integrations.langchain import ChatTalaria, TalariaCallbackHandler
-from integrations.langchain.chat_model import SESSION_KWARG, _session_id
+from talaria.integrations.langchain import ChatTalaria, TalariaCallbackHandler
+from talaria.integrations.langchain.chat_model import SESSION_KWARG, _session_id
 from talaria.session import HintSender
 from tests.integrations.live_server import MODEL, Served
 

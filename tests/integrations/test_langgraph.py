@@ -29,7 +29,7 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph.state import CompiledStateGraph
 from langgraph.prebuilt import create_react_agent
 
-from integrations.langchain import ChatTalaria, TalariaCallbackHandler
+from talaria.integrations.langchain import ChatTalaria, TalariaCallbackHandler
 from tests.integrations.live_server import MODEL, Served
 
 # LangGraph 1.x marks create_react_agent as moved to `langchain.agents.create_agent` (the

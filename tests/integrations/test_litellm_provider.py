@@ -26,9 +26,9 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no network at i
 import litellm
 from litellm import exceptions as lx
 
-from integrations.litellm import EmbeddedTalaria, HttpBackend, TalariaLLM, register
-from integrations.litellm.call import Answer, Call, Piece, ToolCall, Usage
-from integrations.litellm.provider import (
+from talaria.integrations.litellm import EmbeddedTalaria, HttpBackend, TalariaLLM, register
+from talaria.integrations.litellm.call import Answer, Call, Piece, ToolCall, Usage
+from talaria.integrations.litellm.provider import (
     _chunks_of,
     _session_and_headers,
 )

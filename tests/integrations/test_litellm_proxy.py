@@ -45,7 +45,7 @@ model_list:
 litellm_settings:
   custom_provider_map:
     - provider: talaria
-      custom_handler: integrations.litellm.talaria_llm
+      custom_handler: talaria.integrations.litellm.talaria_llm
 general_settings:
   master_key: {MASTER_KEY}
   pass_through_endpoints:

@@ -1,4 +1,4 @@
-"""mini-swe-agent on a live Talaria server (integrations.swe_agent.mini_swe_agent).
+"""mini-swe-agent on a live Talaria server (talaria.integrations.swe_agent.mini_swe_agent).
 
 One real server per module (uvicorn on 127.0.0.1, SmolLM2-135M, about 13 s to load) over a
 ``Talaria`` this module owns, wrapped so that the test sees what the server received: the
@@ -45,14 +45,14 @@ from minisweagent.environments.local import LocalEnvironment
 from minisweagent.models import get_model
 from minisweagent.models.litellm_textbased_model import LitellmTextbasedModel
 
-from integrations.swe_agent.mini_swe_agent import (
+from talaria.api import ChatChunk, Talaria, TalariaConfig
+from talaria.integrations.swe_agent.mini_swe_agent import (
     SMALL_MODEL_ACTION_REGEX,
     TalariaAgent,
     TalariaEnvironment,
     TalariaModel,
 )
-from integrations.swe_agent.runs import AgentSessions
-from talaria.api import ChatChunk, Talaria, TalariaConfig
+from talaria.integrations.swe_agent.runs import AgentSessions
 from talaria.server.app import create_app
 from tests.integrations.live_server import serve_in_thread
 
@@ -180,7 +180,7 @@ def test_plugs_in_through_mini_swe_agents_config(tmp_path: Path) -> None:
     """``model_class`` / ``agent_class`` import paths, as mini's run scripts resolve them."""
     model = get_model(
         config={
-            "model_class": "integrations.swe_agent.mini_swe_agent.TalariaModel",
+            "model_class": "talaria.integrations.swe_agent.mini_swe_agent.TalariaModel",
             "model_name": "talaria/smollm2-135m",
             "base_url": "http://127.0.0.1:9/v1/",
             "api_key": "secret-key",
@@ -195,7 +195,7 @@ def test_plugs_in_through_mini_swe_agents_config(tmp_path: Path) -> None:
         model,
         env,
         {
-            "agent_class": "integrations.swe_agent.mini_swe_agent.TalariaAgent",
+            "agent_class": "talaria.integrations.swe_agent.mini_swe_agent.TalariaAgent",
             "system_template": SYSTEM,
             "instance_template": INSTANCE,
         },

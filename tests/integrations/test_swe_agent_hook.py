@@ -1,4 +1,4 @@
-"""The SWE-agent hook (integrations.swe_agent.sweagent_hook) against a live Talaria server.
+"""The SWE-agent hook (talaria.integrations.swe_agent.sweagent_hook) against a live Talaria server.
 
 The real SWE-agent 1.1.0 run is ``test_swe_agent_run.py``; these tests drive the hook
 without SWE-agent, the way SWE-agent 1.x's ``DefaultAgent`` does (so they run where
@@ -33,8 +33,8 @@ import pytest
 import torch
 from fastapi import FastAPI
 
-from integrations.swe_agent.sweagent_hook import TalariaAgentHook, swe_agent_model_config
 from talaria.api import ChatChunk, Talaria, TalariaConfig
+from talaria.integrations.swe_agent.sweagent_hook import TalariaAgentHook, swe_agent_model_config
 from talaria.server.app import create_app
 from tests.integrations.live_server import serve_in_thread
 

@@ -34,8 +34,9 @@ import pytest
 import torch
 from fastapi import FastAPI
 
-from integrations.swe_agent.sweagent_hook import swe_agent_model_config
-from integrations.swe_agent.sweagent_run import (
+from talaria.api import Talaria
+from talaria.integrations.swe_agent.sweagent_hook import swe_agent_model_config
+from talaria.integrations.swe_agent.sweagent_run import (
     FINISHED_STATUSES,
     ROOT_LEFTOVERS,
     demo_repository,
@@ -44,7 +45,6 @@ from integrations.swe_agent.sweagent_run import (
     small_model_agent_config,
     sweagent_importable,
 )
-from talaria.api import Talaria
 from talaria.server.app import create_app
 from tests.integrations.live_server import TINY, Recorder, serve_in_thread
 

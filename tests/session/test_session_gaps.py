@@ -12,7 +12,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from benchmarks import gap_prediction
-from swebench_replay.traces import TraceCall, TraceSession, session_to_json
 from talaria.errors import BadRequest, ConfigError
 from talaria.session import (
     MAX_EXPECTED_S,
@@ -25,6 +24,7 @@ from talaria.session import (
     gap_key,
     load_tool_priors,
 )
+from talaria.swebench_replay.traces import TraceCall, TraceSession, session_to_json
 
 SHARED_PRIORS = Path(__file__).resolve().parents[3] / "shared" / "traces" / "tool_time_by_kind.json"
 

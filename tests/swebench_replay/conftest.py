@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from swebench_replay.traces import find_traces
 from talaria.errors import TraceError
+from talaria.swebench_replay.traces import find_traces
 
 DATA = Path(__file__).parent / "data"
 

@@ -10,15 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from swebench_replay.convert import (
+from talaria.errors import TraceError
+from talaria.swebench_replay.convert import (
     classify_command,
     convert_file,
     find_trajectories,
     main,
     write_trace,
 )
-from swebench_replay.traces import ToolKind, load_trace
-from talaria.errors import TraceError
+from talaria.swebench_replay.traces import ToolKind, load_trace
 
 K = ToolKind
 
@@ -213,7 +213,7 @@ def test_cli(data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str])
 
 def test_cli_help_runs_as_module() -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "swebench_replay.convert", "--help"],
+        [sys.executable, "-m", "talaria.swebench_replay.convert", "--help"],
         capture_output=True,
         text=True,
         check=False,

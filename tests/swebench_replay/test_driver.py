@@ -7,16 +7,16 @@ from typing import Any
 
 import pytest
 
-from swebench_replay.driver import (
+from talaria.errors import ConfigError
+from talaria.policy.baselines import policy
+from talaria.swebench_replay.driver import (
     ReplayOptions,
     cluster_for,
     run_replay,
     simulate,
     to_scripts,
 )
-from swebench_replay.setup import Workload, load_workload
-from talaria.errors import ConfigError
-from talaria.policy.baselines import policy
+from talaria.swebench_replay.setup import Workload, load_workload
 
 N_SESSIONS = 5
 TARGET_CALLS = 50
@@ -226,7 +226,7 @@ def test_references_are_computed_beside_the_policies(
 
 
 def test_model_serial_orders_groups_by_makespan(workload: Workload) -> None:
-    from swebench_replay.references import model_serial
+    from talaria.swebench_replay.references import model_serial
 
     scripts = to_scripts(workload.replay, workload.tool_table)
     cluster = cluster_for("h200-tp8", 1)
@@ -250,7 +250,7 @@ def test_model_serial_orders_groups_by_makespan(workload: Workload) -> None:
 
 
 def simulate_scripts(part: Any, cluster: Any) -> Any:
-    from swebench_replay.driver import estimators_for
     from talaria.sim.simulator import Simulator
+    from talaria.swebench_replay.driver import estimators_for
 
     return Simulator(cluster, policy("talaria"), estimators_for(cluster)).run(part)

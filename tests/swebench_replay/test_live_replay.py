@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import anyio
 
-from swebench_replay.driver import to_scripts
-from swebench_replay.live_replay import _play, _simulate, step_breakdown
-from swebench_replay.metrics import check_conservation, policy_summary
-from swebench_replay.setup import load_workload
+from talaria.swebench_replay.driver import to_scripts
+from talaria.swebench_replay.live_replay import _play, _simulate, step_breakdown
+from talaria.swebench_replay.metrics import check_conservation, policy_summary
+from talaria.swebench_replay.setup import load_workload
 from tests.helpers import tiny_cluster
 
 

@@ -12,15 +12,15 @@ import attrs
 import pytest
 import torch
 
-import swebench_replay.live_replay as live_replay
 import talaria.backends.calibrate as calibrate_module
-from swebench_replay.live_replay import EmbeddedOptions, run_embedded_replay
-from swebench_replay.setup import load_workload
+import talaria.swebench_replay.live_replay as live_replay
 from talaria.cli import main
 from talaria.cost.calibration import MEASURED_HERE, SHIPPED, CalibrationMode
 from talaria.engine.loader import LoadedModel
 from talaria.engine.runner import flatten_weights
 from talaria.policy.baselines import POLICIES
+from talaria.swebench_replay.live_replay import EmbeddedOptions, run_embedded_replay
+from talaria.swebench_replay.setup import load_workload
 from tests.backends.test_calibrate import TINY_PLAN, QuietWatch, tiny_models
 
 MB = 2**20

@@ -6,8 +6,13 @@ from typing import Any
 
 import pytest
 
-from swebench_replay.metrics import add_ratios, check_conservation, percentile, policy_summary
 from talaria.sim.simulator import CallRecord, SessionRecord, SimResult
+from talaria.swebench_replay.metrics import (
+    add_ratios,
+    check_conservation,
+    percentile,
+    policy_summary,
+)
 
 
 def _call(

@@ -8,17 +8,17 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from swebench_replay.driver import ReplayOptions, run_replay
-from swebench_replay.metrics import add_ratios
-from swebench_replay.report import (
+from talaria.policy.baselines import policy
+from talaria.swebench_replay.driver import ReplayOptions, run_replay
+from talaria.swebench_replay.metrics import add_ratios
+from talaria.swebench_replay.report import (
     mechanism_table,
     plot_sct_cdf,
     plot_sweep,
     policy_table,
     sweep_table,
 )
-from swebench_replay.setup import load_workload
-from talaria.policy.baselines import policy
+from talaria.swebench_replay.setup import load_workload
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from swebench_replay.driver import ReplayOptions, run_replay
-from swebench_replay.setup import load_workload
 from talaria.policy.baselines import BASELINES, POLICIES
+from talaria.swebench_replay.driver import ReplayOptions, run_replay
+from talaria.swebench_replay.setup import load_workload
 
 
 @pytest.fixture(scope="module")

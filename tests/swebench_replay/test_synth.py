@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from swebench_replay.convert import write_trace
-from swebench_replay.synth import SynthStats, synthesize
-from swebench_replay.traces import ToolKind, TraceSession, load_trace
 from talaria.errors import ConfigError
+from talaria.swebench_replay.convert import write_trace
+from talaria.swebench_replay.synth import SynthStats, synthesize
+from talaria.swebench_replay.traces import ToolKind, TraceSession, load_trace
 
 
 @pytest.fixture(scope="module")

@@ -14,14 +14,14 @@ from typing import Any
 import anyio
 import pytest
 
-from swebench_replay.driver import ReplayOptions, run_replay, to_scripts
-from swebench_replay.live_replay import _play
-from swebench_replay.setup import load_workload
-from swebench_replay.timeline import plot_timeline, timeline_policies
 from talaria.cli import main
 from talaria.config import ClusterConfig, InstanceSpec
 from talaria.policy.baselines import POLICIES, policy
 from talaria.sim.simulator import CallRecord, SimResult, Simulator, SlotRecord
+from talaria.swebench_replay.driver import ReplayOptions, run_replay, to_scripts
+from talaria.swebench_replay.live_replay import _play
+from talaria.swebench_replay.setup import load_workload
+from talaria.swebench_replay.timeline import plot_timeline, timeline_policies
 from talaria.types import ScriptedCall, SessionScript, TokenSeq
 from tests.helpers import RoundNumberEstimator, tiny_cluster, tiny_spec
 

@@ -11,7 +11,8 @@ from pathlib import Path
 import attrs
 import pytest
 
-from swebench_replay.traces import (
+from talaria.errors import TraceError
+from talaria.swebench_replay.traces import (
     SCHEMA,
     TRACES_ENV,
     ToolKind,
@@ -23,7 +24,6 @@ from swebench_replay.traces import (
     load_trace,
     session_to_json,
 )
-from talaria.errors import TraceError
 
 KINDS = "shell_read_edit, python_script, tests, install, other"
 SECONDS = "a finite number of seconds >= -10 or null"

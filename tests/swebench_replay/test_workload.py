@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from swebench_replay.synth import SynthStats, synthesize
-from swebench_replay.traces import ToolKind, TraceCall, TraceSession, load_trace
-from swebench_replay.workload import (
+from talaria.errors import BadRequest
+from talaria.swebench_replay.synth import SynthStats, synthesize
+from talaria.swebench_replay.traces import ToolKind, TraceCall, TraceSession, load_trace
+from talaria.swebench_replay.workload import (
     Arrival,
     ArrivalKind,
     ReplaySet,
@@ -20,7 +21,6 @@ from swebench_replay.workload import (
     parse_arrival,
     select_sessions,
 )
-from talaria.errors import BadRequest
 from talaria.types import Call
 
 # --------------------------------------------------------------------------- helpers
