@@ -88,6 +88,9 @@ def _chat_kwargs(call: Call) -> dict[str, Any]:
         raise _server_error(from_validation(exc)) from None
     except HttpError as exc:
         raise _server_error(exc) from None
+    args = request.sampling_args()
+    args.pop("logprobs")  # the provider refuses logprobs and n > 1 before any backend
+    args.pop("n")
     return {
         "messages": request.api_messages(),
         "model": request.model,
@@ -96,11 +99,7 @@ def _chat_kwargs(call: Call) -> dict[str, Any]:
         "parallel_tool_calls": request.parallel_tool_calls,
         "session_id": sid,
         "max_tokens": request.new_tokens(),
-        "temperature": request.temperature,
-        "top_p": request.top_p,
-        "top_k": max(request.top_k, 0),
-        "seed": request.seed,
-        "stop": request.stop,
+        **args,
     }
 
 

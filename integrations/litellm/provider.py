@@ -348,6 +348,13 @@ class TalariaLLM(CustomLLM):
                 model=model,
                 llm_provider=PROVIDER,
             )
+        if params.get("logprobs") or params.get("top_logprobs"):  # an Answer is text only
+            raise lx.BadRequestError(
+                "logprobs: the Talaria provider returns text and tool calls, not logprobs; "
+                "leave it out (or ask the server's OpenAI API for them directly)",
+                model=model,
+                llm_provider=PROVIDER,
+            )
         extra = params.get("extra_body")
         extra = dict(extra) if isinstance(extra, Mapping) else {}
         session_id, hdrs = _session_and_headers(params, extra, litellm_params, headers)

