@@ -196,8 +196,9 @@ class StopUpdate:
     stop_reason: str | int | None = None
 
 
-def _held_suffix(text: str, stops: Sequence[str]) -> int:
-    """Length of the longest suffix of ``text`` that is a proper prefix of some stop string."""
+def held_suffix(text: str, stops: Sequence[str]) -> int:
+    """Length of the longest suffix of ``text`` that is a proper prefix of some string of
+    ``stops`` (stop strings; the tool-call parsers' markers)."""
     longest = min(len(text), max((len(s) - 1 for s in stops), default=0))
     for size in range(longest, 0, -1):
         tail = text[-size:]
@@ -273,6 +274,6 @@ class StopChecker:
             self._pending = ""
             self.finish_reason = "stop" if reason is not None else "length"
             return StopUpdate(text, self.finish_reason, reason)
-        held = _held_suffix(text, stops)
+        held = held_suffix(text, stops)
         self._pending = text[len(text) - held :] if held else ""
         return StopUpdate(text[: len(text) - held])

@@ -42,6 +42,7 @@ from typing import Any, Final
 import attrs
 
 from talaria.api.results import ToolCall
+from talaria.generation import held_suffix
 
 __all__ = [
     "Piece",
@@ -210,7 +211,7 @@ class ToolCallStream:
             self._buffer = self._buffer[start:]
             self._in_call = True
             return True
-        keep = _held_suffix(self._buffer, syntax.opens)
+        keep = held_suffix(self._buffer, syntax.opens)
         content.append(self._buffer[: len(self._buffer) - keep])
         self._buffer = self._buffer[len(self._buffer) - keep :]
         return False
@@ -315,17 +316,6 @@ def _dumps(obj: Any) -> str:
     return json.dumps(obj, ensure_ascii=False)
 
 
-def _held_suffix(text: str, markers: Sequence[str]) -> int:
-    """The length of the longest end of ``text`` that is the start of a marker."""
-    best = 0
-    for marker in markers:
-        for k in range(min(len(marker) - 1, len(text)), best, -1):
-            if marker.startswith(text[-k:]):
-                best = k
-                break
-    return best
-
-
 def _closed(fmt: ToolFormat, raw: str) -> str:
     """A forced call's text with the closing of the object the server opened (``}``, and
     ``]`` for Mistral's list), placed before a Hermes closing tag."""
@@ -355,7 +345,7 @@ def _objects(fmt: ToolFormat, raw: str) -> list[Any] | None:
     text = raw.strip()
     if fmt is ToolFormat.HERMES:  # a closing tag cut short by max_tokens counts as one
         text = text.removeprefix(HERMES_OPEN).removesuffix(HERMES_CLOSE)
-        text = text[: len(text) - _held_suffix(text, (HERMES_CLOSE,))]
+        text = text[: len(text) - held_suffix(text, (HERMES_CLOSE,))]
         return _list(_loads_prefix(text.strip()))
     if fmt is ToolFormat.LLAMA3_JSON:
         return _semicolon_joined(text.removeprefix(PYTHON_TAG).strip())
