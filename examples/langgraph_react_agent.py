@@ -13,7 +13,7 @@ call, and ``TalariaCallbackHandler`` turns the tool runs into tool-gap hints of 
 
 Two questions are asked on the same thread; the second call's ``cached`` count (prompt
 tokens whose KV the server reused) shows the session continuing. SmolLM2-135M writes its
-tool call as ``<tool_call>`` text (``ChatTalaria`` parses it into ``tool_calls``) when the
+tool call as ``<tool_call>`` text (the server reads it into OpenAI ``tool_calls``) when the
 prompt shows two worked examples; greedy decoding keeps it repeatable. A model may still
 answer without calling the tool, and a 135M model's prose may misstate the sum the tool
 returned; the script prints what happened either way.
