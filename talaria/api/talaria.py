@@ -205,7 +205,10 @@ class Talaria:
         live = self.live
         cluster = self._require_cluster()
         checker = StopChecker(
-            p.params, cluster.eos_token_ids.get(p.model, ()), p.tokenizer.stream()
+            p.params,
+            cluster.eos_token_ids.get(p.model, ()),
+            # a template's call markers may be special tokens (as vLLM's parsers do, keep them)
+            p.tokenizer.stream(skip_special_tokens=p.tools is None),
         )
         own = cluster.tokenizers.get(p.model) is not None
         limit = None if own else p.tokenizer.vocab_size
