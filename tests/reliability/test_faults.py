@@ -17,6 +17,7 @@ import pytest
 
 from benchmarks.serve_process import KEY, TINY, start, stop, tiny_fields
 from talaria.api import Talaria
+from talaria.runtime.live import MAX_CONSECUTIVE_FAILURES
 from tests.reliability.inprocess import requires_tiny_model, serve_talaria
 
 pytestmark = requires_tiny_model
@@ -83,17 +84,28 @@ def test_an_instance_whose_steps_fail_loses_no_answer_elsewhere(served: Served) 
         expected = {i: alone(c, i) for i in range(12)}
         assert served.integrity()["integrity"] == "ok"
         runner = served.runner("cpu-1")
+        driver = served.talaria.live.drivers["cpu-1"]
         # cpu-1 stays out once taken out (no recovery attempt during the test: on a slow
-        # machine the 5 s default could bring it back between the checks below)
-        served.talaria.live.drivers["cpu-1"].backoff_s = 3600.0
+        # machine the 5 s default could bring it back between the checks below), and its
+        # first failing step takes it out (however few steps its calls were batched into)
+        driver.backoff_s = 3600.0
+        driver.failures = MAX_CONSECUTIVE_FAILURES - 1
         runner.execute = failing  # every step of cpu-1 raises from now on
 
-        def ask(i: int) -> httpx.Response:
-            return c.post(CHAT, json=body(i), headers={"X-Session-ID": f"s{i}"})
+        def ask(batch: int) -> Callable[[int], httpx.Response]:
+            def one(i: int) -> httpx.Response:
+                return c.post(CHAT, json=body(i), headers={"X-Session-ID": f"s{batch}-{i}"})
 
-        first = concurrently(12, ask)
-        ok = [(i, r) for i, r in enumerate(first) if r.status_code == 200]
-        failed = [r for r in first if r.status_code != 200]
+            return one
+
+        first: list[tuple[int, httpx.Response]] = []
+        for batch in range(5):  # until routing has sent cpu-1 a call (the first batch, mostly)
+            first += list(enumerate(concurrently(12, ask(batch))))
+            if not served.talaria.stats()["instances"]["cpu-1"]["healthy"]:
+                break
+        ok = [(i, r) for i, r in first if r.status_code == 200]
+        failed = [r for _, r in first if r.status_code != 200]
+        assert failed  # cpu-1 was given calls, and failed them
         assert all(r.status_code == 503 for r in failed)
         assert all(r.json()["error"]["code"] == "instance_failed" for r in failed)
         assert all(r.headers["x-talaria-instance"] == "cpu-0" for _, r in ok)
