@@ -89,19 +89,19 @@ def arguments(call: Any) -> Any:
     return json.loads(call.function.arguments)
 
 
+def create(client: openai.OpenAI, messages: list[dict[str, Any]], **fields: Any) -> Any:
+    """One greedy chat call (40 tokens unless said) with ``get_weather`` and ``run_shell``
+    unless ``tools`` says otherwise."""
+    fields = {"tools": [WEATHER, SHELL], "temperature": 0, "max_tokens": 40, **fields}
+    return client.chat.completions.create(model=MODEL, messages=messages, **fields)
+
+
 def test_the_models_call_comes_back_as_tool_calls(client: openai.OpenAI) -> None:
-    r = client.chat.completions.create(
-        model=MODEL,
-        messages=ask("Paris"),  # type: ignore[arg-type]
-        tools=[WEATHER, SHELL],  # type: ignore[list-item]
-        temperature=0,
-        max_tokens=40,
-        extra_headers={"X-Session-ID": "tools-auto"},
-    )
+    r = create(client, ask("Paris"), extra_headers={"X-Session-ID": "tools-auto"})
     choice = r.choices[0]
     assert choice.finish_reason == "tool_calls" and choice.message.content is None
     calls = choice.message.tool_calls or []
-    assert [c.function.name for c in calls] == ["get_weather"]  # type: ignore[union-attr]
+    assert [c.function.name for c in calls] == ["get_weather"]
     assert arguments(calls[0]) == {"city": "Paris"}
     assert calls[0].id.startswith("call_") and calls[0].type == "function"
 
@@ -112,16 +112,9 @@ def test_the_models_call_comes_back_as_tool_calls(client: openai.OpenAI) -> None
         choice.message.model_dump(exclude_none=True),
         {"role": "tool", "tool_call_id": calls[0].id, "content": '{"weather": "cloudy"}'},
     ]
-    after = client.chat.completions.create(
-        model=MODEL,
-        messages=follow,  # type: ignore[arg-type]
-        tools=[WEATHER, SHELL],  # type: ignore[list-item]
-        temperature=0,
-        max_tokens=12,
-        extra_headers={"X-Session-ID": "tools-auto"},
-    )
+    after = create(client, follow, max_tokens=12, extra_headers={"X-Session-ID": "tools-auto"})
     assert r.usage is not None and after.usage is not None
-    cached = after.usage.prompt_tokens_details.cached_tokens  # type: ignore[union-attr]
+    cached = after.usage.prompt_tokens_details.cached_tokens
     assert cached >= r.usage.prompt_tokens - 16, (cached, r.usage.prompt_tokens)  # a block
     assert after.choices[0].finish_reason in ("stop", "length", "tool_calls")
     # special tokens are kept for the parser (markers may be special), never the end token
@@ -129,14 +122,7 @@ def test_the_models_call_comes_back_as_tool_calls(client: openai.OpenAI) -> None
 
 
 def test_streamed_tool_calls_arrive_whole_in_delta_tool_calls(client: openai.OpenAI) -> None:
-    stream = client.chat.completions.create(
-        model=MODEL,
-        messages=ask("Paris"),  # type: ignore[arg-type]
-        tools=[WEATHER, SHELL],  # type: ignore[list-item]
-        temperature=0,
-        max_tokens=40,
-        stream=True,
-    )
+    stream = create(client, ask("Paris"), stream=True)
     deltas: list[Any] = []
     finish: list[str] = []
     content: list[str] = []
@@ -160,39 +146,18 @@ def test_streamed_tool_calls_arrive_whole_in_delta_tool_calls(client: openai.Ope
 def test_required_and_named_choices_force_a_call(client: openai.OpenAI, choice: Any) -> None:
     """The server opens the call (with one tool, ``required`` names it too) and ends the
     answer at its closing tag; the model writes the arguments."""
-    r = client.chat.completions.create(
-        model=MODEL,
-        messages=ask("Lima"),  # type: ignore[arg-type]
-        tools=[WEATHER],  # type: ignore[list-item]
-        tool_choice=choice,
-        temperature=0,
-        max_tokens=40,
-    )
+    r = create(client, ask("Lima"), tools=[WEATHER], tool_choice=choice)
     calls = r.choices[0].message.tool_calls or []
     assert r.choices[0].finish_reason == "tool_calls" and len(calls) == 1
-    assert calls[0].function.name == "get_weather"  # type: ignore[union-attr]
+    assert calls[0].function.name == "get_weather"
     assert arguments(calls[0]) == {"city": "Lima"} and not r.choices[0].message.content
 
 
 def test_tool_choice_none_and_parallel_false(client: openai.OpenAI) -> None:
-    prose = client.chat.completions.create(
-        model=MODEL,
-        messages=ask("Paris"),  # type: ignore[arg-type]
-        tools=[WEATHER],  # type: ignore[list-item]
-        tool_choice="none",
-        temperature=0,
-        max_tokens=24,
-    )
+    prose = create(client, ask("Paris"), tools=[WEATHER], tool_choice="none", max_tokens=24)
     assert not prose.choices[0].message.tool_calls
     assert prose.choices[0].finish_reason in ("stop", "length")
-    one = client.chat.completions.create(
-        model=MODEL,
-        messages=ask("Paris"),  # type: ignore[arg-type]
-        tools=[WEATHER, SHELL],  # type: ignore[list-item]
-        parallel_tool_calls=False,
-        temperature=0,
-        max_tokens=40,
-    )
+    one = create(client, ask("Paris"), parallel_tool_calls=False)
     assert len(one.choices[0].message.tool_calls or []) == 1
 
 
