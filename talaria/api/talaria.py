@@ -236,13 +236,13 @@ class Talaria:
                 if p.one_shot and p.scoped_id in live.sessions:
                     live.event(p.scoped_id, EventKind.END)
 
-    def _tool_format(self, model: str) -> ToolFormat:
+    def _tool_format(self, model: str, tok: Tokenizer) -> ToolFormat:
         """How ``model`` writes tool calls: the config's ``tool_parsers`` entry, else what its
-        chat template teaches."""
+        chat template (``tok``'s) teaches."""
         named = self._config.tool_parsers.get(model)
         if named is not None:
             return ToolFormat(named)
-        return format_for_template(self._tokenizer(model).chat_template)
+        return format_for_template(tok.chat_template)
 
     def _chat_text(
         self,
@@ -259,7 +259,7 @@ class Talaria:
         if not isinstance(messages, Sequence) or isinstance(messages, str) or not messages:
             raise BadRequest("messages must be a non-empty list of {role, content} objects")
         tok = self._tokenizer(model)
-        fmt = self._tool_format(model)
+        fmt = self._tool_format(model, tok)
         plan = plan_tools(tools, tool_choice, parallel_tool_calls, fmt)
         shown = list(plan.tools) if plan is not None else None
         rendered = render_messages(messages, tok.chat_template, fmt, shown)
@@ -500,18 +500,14 @@ class Talaria:
                 reader = AnswerReader(p.tools)
                 head = reader.feed("".join(text[i]))
                 tail, reason = reader.finish(ev.finish_reason)
-                content = head.content + tail.content
-                calls = head.calls + tail.calls
-                if calls:
-                    content = content.strip()
                 choices[i] = Choice(
                     i,
-                    content,
+                    head.content + tail.content,
                     reason,
                     tuple(ids[i]),
                     usage,
                     tuple(logprobs[i]) if asked else None,
-                    calls,
+                    head.calls + tail.calls,
                 )
                 if i == 0:
                     first, instance = ev, inst

@@ -132,16 +132,15 @@ class AnswerReader:
     def finish(self, reason: str) -> tuple[Piece, str]:
         """The rest of the answer once it ended, and its ``finish_reason``: "tool_calls"
         when it holds calls (as vLLM reports it, even if ``max_tokens`` cut the text after
-        them). Raises ToolCallFailed when
-        ``tool_choice`` required a call and none is there."""
+        them). Raises ToolCallFailed when ``tool_choice`` required a call and none is
+        there."""
         if self._stream is None or self.plan is None:
             return Piece(), reason
         piece = self._stream.finish()
-        calls = self._stream.calls_made
-        if calls:
+        if self._stream.calls_made:
             return piece, "tool_calls"
-        if not calls and self.plan.choice is not Choice.AUTO:
-            plan = self.plan
+        plan = self.plan
+        if plan.choice is not Choice.AUTO:
             wanted = f"a call of {plan.forced!r}" if plan.forced else "a tool call"
             cut = " (it was cut off by max_tokens: raise it)" if reason == "length" else ""
             written = plan.opening + "".join(self._text)
@@ -164,10 +163,10 @@ def plan_tools(
     checked = _check_tools(tools)
     if parallel_tool_calls is not None and not isinstance(parallel_tool_calls, bool):
         raise BadRequest("parallel_tool_calls must be true or false")
-    choice, forced = _check_choice(tool_choice, checked)
+    names = frozenset(str(t["function"]["name"]) for t in checked)
+    choice, forced = _check_choice(tool_choice, names)
     if choice is None:
         return None
-    names = frozenset(str(t["function"]["name"]) for t in checked)
     if choice is Choice.REQUIRED and len(names) == 1:  # the one tool it can be
         choice, forced = Choice.NAMED, next(iter(names))
     return ToolPlan(
@@ -275,16 +274,13 @@ def _check_tools(tools: object) -> tuple[Mapping[str, Any], ...]:
     return tuple(out)
 
 
-def _check_choice(
-    tool_choice: object, tools: Sequence[Mapping[str, Any]]
-) -> tuple[Choice | None, str | None]:
-    names = [str(t["function"]["name"]) for t in tools]
+def _check_choice(tool_choice: object, names: frozenset[str]) -> tuple[Choice | None, str | None]:
     if tool_choice is None:
-        return (Choice.AUTO if tools else None), None
+        return (Choice.AUTO if names else None), None
     if tool_choice == "none":
         return None, None
     if tool_choice in ("auto", "required"):
-        if not tools:
+        if not names:
             if tool_choice == "auto":
                 return None, None
             raise BadRequest("tool_choice 'required' needs tools")
@@ -296,7 +292,7 @@ def _check_choice(
             if name not in names:
                 raise BadRequest(
                     f"tool_choice names the function {name!r:.80}, which is not in tools "
-                    f"({', '.join(names) or 'none'})"
+                    f"({', '.join(sorted(names)) or 'none'})"
                 )
             return Choice.NAMED, name
     raise BadRequest(

@@ -359,7 +359,7 @@ async def _collect(first: s.ChunkLike, stream: AsyncIterator[s.ChunkLike], n: in
     choices = tuple(
         s.AnswerChoice(
             i,
-            "".join(texts[i]).strip() if calls[i] else "".join(texts[i]),
+            "".join(texts[i]),
             finish.get(i, "stop"),
             _tuple_or_none(logprobs[i]),
             tuple(calls[i]),
