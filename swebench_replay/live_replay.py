@@ -26,7 +26,7 @@ from __future__ import annotations
 import gc
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 import attrs
@@ -34,7 +34,7 @@ import torch
 
 from talaria.backends.calibrate import calibrate
 from talaria.backends.calibration_plan import CalibrationPlan
-from talaria.backends.embedded import EmbeddedCluster, cluster_from_loaded, load_catalog_model
+from talaria.backends.embedded import cluster_from_loaded, load_catalog_model
 from talaria.config import InstanceSpec, PolicyConfig
 from talaria.cost.calibration import Calibration, CalibrationMode
 from talaria.cost.estimator import Estimator
@@ -45,6 +45,7 @@ from talaria.engine.sampling import SamplingParams, StopChecker
 from talaria.errors import ConfigError, TalariaError
 from talaria.generation import TokenLogprob
 from talaria.memory.kv import CallKey
+from talaria.runtime.cluster import ClusterCore
 from talaria.runtime.counters import cluster_counters
 from talaria.runtime.instance import InstanceCore, Request
 from talaria.runtime.live import Failed, Finished, LiveCluster, StepTiming
@@ -105,6 +106,17 @@ class EmbeddedOptions:
 
 
 Progress = Callable[[str, int], None]
+
+
+class PlayedCluster(Protocol):
+    """What a real-time replay plays against: a cluster core and one substrate per instance
+    (the embedded engine's cluster, or the vLLM backend's)."""
+
+    @property
+    def core(self) -> ClusterCore: ...
+
+    @property
+    def runners(self) -> Mapping[str, Substrate]: ...
 
 
 def run_embedded_replay(
@@ -222,7 +234,7 @@ def _warm_up(
 
 
 async def _play(
-    cluster: EmbeddedCluster,
+    cluster: PlayedCluster,
     scripts: Sequence[SessionScript],
     policy: str,
     tick: Callable[[int], None],
@@ -372,7 +384,7 @@ def _shifted(rec: Any, t0: float) -> Any:
 
 
 def _simulate(
-    cluster: EmbeddedCluster, policy: PolicyConfig, scripts: Sequence[SessionScript]
+    cluster: PlayedCluster, policy: PolicyConfig, scripts: Sequence[SessionScript]
 ) -> SimResult:
     """The same scripts through the simulator, on the same cluster configuration, priced by
     the estimators the live cluster's routers use (the calibration's ``cpu`` profile)."""

@@ -86,12 +86,14 @@ def build_parser() -> argparse.ArgumentParser:
     _common_workload_args(rp)
     rp.add_argument(
         "--substrate",
-        choices=["sim", "embedded"],
+        choices=["sim", "embedded", "vllm"],
         default="sim",
         help="sim: the discrete-event simulator running the real policy and memory code at "
         "paper scale; embedded: the live runtime on the real PyTorch engine on this machine "
         "(SmolLM2-135M plus two random-weight models, token counts scaled down, real time), "
-        "then the simulator's prediction of the same run",
+        "then the simulator's prediction of the same run; vllm: the same live replay with "
+        "one vLLM engine per model executing Talaria's decisions (needs vLLM installed; the "
+        "three models are written as vLLM model directories under the cache directory)",
     )
     rp.add_argument(
         "--policies",
@@ -198,6 +200,15 @@ def _add_serve_parser(sub: Any) -> None:
         "a [policy] table, api_keys, ...); default: the embedded catalog's default models",
     )
     sv.add_argument(
+        "--backend",
+        choices=["embedded", "vllm"],
+        default=None,
+        help="which engine executes Talaria's decisions: embedded (Talaria's own PyTorch "
+        "engine; the default) or vllm (one vLLM engine per model of the config's "
+        "[vllm_models.NAME] tables; needs vLLM installed, see the README's vLLM section). "
+        "Overrides the config's backend",
+    )
+    sv.add_argument(
         "--api-key",
         action="append",
         default=[],
@@ -248,7 +259,7 @@ def _cmd_replay(args: argparse.Namespace, console: Console) -> int:
     from talaria.swebench_replay.report import mechanism_table, policy_table
     from talaria.swebench_replay.setup import load_workload
 
-    embedded = args.substrate == "embedded"
+    embedded = args.substrate in ("embedded", "vllm")  # the live replays, on this machine
     from talaria.engine.catalog import DEFAULT_MODELS
 
     policies = parse_policies(args.policies or ("talaria,round" if embedded else "all"))
@@ -266,6 +277,8 @@ def _cmd_replay(args: argparse.Namespace, console: Console) -> int:
         token_scale=args.token_scale or (EMBEDDED_TOKEN_SCALE if embedded else 1.0),
     )
     console.print(f"[bold]workload[/]: {workload.replay.trace}")
+    if args.substrate == "vllm":
+        return _replay_vllm(args, console, workload, policies)
     if embedded:
         return _replay_embedded(args, console, workload, policies)
     if args.calibration != "auto":
@@ -345,6 +358,51 @@ def _replay_embedded(
     return 0
 
 
+def _replay_vllm(args: argparse.Namespace, console: Console, workload: Any, policies: Any) -> int:
+    from talaria.backends.vllm.model_dirs import catalog_for
+    from talaria.config import cache_dir
+    from talaria.engine.catalog import DEFAULT_MODELS
+    from talaria.swebench_replay.report import fidelity_table, mechanism_table, policy_table
+    from talaria.swebench_replay.vllm_replay import VllmReplayOptions, run_vllm_replay
+
+    if args.calibration != "auto":
+        raise ConfigError("--calibration applies to --substrate embedded")
+    where = cache_dir() / "vllm-models"
+    console.print(f"vLLM model directories: {where}")
+    models = catalog_for(DEFAULT_MODELS, where)
+    options = VllmReplayOptions(policies, models, gap_scale=args.gap_scale, hints=not args.no_hints)
+    out = args.out or DEFAULT_OUT / "replay-vllm"
+    runs: dict[str, SimResult] = {}
+    started = time.perf_counter()
+    with _progress(console) as progress:
+        tasks = {p.name: progress.add_task(p.name, total=workload.replay.n_calls) for p in policies}
+
+        def on_progress(name: str, n: int) -> None:
+            if name in tasks:
+                progress.update(tasks[name], completed=n)
+
+        results = run_vllm_replay(
+            workload.replay,
+            options,
+            workload.tool_table,
+            on_progress,
+            progress.console.print,
+            runs.__setitem__,
+        )
+    results["workload"]["source"] = workload.source
+    results["wall_s"] = time.perf_counter() - started
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    plots = _plots(results, runs, out)
+    console.print(policy_table(results))
+    console.print(mechanism_table(results))
+    console.print(fidelity_table(results))
+    for line in results["engine"]["mechanisms"]:
+        console.print(f"vllm: {line}")
+    console.print(f"wrote {', '.join(map(str, [out / 'results.json', *plots]))}")
+    return 0
+
+
 def _numbers(text: str, kind: type[int] | type[float], flag: str) -> list[Any]:
     try:
         values = [kind(x) for x in text.split(",") if x.strip()]
@@ -417,6 +475,13 @@ def _cmd_serve(args: argparse.Namespace, console: Console) -> int:
     if any(not k.strip() for k in keys):
         raise ConfigError("--api-key takes a non-empty key")
     config = TalariaConfig.from_toml(args.config) if args.config else TalariaConfig.default()
+    if args.backend is not None and args.backend != config.backend:
+        if args.backend == "vllm" and not config.vllm_models:
+            raise ConfigError(
+                "--backend vllm needs a --config whose [vllm_models.NAME] tables say where each "
+                "model's directory is (see the README's vLLM section)"
+            )
+        config = attrs.evolve(config, backend=args.backend)
     console.print(
         f"serving {', '.join(config.models)} on http://{args.host}:{args.port}/v1"
         f"{' (API keys required)' if keys or config.api_keys else ''}"

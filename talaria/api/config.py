@@ -26,6 +26,7 @@ from talaria.runtime.live import DEFAULT_MAX_CALLS
 
 GB = 10**9
 DEFAULT_MAX_TOKENS = 1024
+BACKENDS = ("embedded", "vllm")
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
@@ -33,9 +34,6 @@ def _models(value: Any) -> tuple[str, ...]:
     names = (value,) if isinstance(value, str) else tuple(value)
     if not names:
         raise ConfigError("serve at least one model (models = [...])")
-    for n in names:
-        if n not in ENTRIES:
-            raise ConfigError(f"unknown model {n!r}; the catalog has {sorted(ENTRIES)}")
     if len(set(names)) != len(names):
         raise ConfigError(f"models are listed twice: {list(names)}")
     return names
@@ -92,8 +90,22 @@ class TalariaConfig:
     # model -> how it writes tool calls (a talaria.api.tool_parsers.ToolFormat value, a TOML
     # [tool_parsers] table); a model not listed gets the format its chat template teaches
     tool_parsers: Mapping[str, str] = attrs.field(factory=dict, converter=dict)
+    # which engine executes: "embedded" (Talaria's PyTorch engine, the catalog's models) or
+    # "vllm" (one vLLM engine per model; models name [vllm_models.NAME] tables, see
+    # talaria.backends.vllm.catalog)
+    backend: str = "embedded"
+    vllm_models: Mapping[str, Any] = attrs.field(factory=dict, converter=dict)
+    config_dir: Path | None = None  # where the TOML file was (relative vLLM model paths)
 
     def __attrs_post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ConfigError(f"backend must be one of {list(BACKENDS)}, got {self.backend!r}")
+        if self.backend == "embedded":
+            for n in self.models:
+                if n not in ENTRIES:
+                    raise ConfigError(f"unknown model {n!r}; the catalog has {sorted(ENTRIES)}")
+        else:
+            self.vllm_catalog()  # every model has a valid table
         if self.dtype not in _DTYPES:
             raise ConfigError(f"dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
         per_tenant = ("max_calls_per_tenant", "tokens_per_minute_per_tenant")
@@ -140,12 +152,16 @@ class TalariaConfig:
             data["policy_overrides"] = policy
         elif policy is not None:
             data["policy"] = policy
-        known = {f.name for f in attrs.fields(cls)}
+        if data.get("backend") == "vllm" and "models" not in data:
+            tables = data.get("vllm_models")
+            if isinstance(tables, dict) and tables:  # serve every model the tables name
+                data["models"] = list(tables)
+        known = {f.name for f in attrs.fields(cls)} - {"config_dir"}
         unknown = sorted(set(data) - known)
         if unknown:
             raise ConfigError(f"config file {p}: unknown keys {unknown}; known: {sorted(known)}")
         try:
-            return cls(**data)
+            return cls(**data, config_dir=p.resolve().parent)
         except TypeError as exc:
             raise ConfigError(f"config file {p}: {exc}") from exc
 
@@ -156,6 +172,13 @@ class TalariaConfig:
         if unknown:
             raise ConfigError(f"unknown policy knobs {unknown}; known: {sorted(known)}")
         return attrs.evolve(base, **self.policy_overrides)
+
+    def vllm_catalog(self) -> tuple[Any, ...]:
+        """The served models as ``talaria.backends.vllm.catalog.VllmModel`` entries (reads
+        nothing; ConfigError for a missing or malformed table)."""
+        from talaria.backends.vllm.catalog import catalog_from_tables
+
+        return catalog_from_tables(self.vllm_models, self.models, self.config_dir)
 
     def instance_specs(self) -> tuple[InstanceSpec, ...]:
         return tuple(

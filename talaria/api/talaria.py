@@ -37,6 +37,7 @@ from talaria.api.tenants import DEFAULT_TENANT, scoped_session_id
 from talaria.api.tool_choice import AnswerReader, ToolPlan, plan_tools, render_messages
 from talaria.api.tool_parsers import ToolFormat, format_for_template
 from talaria.backends.embedded import EmbeddedCluster, build_embedded_cluster
+from talaria.backends.vllm.cluster import VllmCluster, build_vllm_cluster
 from talaria.engine.sampling import SamplingParams, StopChecker
 from talaria.engine.tokenizer import Tokenizer
 from talaria.errors import BadRequest, ShuttingDown, TalariaError, UnknownModel, UnknownSession
@@ -76,7 +77,7 @@ class Talaria:
 
     def __init__(self, config: TalariaConfig | None = None) -> None:
         self._config = config or TalariaConfig.default()
-        self._cluster: EmbeddedCluster | None = None
+        self._cluster: EmbeddedCluster | VllmCluster | None = None
         self._live: LiveCluster | None = None
         self._tg: anyio.abc.TaskGroup | None = None  # runs the choices of n > 1 requests
         self._created = int(time.time())
@@ -95,12 +96,46 @@ class Talaria:
         return self._live
 
     async def __aenter__(self) -> Talaria:
+        self._cluster = await anyio.to_thread.run_sync(self._build)
+        try:
+            await self._start_live()
+        except BaseException:
+            self._close_cluster()
+            raise
+        return self
+
+    def _build(self) -> EmbeddedCluster | VllmCluster:
         cfg = self._config
-        self._cluster = await anyio.to_thread.run_sync(
-            lambda: build_embedded_cluster(
-                cfg.instance_specs(), cfg.models, cfg.policy_config(), cfg.torch_dtype, cfg.device
+        if cfg.backend == "vllm":
+            return build_vllm_cluster(
+                cfg.vllm_catalog(),
+                cfg.policy_config(),
+                hardware=cfg.hardware,
+                host_memory_bytes=cfg.host_memory_bytes,
+                block_size=cfg.block_size,
+                memory_utilization=cfg.memory_utilization,
             )
+        return build_embedded_cluster(
+            cfg.instance_specs(), cfg.models, cfg.policy_config(), cfg.torch_dtype, cfg.device
         )
+
+    def mechanisms(self) -> list[str]:
+        """What the backend runs of Talaria's mechanisms (the vLLM backend says which are
+        active on its platform; the embedded engine runs them all)."""
+        cluster = self._require_cluster()
+        if isinstance(cluster, VllmCluster):
+            return cluster.mechanisms()
+        return ["embedded engine: slots, switches, staging, host KV tier all Talaria's own"]
+
+    def _close_cluster(self) -> None:
+        """Stop the vLLM engines (the embedded engine holds nothing outside this process)."""
+        if isinstance(self._cluster, VllmCluster):
+            self._cluster.close()
+
+    async def _start_live(self) -> None:
+        cfg = self._config
+        if self._cluster is None:
+            raise ShuttingDown("Talaria is not running")
         live = LiveCluster(
             self._cluster.core,
             self._cluster.runners,
@@ -116,7 +151,6 @@ class Talaria:
         tg = anyio.create_task_group()
         await tg.__aenter__()
         self._tg = tg
-        return self
 
     async def drain(self) -> None:
         """Begin shutting down: refuse new calls (503 ``ShuttingDown``), let calls in flight
@@ -139,8 +173,11 @@ class Talaria:
                     tg.cancel_scope.cancel()
                     await tg.__aexit__(None, None, None)
             finally:
-                if live is not None:
-                    await live.__aexit__(*exc_info)
+                try:
+                    if live is not None:
+                        await live.__aexit__(*exc_info)
+                finally:
+                    await anyio.to_thread.run_sync(self._close_cluster)
 
     # ------------------------------------------------------------------ models
     def models(self) -> list[ModelInfo]:
@@ -150,7 +187,7 @@ class Talaria:
             for name, arch in cluster.archs.items()
         ]
 
-    def _require_cluster(self) -> EmbeddedCluster:
+    def _require_cluster(self) -> EmbeddedCluster | VllmCluster:
         if self._cluster is None:
             raise ShuttingDown("Talaria is not running: use `async with Talaria(config) as t:`")
         return self._cluster
@@ -174,14 +211,23 @@ class Talaria:
         self,
         model: str,
         session_id: str | None,
-        text: str,
+        text: str | Sequence[int],
         max_tokens: int | None,
         sampling: Mapping[str, Any],
         tenant: str,
         tools: ToolPlan | None = None,
     ) -> _Prepared:
+        """``text`` is the prompt's text, or its token ids (checked against the model's
+        vocabulary when the call is submitted)."""
         tok = self._tokenizer(model)
-        ids = tok.encode(text, add_special_tokens=False)
+        if isinstance(text, str):
+            ids = tok.encode(text, add_special_tokens=False)
+        elif isinstance(text, Sequence) and all(
+            isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in text
+        ):
+            ids = [int(t) for t in text]
+        else:
+            raise BadRequest("prompt must be a string or a list of non-negative token ids")
         if not ids:
             raise BadRequest("the prompt is empty; send at least one token of text")
         limit = self._require_cluster().archs[model].max_context - len(ids)
@@ -358,7 +404,7 @@ class Talaria:
 
     async def complete(
         self,
-        prompt: str,
+        prompt: str | Sequence[int],
         model: str,
         *,
         session_id: str | None = None,
@@ -367,15 +413,13 @@ class Talaria:
         n: int = 1,
         **sampling: Any,
     ) -> ChatResult:
-        """Continue a raw prompt (no chat template)."""
-        if not isinstance(prompt, str):
-            raise BadRequest("prompt must be a string")
+        """Continue a raw prompt (no chat template): a text, or the model's token ids."""
         p = self._prepare(model, session_id, prompt, max_tokens, sampling, tenant)
         return await self._whole(self._choices(attrs.evolve(p, id_prefix="cmpl"), n))
 
     def complete_stream(
         self,
-        prompt: str,
+        prompt: str | Sequence[int],
         model: str,
         *,
         session_id: str | None = None,
@@ -384,8 +428,6 @@ class Talaria:
         n: int = 1,
         **sampling: Any,
     ) -> AsyncIterator[ChatChunk]:
-        if not isinstance(prompt, str):
-            raise BadRequest("prompt must be a string")
         p = self._prepare(model, session_id, prompt, max_tokens, sampling, tenant)
         return self._chunks(self._choices(attrs.evolve(p, id_prefix="cmpl"), n))
 

@@ -126,6 +126,8 @@ def app_and_talaria(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         async with talaria:
             log.info("serving %s", ", ".join(m.name for m in talaria.models()))
+            for line in talaria.mechanisms():
+                log.info("backend %s: %s", config.backend, line)
             yield
 
     keys = tuple(dict.fromkeys((*config.api_keys, *api_keys)))

@@ -27,7 +27,7 @@ RETRY_AFTER_S = 1  # what a 503 asks a client to wait before retrying, seconds
 # Fields whose type is a union: pydantic reports one error per union member; one line is enough.
 _FIELD_HINTS: Mapping[str, str] = {
     "stop": "must be a string or a list of non-empty strings",
-    "prompt": "must be a string or a list holding exactly one string",
+    "prompt": "must be a string, a list of token ids, or a list holding one of either",
     "content": "must be a string, a list of text parts, or null",
     "tool_choice": "must be a string or an object",
 }

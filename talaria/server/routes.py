@@ -85,7 +85,7 @@ async def _completions(request: Request) -> Response:
     """OpenAI (legacy) text completions of a raw prompt, no chat template."""
     body = await _parse(request, s.CompletionRequest)
     args = _call_args(request, body, body.max_tokens)
-    prompt = body.prompt_text()
+    prompt = body.prompt_value()
     ctx = _ctx(request)
 
     def open_stream() -> AsyncIterator[s.ChunkLike]:

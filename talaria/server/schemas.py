@@ -319,9 +319,10 @@ class ChatCompletionRequest(SamplingFields):
 
 
 class CompletionRequest(SamplingFields):
-    """``POST /v1/completions``: a raw prompt, no chat template."""
+    """``POST /v1/completions``: a raw prompt, no chat template: a text, or token ids (as
+    OpenAI and vLLM take them: a list of ids, or a list holding one such list)."""
 
-    prompt: str | list[str]
+    prompt: str | list[str] | list[int] | list[list[int]]
     echo: bool = False
     suffix: str | None = None
     best_of: int | None = None
@@ -330,11 +331,15 @@ class CompletionRequest(SamplingFields):
     def check(self) -> None:
         """As :meth:`SamplingFields.check`, plus the completion-only options."""
         super().check()
-        if isinstance(self.prompt, list) and len(self.prompt) != 1:
+        p = self.prompt
+        ids = isinstance(p, list) and bool(p) and all(isinstance(t, int) for t in p)
+        if isinstance(p, list) and not ids and len(p) != 1:
             raise bad_request(
-                f"prompt holds {len(self.prompt)} strings; send one prompt per request.",
-                "prompt",
+                f"prompt holds {len(p)} prompts; send one prompt per request.", "prompt"
             )
+        value = self.prompt_value()
+        if not isinstance(value, str) and any(t < 0 for t in value):
+            raise bad_request("prompt token ids must be non-negative.", "prompt")
         if self.echo:
             raise bad_request("echo is not supported; leave it out.", "echo")
         if self.suffix:
@@ -345,9 +350,15 @@ class CompletionRequest(SamplingFields):
     def top_logprobs_asked(self) -> int | None:
         return self.logprobs
 
-    def prompt_text(self) -> str:
-        """The single prompt string."""
-        return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
+    def prompt_value(self) -> str | list[int]:
+        """The single prompt: its text or its token ids."""
+        p = self.prompt
+        if isinstance(p, str):
+            return p
+        first = p[0]
+        if isinstance(first, int):
+            return [t for t in p if isinstance(t, int)]
+        return first
 
 
 class EventRequest(StrictModel):
@@ -780,7 +791,7 @@ class Backend(Protocol):
 
     def complete_stream(
         self,
-        prompt: str,
+        prompt: str | Sequence[int],
         model: str,
         *,
         session_id: str | None = ...,

@@ -14,7 +14,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
 import anyio
@@ -134,8 +134,11 @@ class FakeTalaria:
         last = str(messages[-1].get("content") or "").split()
         return self._generate(tokens, last, model, kw)
 
-    def complete_stream(self, prompt: str, model: str, **kw: Any) -> AsyncIterator[Chunk]:
-        return self._generate(prompt.split(), prompt.split(), model, kw)
+    def complete_stream(
+        self, prompt: str | Sequence[int], model: str, **kw: Any
+    ) -> AsyncIterator[Chunk]:
+        words = prompt.split() if isinstance(prompt, str) else [str(t) for t in prompt]
+        return self._generate(words, words, model, kw)
 
     async def _generate(
         self, prompt: list[str], last: list[str], model: str, kw: dict[str, Any]

@@ -18,6 +18,7 @@ import torch
 from talaria.api import TalariaConfig
 from talaria.server.app import app_for_config
 from tests.server.conftest import requires_smollm2, sse
+from tests.server.matrix import check_malformed, malformed_matrix
 from tests.server.server_fakes import live_server
 
 MODEL = "smollm2-135m"
@@ -106,21 +107,24 @@ def test_openai_client_text_completions(oa: openai.OpenAI) -> None:
     assert "".join(p.choices[0].text for p in pieces) == out.choices[0].text
 
 
-MATRIX: list[tuple[str, str, Any, dict[str, str], int, str]] = [
-    ("bad json", CHAT, b'{"model": ', AUTH, 400, "not valid JSON"),
-    ("missing messages", CHAT, {"model": MODEL}, AUTH, 400, "messages: this field is required"),
-    ("missing model", CHAT, {"messages": [{"role": "user", "content": "x"}]}, AUTH, 400, "model"),
-    ("unknown model", CHAT, ask("x") | {"model": "gpt-7"}, AUTH, 404, MODEL),
-    ("context too long", CHAT, ask("hi", max_tokens=100_000), AUTH, 400, ""),
-    ("negative max_tokens", CHAT, ask("hi", max_tokens=-3), AUTH, 400, "max_tokens"),
-    ("zero max_tokens", CHAT, ask("hi", max_tokens=0), AUTH, 400, "max_tokens"),
-    ("wrong type", CHAT, ask("hi", temperature="warm"), AUTH, 400, "temperature"),
-    ("wrong message type", CHAT, {"model": MODEL, "messages": "hi"}, AUTH, 400, "messages"),
-    ("oversized", CHAT, ask("x" * 300_000), AUTH, 413, "exceeds"),
-    ("unknown session", "/v1/sessions/nobody/events", {"event": "end"}, AUTH, 404, "nobody"),
-    ("missing key", CHAT, ask("hi"), {"Authorization": ""}, 401, "API key"),
-    ("bad key", CHAT, ask("hi"), {"Authorization": "Bearer nope"}, 401, "API key"),
-]
+def test_token_id_prompts_answer_as_their_text(http: httpx.Client) -> None:
+    """``prompt`` as token ids (OpenAI's and vLLM's form) is the same call as its text."""
+    tok = http.post(
+        "/tokenize", json={"model": MODEL, "prompt": "1, 2, 3, 4,", "add_special_tokens": False}
+    )
+    ids = tok.json()["tokens"]
+    body = {"model": MODEL, "max_tokens": 4, "temperature": 0}
+    text = http.post("/v1/completions", json=body | {"prompt": "1, 2, 3, 4,"}).json()
+    for form in (ids, [ids]):
+        out = http.post("/v1/completions", json=body | {"prompt": form})
+        assert out.status_code == 200, out.text
+        assert out.json()["choices"][0]["text"] == text["choices"][0]["text"]
+        assert out.json()["usage"]["prompt_tokens"] == len(ids)
+    bad = http.post("/v1/completions", json=body | {"prompt": [10**9]})
+    assert bad.status_code == 400 and "vocabulary" in bad.json()["error"]["message"]
+
+
+MATRIX = malformed_matrix(MODEL, KEY)
 
 
 @pytest.mark.parametrize(("name", "path", "body", "headers", "status", "words"), MATRIX)
@@ -133,18 +137,7 @@ def test_malformed_requests_then_still_healthy(
     status: int,
     words: str,
 ) -> None:
-    if isinstance(body, bytes):
-        r = http.post(path, content=body, headers=headers)
-    else:
-        r = http.post(path, json=body, headers=headers)
-    assert r.status_code == status, r.text
-    error = r.json()["error"]
-    assert words in error["message"]
-    assert "Traceback" not in r.text
-    assert http.get("/health").json()["status"] == "ok"
-    ok = http.post(CHAT, json=ask("Say hi.", max_tokens=3, temperature=0))
-    assert ok.status_code == 200, ok.text
-    assert ok.json()["choices"][0]["message"]["content"]
+    check_malformed(http, MODEL, path, body, headers, status, words)
 
 
 def _conversation(i: int) -> list[dict[str, Any]]:

@@ -1,0 +1,210 @@
+"""Real-engine replay on vLLM: the embedded replay's sessions, with vLLM engines executing.
+
+The same session scripts (``driver.to_scripts``) play in real wall time against a
+:class:`~talaria.runtime.live.LiveCluster` whose one instance is a
+:class:`~talaria.backends.vllm.substrate.VllmSubstrate` (``talaria replay --substrate
+vllm``). Answers are teacher-forced inside vLLM (the forcing logits processor), so each
+next prompt finds its prefix in vLLM's cache as a real agent's would. The engines start once
+(minutes on a CPU); every policy runs on a fresh cluster core over them, with vLLM's prefix
+caches emptied in between, after one warm-up call per model. The simulator's prediction of
+each run sits beside it (``fidelity``), priced by the shipped ``cpu`` profile (vLLM is not
+calibrated here: the prediction prices Talaria's embedded engine on this machine class).
+The document also records the backend's mechanisms, vLLM's switch timings and the drift
+between vLLM's cached tokens and the core's account of them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import anyio
+import attrs
+
+from talaria.backends.vllm.catalog import VllmModel
+from talaria.backends.vllm.cluster import VllmCluster, cluster_over
+from talaria.backends.vllm.engines import EngineSet
+from talaria.config import PolicyConfig
+from talaria.errors import ConfigError
+from talaria.sim.simulator import SimResult
+from talaria.swebench_replay.driver import to_scripts
+from talaria.swebench_replay.live_replay import (
+    Progress,
+    _fidelity,
+    _play,
+    _simulate,
+    _ticker,
+    step_breakdown,
+)
+from talaria.swebench_replay.metrics import (
+    add_ratios,
+    check_conservation,
+    policy_summary,
+    results_document,
+)
+from talaria.swebench_replay.traces import ToolTimeTable
+from talaria.swebench_replay.workload import ReplaySet
+from talaria.types import SessionScript, TokenSeq
+
+
+@attrs.frozen
+class VllmReplayOptions:
+    """The policies to compare and the vLLM models (``model_dirs.catalog_for`` writes the
+    embedded replay's three) on one instance."""
+
+    policies: tuple[PolicyConfig, ...]
+    models: tuple[VllmModel, ...]
+    gap_scale: float = 1.0
+    hints: bool = True
+    simulate: bool = True
+    hardware: str = "cpu"
+    host_memory_bytes: int = 6 * 10**9
+    block_size: int = 16
+
+    def __attrs_post_init__(self) -> None:
+        if not self.policies:
+            raise ConfigError("name at least one policy to replay")
+        if not self.models:
+            raise ConfigError("name at least one vLLM model")
+
+
+def run_vllm_replay(
+    replay: ReplaySet,
+    options: VllmReplayOptions,
+    tool_table: ToolTimeTable,
+    on_progress: Progress | None = None,
+    on_status: Callable[[str], None] | None = None,
+    on_result: Callable[[str, SimResult], None] | None = None,
+) -> dict[str, Any]:
+    """Every policy of ``options`` on ``replay`` in real time on vLLM engines: the
+    ``results.json`` document (substrate ``vllm``)."""
+    names = {m.name for m in options.models}
+    unknown = set(replay.models) - names
+    if unknown:
+        raise ConfigError(f"the replay set uses models {sorted(unknown)} the engines do not load")
+    say = on_status or (lambda _msg: None)
+    for m in options.models:
+        m.arch()  # a bad directory fails before vLLM starts
+    engines = EngineSet(options.models, block_size=options.block_size)
+    say(f"starting vLLM engines for {', '.join(sorted(names))} (minutes on a CPU)")
+    engines.start(lambda name: say(f"  starting {name}"))
+    try:
+        return _replay_on(engines, replay, options, tool_table, on_progress, say, on_result)
+    finally:
+        engines.close()
+
+
+def _replay_on(
+    engines: EngineSet,
+    replay: ReplaySet,
+    options: VllmReplayOptions,
+    tool_table: ToolTimeTable,
+    on_progress: Progress | None,
+    say: Callable[[str], None],
+    on_result: Callable[[str, SimResult], None] | None,
+) -> dict[str, Any]:
+    scripts = to_scripts(replay, tool_table, options.gap_scale, options.hints)
+    tool_s = {s.session_id: sum(c.tool_seconds for c in s.calls) for s in scripts}
+    say("warming up every model once")
+    _warm_up(engines, options)
+    policies: dict[str, dict[str, Any]] = {}
+    fidelity: dict[str, dict[str, float]] = {}
+    step_costs: dict[str, dict[str, dict[str, float]]] = {}
+    drift: dict[str, dict[str, float]] = {}
+    switches: dict[str, dict[str, float]] = {}
+    cluster: VllmCluster | None = None
+    for policy in options.policies:
+        say(f"replaying under {policy.name} in real time")
+        engines.reset_prefix_cache()
+        engines.switches.clear()
+        cluster = _cluster(engines, policy, options)
+        result, steps = anyio.run(
+            _play, cluster, scripts, policy.name, _ticker(on_progress, policy.name)
+        )
+        check_conservation(result, replay.n_calls, tool_s)
+        policies[policy.name] = policy_summary(result)
+        if on_result is not None:
+            on_result(policy.name, result)
+        step_costs[policy.name] = step_breakdown(steps)
+        drift[policy.name] = _drift(cluster)
+        switches[policy.name] = _switches(engines)
+        if options.simulate:
+            predicted = _simulate(cluster, policy, scripts)
+            fidelity[policy.name] = _fidelity(policies[policy.name], policy_summary(predicted))
+    add_ratios(policies)
+    specs = [cluster.core.instances[n].spec for n in cluster.core.instances] if cluster else []
+    doc = results_document(
+        "vllm", options.hardware, specs, replay, options.gap_scale, options.hints, policies
+    )
+    doc["engine"] = {
+        "backend": "vllm",
+        "models": {m.name: str(m.path) for m in options.models},
+        "block_size": engines.block_size,
+        "sleep_mode": engines.sleep_mode,
+        "mechanisms": cluster.mechanisms() if cluster is not None else [],
+    }
+    doc["fidelity"] = fidelity
+    doc["calibration"] = {"profile": "shipped cpu profile (vLLM is not calibrated)"}
+    doc["step_costs"] = step_costs
+    doc["kv_drift"] = drift
+    doc["switches"] = switches
+    return doc
+
+
+def _cluster(engines: EngineSet, policy: PolicyConfig, options: VllmReplayOptions) -> VllmCluster:
+    return cluster_over(
+        engines,
+        policy,
+        hardware=options.hardware,
+        host_memory_bytes=options.host_memory_bytes,
+    )
+
+
+def _warm_up(engines: EngineSet, options: VllmReplayOptions) -> None:
+    """One short forced call per model through a throwaway cluster: vLLM compiles the
+    shapes it meets first here, not inside a timed policy."""
+    cluster = _cluster(engines, options.policies[0], options)
+    scripts = [
+        SessionScript(
+            f"warm-{m.name}",
+            m.name,
+            0.0,
+            (_warm_call(),),
+        )
+        for m in options.models
+    ]
+    anyio.run(_play, cluster, scripts, "warm-up", _ticker(None, "warm-up"))
+
+
+def _warm_call() -> Any:
+    from talaria.types import ScriptedCall
+
+    prompt = TokenSeq(range(1, 200))
+    return ScriptedCall(prompt, prompt.extend(range(200, 204)), 4, 4)
+
+
+def _drift(cluster: VllmCluster) -> dict[str, float]:
+    """vLLM's cached prompt tokens against the core's account, summed over the run's calls
+    (``drift`` = core - vLLM; positive: the core believed more was cached)."""
+    rows = [d for r in cluster.runners.values() for d in r.kv_drift]
+    vllm = sum(d.vllm_cached for d in rows)
+    ours = sum(d.talaria_cached for d in rows)
+    exact = sum(1 for d in rows if d.drift == 0)
+    return {
+        "calls": len(rows),
+        "vllm_cached_tokens": vllm,
+        "talaria_cached_tokens": ours,
+        "drift_tokens": ours - vllm,
+        "calls_exact": exact,
+        "mean_abs_drift_tokens": (sum(abs(d.drift) for d in rows) / len(rows)) if rows else 0.0,
+    }
+
+
+def _switches(engines: EngineSet) -> dict[str, float]:
+    s: Sequence[Any] = engines.switches
+    return {
+        "count": len(s),
+        "sleep_s": sum(x.sleep_s for x in s),
+        "wake_s": sum(x.wake_s for x in s),
+        "max_s": max((x.sleep_s + x.wake_s for x in s), default=0.0),
+    }

@@ -1,0 +1,214 @@
+"""Build a Talaria cluster whose one instance runs vLLM engines (``talaria serve --backend
+vllm``, ``talaria replay --substrate vllm``).
+
+The instance core is the same :class:`~talaria.runtime.instance.InstanceCore` the embedded
+engine and the simulator use, sized from what vLLM will hold:
+
+* with sleep mode (CUDA), one model is awake at a time, so the instance's device budget is
+  the largest ``gpu_memory_utilization`` share of the GPU: one weight region (the largest
+  model) and the rest KV, and a switch sleeps one engine and wakes the next;
+* without it (the CPU backend: vLLM refuses sleep mode there), every engine stays resident,
+  the device budget is one weight region plus one engine's KV space (``kv_cache_gib``), and a
+  switch only changes which model's calls are admitted. :meth:`VllmCluster.mechanisms` says
+  which is the case, and the server prints it at start.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import attrs
+
+from talaria.backends.vllm.catalog import VllmModel
+from talaria.backends.vllm.engines import EngineSet
+from talaria.backends.vllm.substrate import VllmSubstrate
+from talaria.config import ClusterConfig, InstanceSpec, PolicyConfig
+from talaria.cost import cluster_estimators
+from talaria.engine.arch import ModelArch
+from talaria.engine.tokenizer import Tokenizer
+from talaria.errors import ConfigError
+from talaria.runtime.cluster import ClusterCore
+from talaria.session.gaps import GapPredictor
+
+GIB = 2**30
+DEFAULT_CPU_KV_GIB = 1.0  # the CPU backend's KV space per engine when the catalog is silent
+
+
+@attrs.frozen
+class VllmCluster:
+    """A cluster core over one vLLM instance; per model its shape, tokenizer, directory and
+    end ids (the same fields as the embedded cluster, which the API reads)."""
+
+    core: ClusterCore
+    runners: dict[str, VllmSubstrate]
+    archs: dict[str, ModelArch]
+    tokenizers: dict[str, Tokenizer | None]
+    loaded_from: dict[str, str]
+    eos_token_ids: dict[str, tuple[int, ...]]
+    engines: EngineSet
+
+    def mechanisms(self) -> list[str]:
+        """Which of Talaria's mechanisms are active on these engines, one line each."""
+        e = self.engines
+        lines = [
+            "admission and session-prefill: Talaria admits each call into the open model "
+            "slot; vLLM gets session_id and the tenant as cache_salt",
+            "KV locality: vLLM's prefix cache (cached tokens are vLLM's num_cached_tokens)",
+        ]
+        if e.sleep_mode:
+            lines.append("model switches: vLLM sleep mode (sleep/wake_up), timed per switch")
+        else:
+            lines.append(
+                "model switches: sleep mode is unavailable on this platform, so every engine "
+                "stays resident and a switch only gates admission (no weights move)"
+            )
+        if any(m.kv_offloading_gib for m in e.models.values()):
+            lines.append("host KV tier: vLLM's native CPU offloading")
+        else:
+            lines.append(
+                "host KV tier: off (vLLM keeps KV on the device only; set kv_offloading_gib "
+                "on CUDA)"
+            )
+        return lines
+
+    def close(self) -> None:
+        self.engines.close()
+
+
+def instance_spec(
+    models: Sequence[VllmModel],
+    archs: dict[str, ModelArch],
+    *,
+    sleep_mode: bool,
+    hardware: str,
+    host_memory_bytes: int,
+    block_size: int,
+    memory_utilization: float,
+    device_total_bytes: int | None,
+) -> InstanceSpec:
+    """The instance as vLLM will hold it (see the module docstring)."""
+    weights = [m.spec(archs[m.name]).weight_bytes for m in models]
+    if sleep_mode:
+        if device_total_bytes is None:
+            raise ConfigError("sleep mode needs the device's memory size")
+        share = max(m.gpu_memory_utilization for m in models)
+        usable = int(device_total_bytes * share)
+    else:
+        kv = max(m.kv_cache_gib or DEFAULT_CPU_KV_GIB for m in models)
+        usable = max(weights) + int(kv * GIB)
+    return InstanceSpec(
+        name="vllm-0",
+        hardware=hardware,
+        device_memory_bytes=int(usable / memory_utilization),
+        host_memory_bytes=max(host_memory_bytes, sum(weights)),
+        block_size=block_size,
+        memory_utilization=memory_utilization,
+    )
+
+
+def build_vllm_cluster(
+    models: Sequence[VllmModel],
+    policy: PolicyConfig,
+    *,
+    hardware: str = "cpu",
+    host_memory_bytes: int = 6 * 10**9,
+    block_size: int = 16,
+    memory_utilization: float = 0.9,
+    sleep_mode: bool | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> VllmCluster:
+    """Start one vLLM engine per model (minutes on a CPU) and the instance core over them.
+    ``sleep_mode`` None: on where the platform supports it (CUDA)."""
+    if not models:
+        raise ConfigError("name at least one vLLM model to serve")
+    for m in models:
+        m.arch()  # a bad directory fails here, before vLLM spends minutes starting
+    engines = EngineSet(models, sleep_mode=sleep_mode, block_size=block_size)
+    engines.start(progress)
+    try:
+        return cluster_over(
+            engines,
+            policy,
+            hardware=hardware,
+            host_memory_bytes=host_memory_bytes,
+            memory_utilization=memory_utilization,
+        )
+    except BaseException:
+        engines.close()
+        raise
+
+
+def cluster_over(
+    engines: EngineSet,
+    policy: PolicyConfig,
+    *,
+    hardware: str = "cpu",
+    host_memory_bytes: int = 6 * 10**9,
+    memory_utilization: float = 0.9,
+) -> VllmCluster:
+    """A fresh cluster core (``policy``) over engines already started: a replay runs every
+    policy on the same engines, their prefix caches reset in between."""
+    models = list(engines.models.values())
+    archs = {m.name: _served(m.arch(), m.max_model_len) for m in models}
+    own = {m.name: m.tokenizer() for m in models}
+    eos = {m.name: _eos_ids(archs[m.name], m, own[m.name]) for m in models}
+    # a random-weight model whose vocabulary is wider than its borrowed tokenizer's has no
+    # tokenizer of its own: the API then limits its sampling to the tokenizer's ids
+    tokenizers: dict[str, Tokenizer | None] = {
+        n: (t if t.vocab_size >= archs[n].vocab_size else None) for n, t in own.items()
+    }
+    total = _device_total_bytes() if engines.sleep_mode else None
+    spec = instance_spec(
+        models,
+        archs,
+        sleep_mode=engines.sleep_mode,
+        hardware=hardware,
+        host_memory_bytes=host_memory_bytes,
+        block_size=engines.block_size,
+        memory_utilization=memory_utilization,
+        device_total_bytes=total,
+    )
+    specs = [m.spec(archs[m.name]) for m in models]
+    cluster = ClusterConfig(specs, (spec,))
+    core = ClusterCore(cluster, policy, cluster_estimators(cluster), learner=GapPredictor.default())
+    runners = {
+        name: VllmSubstrate(
+            inst,
+            engines,
+            vocab_sizes={n: a.vocab_size for n, a in archs.items()},
+            eos_token_ids=eos,
+        )
+        for name, inst in core.instances.items()
+    }
+    dummy = {m.name: " (dummy weights)" if m.load_format == "dummy" else "" for m in models}
+    return VllmCluster(
+        core,
+        runners,
+        archs,
+        tokenizers,
+        {m.name: f"vllm: {m.path}{dummy[m.name]}" for m in models},
+        eos,
+        engines,
+    )
+
+
+def _served(arch: ModelArch, max_model_len: int) -> ModelArch:
+    """The shape as served: the context cut to ``max_model_len`` (vLLM refuses longer)."""
+    if arch.max_context <= max_model_len:
+        return arch
+    return attrs.evolve(arch, max_position_embeddings=max_model_len, rope_scaling=None)
+
+
+def _eos_ids(arch: ModelArch, model: VllmModel, tok: Tokenizer | None) -> tuple[int, ...]:
+    """End ids: ``config.json``'s ``eos_token_id`` (int or list) and the tokenizer's."""
+    raw = model.config().get("eos_token_id")
+    ids = {raw} if isinstance(raw, int) else set(raw or ())
+    if tok is not None and tok.eos_token_id is not None:
+        ids.add(tok.eos_token_id)
+    return tuple(sorted(i for i in ids if isinstance(i, int) and 0 <= i < arch.vocab_size))
+
+
+def _device_total_bytes() -> int:
+    import torch
+
+    return int(torch.cuda.get_device_properties(0).total_memory)

@@ -1,0 +1,142 @@
+"""The vLLM backend's catalog and configuration: TOML tables, typed errors, instance sizing,
+and the model directories written from the embedded catalog (no vLLM needed)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from talaria.api import TalariaConfig
+from talaria.backends.vllm.catalog import FORCING_PROCESSOR, VllmModel, catalog_from_tables
+from talaria.backends.vllm.cluster import GIB, instance_spec
+from talaria.backends.vllm.model_dirs import TINY, write_model_dir
+from talaria.cli import main
+from talaria.engine.arch import ModelArch
+from talaria.engine.tokenizer import Tokenizer
+from talaria.errors import ConfigError
+
+
+def test_a_table_becomes_engine_args_with_prefix_caching_and_forcing(tmp_path: Path) -> None:
+    m = VllmModel.from_table(
+        "q",
+        {"path": "q7b", "load_format": "dummy", "max_model_len": 4096, "engine_args": {"seed": 3}},
+        base=tmp_path,
+    )
+    args = m.engine_args(sleep_mode=True, block_size=32)
+    assert args["model"] == str(tmp_path / "q7b")
+    assert (args["load_format"], args["max_model_len"], args["block_size"]) == ("dummy", 4096, 32)
+    assert args["enable_prefix_caching"] and args["enable_sleep_mode"]
+    assert args["logits_processors"] == [FORCING_PROCESSOR]
+    assert args["seed"] == 3 and "kv_offloading_size" not in args
+    off = VllmModel(m.name, m.path, kv_offloading_gib=4)
+    assert off.engine_args(sleep_mode=False)["kv_offloading_size"] == 4.0
+
+
+@pytest.mark.parametrize(
+    ("table", "words"),
+    [
+        ({}, "needs path"),
+        ({"path": "x", "colour": 1}, "unknown keys ['colour']"),
+        ({"path": "x", "load_format": "gguf"}, "load_format"),
+        ({"path": "x", "dtype": "int4"}, "dtype"),
+        ({"path": "x", "max_model_len": 8}, "max_model_len"),
+        ({"path": "x", "max_model_len": True}, "max_model_len"),
+        ({"path": "x", "gpu_memory_utilization": 1.5}, "gpu_memory_utilization"),
+        ({"path": "x", "kv_cache_gib": 0.5}, "whole number of GiB"),
+        ({"path": "x", "kv_offloading_gib": -1}, "kv_offloading_gib"),
+        ({"path": "x", "sleep_level": 3}, "sleep_level"),
+        ({"path": "x", "engine_args": 4}, "engine_args must be a table"),
+    ],
+)
+def test_bad_tables_are_typed_errors(table: dict[str, object], words: str) -> None:
+    with pytest.raises(ConfigError, match=words.replace("[", r"\[").replace("]", r"\]")):
+        VllmModel.from_table("m", table)
+
+
+def test_config_backend_and_tables_are_checked(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="backend must be one of"):
+        TalariaConfig(backend="tgi")
+    with pytest.raises(ConfigError, match=r"no \[vllm_models.NAME\] table"):
+        TalariaConfig(backend="vllm", models=("m",))
+    with pytest.raises(ConfigError, match="unknown model"):
+        TalariaConfig(models=("m",))  # the embedded catalog has no "m"
+    cfg = tmp_path / "v.toml"
+    cfg.write_text('backend = "vllm"\n[vllm_models.m]\npath = "dirs/m"\n')
+    loaded = TalariaConfig.from_toml(cfg)
+    assert loaded.models == ("m",)  # the tables name the models when models is left out
+    (model,) = loaded.vllm_catalog()
+    assert model.path == tmp_path / "dirs" / "m"
+    with pytest.raises(ConfigError, match="does not exist"):
+        model.arch()
+
+
+def test_catalog_names_must_have_tables() -> None:
+    with pytest.raises(ConfigError, match=r"\['b'\] have no"):
+        catalog_from_tables({"a": {"path": "x"}}, ("a", "b"))
+
+
+def test_serve_backend_vllm_needs_tables(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["serve", "--backend", "vllm"]) == 2
+    assert "--backend vllm needs a --config" in capsys.readouterr().out
+
+
+def test_instance_sizing_with_and_without_sleep_mode(tmp_path: Path) -> None:
+    tiny = write_model_dir(TINY, tmp_path)
+    arch = tiny.arch()
+    a = VllmModel("a", tiny.path, kv_cache_gib=2, gpu_memory_utilization=0.4)
+    b = VllmModel("b", tiny.path, gpu_memory_utilization=0.5)
+    archs = {"a": arch, "b": arch}
+    weights = a.spec(arch).weight_bytes
+    resident = instance_spec(
+        [a, b],
+        archs,
+        sleep_mode=False,
+        hardware="cpu",
+        host_memory_bytes=10**9,
+        block_size=32,
+        memory_utilization=0.9,
+        device_total_bytes=None,
+    )
+    assert resident.usable_device_bytes == pytest.approx(weights + 2 * GIB, abs=2)
+    asleep = instance_spec(
+        [a, b],
+        archs,
+        sleep_mode=True,
+        hardware="cpu",
+        host_memory_bytes=10**9,
+        block_size=32,
+        memory_utilization=0.9,
+        device_total_bytes=100 * GIB,
+    )
+    assert asleep.usable_device_bytes == pytest.approx(50 * GIB, abs=2)
+    with pytest.raises(ConfigError, match="device's memory"):
+        instance_spec(
+            [a],
+            archs,
+            sleep_mode=True,
+            hardware="cpu",
+            host_memory_bytes=0,
+            block_size=32,
+            memory_utilization=0.9,
+            device_total_bytes=None,
+        )
+
+
+def test_the_tiny_model_directory_loads_back(tmp_path: Path) -> None:
+    tiny = write_model_dir(TINY, tmp_path)
+    config = json.loads((tiny.path / "config.json").read_text())
+    assert (config["head_dim"], config["num_attention_heads"], config["vocab_size"]) == (
+        64,
+        1,
+        49152,
+    )
+    assert tiny.load_format == "dummy"
+    arch = tiny.arch()
+    assert isinstance(arch, ModelArch) and arch.vocab_size == 49152
+    tok = Tokenizer.from_hf_dir(tiny.path)
+    assert tok.chat_template and tok.eos_token_id == 2
+    assert tok.decode(tok.encode("hello world", add_special_tokens=False)) == "hello world"
+    again = write_model_dir(TINY, tmp_path)  # a complete directory is reused
+    assert again == tiny

@@ -1,0 +1,270 @@
+"""The vLLM substrate's contract with the live loop, against engines that need no vLLM.
+
+``FakeEngines`` is an :class:`~talaria.backends.vllm.engines.EngineSet` whose requests are
+answered by a background thread (a token per millisecond, each id a function of the prompt
+and its position; prefix-cache hits in whole blocks of the prompts it saw), so the
+substrate's admission, token hand-out, ends, switches and failures are checked exactly in
+the default suite. The real engines are tested under the ``vllm`` marker."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import anyio
+import attrs
+import pytest
+
+from talaria.backends.vllm.catalog import VllmModel
+from talaria.backends.vllm.cluster import instance_spec
+from talaria.backends.vllm.engines import EngineSet, Stream, SwitchTiming
+from talaria.backends.vllm.substrate import VllmSubstrate
+from talaria.config import ClusterConfig
+from talaria.cost import cluster_estimators
+from talaria.engine.arch import ModelArch
+from talaria.engine.catalog import entry
+from talaria.engine.sampling import SamplingParams, StopChecker
+from talaria.errors import InstanceFailed
+from talaria.policy.baselines import POLICIES
+from talaria.runtime.cluster import ClusterCore
+from talaria.runtime.live import Delta, Failed, Finished, LiveCluster
+from talaria.types import TokenSeq
+
+pytestmark = pytest.mark.anyio
+BLOCK = 32
+EOS = 2
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def token_at(prompt: Sequence[int], n: int) -> int:
+    return (sum(prompt) + 7 * n) % 1000 + 10
+
+
+@attrs.define
+class Submitted:
+    request_id: str
+    model: str
+    prompt: tuple[int, ...]
+    session_id: str | None
+    cache_salt: str | None
+    switches_before: int
+    forced: tuple[int, ...] | None
+
+
+class FakeEngines(EngineSet):
+    """Engines answered by a thread (see the module docstring)."""
+
+    def __init__(self, names: Sequence[str], eos_at: int | None = None) -> None:
+        super().__init__([VllmModel(n, Path("/nonexistent")) for n in names])
+        self.awake = {names[0]}
+        self.submitted: list[Submitted] = []
+        self.aborted: list[str] = []
+        self.failing: set[str] = set()  # models whose requests fail
+        self.eos_at = eos_at
+        self._seen: list[tuple[str | None, tuple[int, ...]]] = []
+
+    def _cached(self, salt: str | None, prompt: tuple[int, ...]) -> int:
+        best = 0
+        for s, p in self._seen:
+            if s != salt:
+                continue
+            n = 0
+            while n < min(len(p), len(prompt)) and p[n] == prompt[n]:
+                n += 1
+            best = max(best, n // BLOCK * BLOCK)
+        return min(best, (len(prompt) - 1) // BLOCK * BLOCK)
+
+    def submit(
+        self,
+        request_id: str,
+        model: str,
+        prompt_ids: Sequence[int],
+        params: Any,
+        *,
+        session_id: str | None = None,
+        cache_salt: str | None = None,
+    ) -> Stream:
+        sp, forced = params
+        prompt = tuple(prompt_ids)
+        stream = Stream(model, request_id)
+        with self.cond:
+            stream.cached_tokens = self._cached(cache_salt, prompt)
+            self._seen.append((cache_salt, prompt))
+            self.streams[request_id] = stream
+            self.submitted.append(
+                Submitted(
+                    request_id, model, prompt, session_id, cache_salt, len(self.switches), forced
+                )
+            )
+
+        def emit() -> None:
+            for n in range(sp.max_tokens):
+                time.sleep(0.001)
+                with self.cond:
+                    if request_id in self.aborted:
+                        return
+                    if model in self.failing:
+                        stream.error = RuntimeError("engine died")
+                        self.cond.notify_all()
+                        return
+                    eos = self.eos_at is not None and n == self.eos_at
+                    tok = forced[n] if forced else (EOS if eos else token_at(prompt, n))
+                    stream.tokens.append(tok)
+                    stream.finished = eos or n == sp.max_tokens - 1
+                    self.cond.notify_all()
+                    if eos:
+                        return
+
+        threading.Thread(target=emit, daemon=True).start()
+        return stream
+
+    def abort(self, request_id: str) -> None:
+        with self.cond:
+            self.aborted.append(request_id)
+            self.streams.pop(request_id, None)
+
+    def switch(self, slept: str | None, woke: str) -> SwitchTiming:
+        timing = SwitchTiming(slept, woke, 0.0, 0.0)
+        self.switches.append(timing)
+        self.awake = {woke}
+        return timing
+
+
+def tiny_arch() -> ModelArch:
+    config = entry("smollm2-tiny-dummy").config
+    assert config is not None
+    return ModelArch.from_hf_config(config)
+
+
+def make_live(names: Sequence[str], engines: FakeEngines, policy: str = "talaria") -> LiveCluster:
+    arch = tiny_arch()
+    models = [VllmModel(n, Path("/nonexistent"), max_model_len=4096) for n in names]
+    archs = dict.fromkeys(names, arch)
+    spec = instance_spec(
+        models,
+        archs,
+        sleep_mode=False,
+        hardware="cpu",
+        host_memory_bytes=10**9,
+        block_size=BLOCK,
+        memory_utilization=0.9,
+        device_total_bytes=None,
+    )
+    cluster = ClusterConfig([m.spec(arch) for m in models], (spec,))
+    pol = attrs.evolve(POLICIES[policy], slot_max_s=0.2, slot_linger_s=0.02)
+    core = ClusterCore(cluster, pol, cluster_estimators(cluster))
+    runners = {
+        name: VllmSubstrate(
+            inst,
+            engines,
+            vocab_sizes=dict.fromkeys(names, arch.vocab_size),
+            eos_token_ids=dict.fromkeys(names, (EOS,)),
+            step_timeout_s=10.0,
+            params_factory=lambda p, forced, limit, vocab: (p, forced),
+        )
+        for name, inst in core.instances.items()
+    }
+    return LiveCluster(core, runners)
+
+
+async def call(
+    live: LiveCluster,
+    session: str,
+    model: str,
+    prompt: TokenSeq,
+    max_tokens: int = 6,
+    *,
+    tenant: str = "default",
+    forced: tuple[int, ...] | None = None,
+) -> tuple[tuple[int, ...], Finished]:
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+    checker = StopChecker(params, (EOS,))
+    async with live.session(session).lock:
+        _, receive = await live.submit(
+            session, model, prompt, params, checker, tenant=tenant, forced=forced
+        )
+        ids: list[int] = []
+        async with receive:
+            async for ev in receive:
+                if isinstance(ev, Delta):
+                    ids.extend(ev.token_ids)
+                elif isinstance(ev, Failed):
+                    raise ev.error
+                else:
+                    return tuple(ids), ev
+    raise AssertionError("stream ended without Finished")
+
+
+def prompt(i: int, n: int = 80) -> TokenSeq:
+    return TokenSeq([(11 * i + 5 * k) % 500 + 3 for k in range(n)])
+
+
+async def test_a_call_gets_the_engines_tokens_session_and_tenant() -> None:
+    engines = FakeEngines(["a"])
+    async with make_live(["a"], engines) as live:
+        p = prompt(1)
+        ids, fin = await call(live, "s1", "a", p, 6, tenant="acme")
+        # the session grows: the next prompt starts with the first's 80 tokens
+        longer = p.extend([9] * 30)
+        _, fin2 = await call(live, "s1", "a", longer, 4, tenant="acme")
+        live.check_integrity()
+    assert ids == tuple(token_at(p.tokens(), n) for n in range(6))
+    assert (fin.completion_tokens, fin.cached_tokens, fin.instance) == (6, 0, "vllm-0")
+    assert fin2.cached_tokens == 64  # the engine's whole blocks, not Talaria's estimate
+    first = engines.submitted[0]
+    assert (first.session_id, first.cache_salt, first.prompt) == ("s1", "acme", p.tokens())
+    runner = live.drivers["vllm-0"].runner
+    assert isinstance(runner, VllmSubstrate)
+    assert [d.vllm_cached for d in runner.kv_drift] == [0, 64]
+    assert not runner.outputs  # nothing kept after the calls ended
+
+
+async def test_an_end_token_stops_the_call_and_the_engine_request() -> None:
+    engines = FakeEngines(["a"], eos_at=3)
+    async with make_live(["a"], engines) as live:
+        ids, fin = await call(live, "s1", "a", prompt(2), 10)
+        live.check_integrity()
+    assert (len(ids), fin.finish_reason) == (4, "stop")
+    assert ids[-1] == EOS
+
+
+async def test_forced_answers_reach_the_engine() -> None:
+    engines = FakeEngines(["a"])
+    forced = (31, 32, 33, 34)
+    async with make_live(["a"], engines) as live:
+        ids, _ = await call(live, "s1", "a", prompt(3), 4, forced=forced)
+    assert ids == forced
+    assert engines.submitted[0].forced == forced
+
+
+async def test_calls_reach_an_engine_only_in_their_models_slot() -> None:
+    """Two models, interleaved sessions: every call is submitted after the switch that made
+    its model the awake one, and the awake model serves it."""
+    engines = FakeEngines(["a", "b"])
+    async with make_live(["a", "b"], engines) as live:
+        async with anyio.create_task_group() as tg:
+            for i in range(6):
+                tg.start_soon(call, live, f"s{i}", "ab"[i % 2], prompt(i), 5)
+        live.check_integrity()
+    assert len(engines.submitted) == 6
+    for sub in engines.submitted:
+        woke = engines.switches[sub.switches_before - 1].woke if sub.switches_before else "a"
+        assert woke == sub.model, (sub, engines.switches)
+
+
+async def test_a_failing_engine_fails_only_its_calls() -> None:
+    engines = FakeEngines(["a", "b"])
+    engines.failing.add("b")
+    async with make_live(["a", "b"], engines) as live:
+        with pytest.raises(InstanceFailed, match="engine died"):
+            await call(live, "sb", "b", prompt(5), 5)
+        ids, fin = await call(live, "sa", "a", prompt(6), 5)
+        live.check_integrity()
+    assert len(ids) == 5 and fin.finish_reason == "length"
