@@ -303,6 +303,10 @@ class _SlotRecorder:
         return self.inner.idle
 
     @property
+    def executes_kv_moves(self) -> bool:
+        return self.inner.executes_kv_moves
+
+    @property
     def outputs(self) -> Mapping[CallKey, Sequence[int]]:
         return self.inner.outputs
 

@@ -286,6 +286,11 @@ class EngineRunner:
         """Nothing running and nothing waiting."""
         return self.core.idle
 
+    @property
+    def executes_kv_moves(self) -> bool:
+        """The KV moves the core plans are copied here, block by block."""
+        return True
+
     # ------------------------------------------------------------------ one step
     def step(self, now: float) -> list[Request]:
         """Run one ``core.schedule(now)``; returns the calls that finished in it."""

@@ -523,9 +523,10 @@ class LiveCluster:
                     name, sched, started, self.clock.now() - started, runner.core.estimator
                 )
             )
-            self.kv_bytes_moved += sum(m.nbytes for m in sched.kv_moves)
-            if sched.step is not None:
-                self.kv_bytes_moved += sum(m.nbytes for m in sched.step.kv_moves)
+            if runner.executes_kv_moves:
+                self.kv_bytes_moved += sum(m.nbytes for m in sched.kv_moves)
+                if sched.step is not None:
+                    self.kv_bytes_moved += sum(m.nbytes for m in sched.step.kv_moves)
             self._committed(name, sched, done)
             await anyio.lowlevel.checkpoint()
 

@@ -45,6 +45,12 @@ class Substrate(Protocol):
         ...
 
     @property
+    def executes_kv_moves(self) -> bool:
+        """Whether the core's planned KV moves really run here (the embedded engine copies
+        them; vLLM manages its own cache, so the loop does not count them as moved)."""
+        ...
+
+    @property
     def outputs(self) -> Mapping[CallKey, Sequence[int]]:
         """Generated ids of the calls in flight (read on the event loop between phases)."""
         ...

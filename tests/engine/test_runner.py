@@ -69,6 +69,7 @@ def make_runner(
     policy: PolicyConfig = TALARIA,
     eos: dict[str, set[int]] | None = None,
     background_staging: bool = True,
+    device: str = "cpu",
 ) -> EngineRunner:
     archs = {name: ModelArch.from_hf_config(hf.config.to_dict()) for name, hf in hfs.items()}
     specs = [arch.to_spec(name, F32) for name, arch in archs.items()]
@@ -86,7 +87,12 @@ def make_runner(
     assert core.kv.device_blocks == device_blocks and core.kv.block_bytes == block_bytes
     models = {name: (archs[name], hf.state_dict()) for name, hf in hfs.items()}
     return EngineRunner(
-        core, models, dtype=F32, eos_token_ids=eos, background_staging=background_staging
+        core,
+        models,
+        dtype=F32,
+        eos_token_ids=eos,
+        background_staging=background_staging,
+        device=device,
     )
 
 
@@ -233,6 +239,38 @@ def test_two_models_share_one_region(
     for name in hfs:  # every model's parameters are views of the one region
         bound = runner.model(name, 0)
         assert bound.embed.untyped_storage().data_ptr() == ptr
+    assert_clean(runner)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_runner_matches_transformers_with_stable_addresses() -> None:
+    """On CUDA: two models take turns in one weight region whose device address never
+    changes, their host copies are pinned, and every greedy answer is transformers'
+    (computed on the CPU)."""
+    hfs = {"A": llama(5), "B": qwen2(6)}
+    runner = make_runner(hfs, device_blocks=48, device="cuda")
+    assert runner.region.is_cuda
+    assert all(w.is_pinned() for w in runner.host_weights.values())
+    ptr = runner.region.data_ptr()
+    now, expected = 0.0, {}
+    for rnd in range(2):  # A, B, A, B: each round switches both models in
+        for model in "AB":
+            p = prompt_ids(17 + rnd, seed=40 + rnd + (model == "B"))
+            runner.submit(call(f"{model}-{rnd}", 0, model, p, 8), now)
+            expected[(f"{model}-{rnd}", 0)] = reference(hfs[model], p, 8)
+        for _ in range(2000):
+            if runner.idle:
+                break
+            runner.step(now)
+            assert runner.region.data_ptr() == ptr
+            now += 0.05
+        now += 1.0
+    for key, want in expected.items():
+        assert list(runner.take_output(key)) == want, key
+    assert runner.core.counters.model_switches >= 3
+    for name in hfs:
+        assert runner.model(name, 0).embed.untyped_storage().data_ptr() == ptr
     assert_clean(runner)
 
 

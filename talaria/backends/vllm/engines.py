@@ -137,10 +137,13 @@ class EngineSet:
                     progress(name)
                 self._engines[name] = self._call(self._start_engine(model), START_TIMEOUT_S)
                 self.awake.add(name)
-            if self.sleep_mode:  # one model awake at a time: the others sleep until chosen
-                for name in list(self.models)[1:]:
-                    self._call(self._engines[name].sleep(level=self.models[name].sleep_level))
+                if self.sleep_mode:  # asleep before the next starts: they need not all fit
+                    self._call(self._engines[name].sleep(level=model.sleep_level))
                     self.awake.discard(name)
+            if self.sleep_mode:  # one model awake at a time, the first until a switch
+                first = next(iter(self.models))
+                self._call(self._engines[first].wake_up())
+                self.awake.add(first)
         except BaseException:
             self.close()
             raise

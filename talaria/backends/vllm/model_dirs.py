@@ -6,8 +6,10 @@ turns a catalog entry into a directory vLLM serves, nothing downloaded:
 
 * ``smollm2-135m``: the GGUF dequantized (``load_gguf``) and written with safetensors, its
   configuration as transformers would write it, and its tokenizer and chat template;
-* a random-weight entry: its ``config.json`` and the tokenizer it borrows (SmolLM2's), to be
-  served with ``load_format = "dummy"``; vLLM draws its own random weights.
+* a random-weight entry: its ``config.json`` and SmolLM2's tokenizer (the one the embedded
+  API lends it), to be served with ``load_format = "dummy"``; vLLM draws its own random
+  weights. Its vocabulary may be wider than the tokenizer's; the API then limits sampling
+  to the tokenizer's ids, as on the embedded engine.
 
 ``catalog_for`` returns the matching :class:`VllmModel` entries, so the vLLM backend serves
 the same three models as the embedded replay. Writes only under the directory it is given;
@@ -17,7 +19,7 @@ an existing, complete directory is reused.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -57,40 +59,58 @@ def write_model_dir(name: str, out: Path, dtype: torch.dtype = torch.bfloat16) -
     vLLM's CPU attention supports) as a directory under ``out`` (reused when complete)."""
     tiny = name == TINY
     e = entry("smollm2-tiny-dummy" if tiny else name)
-    target = Path(out) / name
-    dummy = e.source is not Source.GGUF_PACKAGE
     if e.source is Source.SIMULATOR:
         raise ConfigError(f"{name} is a simulator-only model; vLLM cannot serve it")
+    if e.source is not Source.GGUF_PACKAGE:
+        if e.config is None:
+            raise ConfigError(f"catalog entry {name} has no configuration")
+        return write_config_dir(name, {**e.config, **(_TINY_SHAPE if tiny else {})}, out, dtype)
+    target = Path(out) / name
     dtype_name = str(dtype).removeprefix("torch.")
-    model = VllmModel(name, target, load_format="dummy" if dummy else "auto", dtype=dtype_name)
+    model = VllmModel(name, target, dtype=dtype_name)
+    if (target / _DONE).is_file():
+        return model
+    from safetensors.torch import save_file
+
+    target.mkdir(parents=True, exist_ok=True)
+    loaded = load_gguf(smollm2_gguf(), dtype)
+    config = {**loaded.config, "torch_dtype": dtype_name}
+    config.pop("quantization_config", None)
+    tensors = {k: v.contiguous() for k, v in loaded.tensors.items()}
+    if config.get("tie_word_embeddings"):
+        tensors.pop("lm_head.weight", None)
+    save_file(tensors, str(target / "model.safetensors"))
+    if loaded.tokenizer is None:
+        raise ConfigError(f"{name}: its GGUF carries no tokenizer")
+    _finish_dir(target, config, loaded.tokenizer)
+    return model
+
+
+def write_config_dir(
+    name: str, config: Mapping[str, Any], out: Path, dtype: torch.dtype = torch.bfloat16
+) -> VllmModel:
+    """A directory of a published configuration (``config``: its ``config.json`` fields)
+    with SmolLM2's tokenizer, served with random weights (``load_format = "dummy"``): how
+    ``benchmarks/gpu_vllm.py`` gets 7-14B shapes without downloading anything."""
+    target = Path(out) / name
+    dtype_name = str(dtype).removeprefix("torch.")
+    model = VllmModel(name, target, load_format="dummy", dtype=dtype_name)
     if (target / _DONE).is_file():
         return model
     target.mkdir(parents=True, exist_ok=True)
-    if dummy:
-        if e.config is None or e.tokenizer_of is None:
-            raise ConfigError(f"catalog entry {name} has no configuration or tokenizer")
-        config = {**e.config, **(_TINY_SHAPE if tiny else {}), "torch_dtype": dtype_name}
-        tok = gguf_tokenizer(smollm2_gguf())
-    else:
-        from safetensors.torch import save_file
+    _finish_dir(target, {**config, "torch_dtype": dtype_name}, gguf_tokenizer(smollm2_gguf()))
+    return model
 
-        loaded = load_gguf(smollm2_gguf(), dtype)
-        config = {**loaded.config, "torch_dtype": dtype_name}
-        config.pop("quantization_config", None)
-        tensors = {k: v.contiguous() for k, v in loaded.tensors.items()}
-        if config.get("tie_word_embeddings"):
-            tensors.pop("lm_head.weight", None)
-        save_file(tensors, str(target / "model.safetensors"))
-        if loaded.tokenizer is None:
-            raise ConfigError(f"{name}: its GGUF carries no tokenizer")
-        tok = loaded.tokenizer
-    (target / "config.json").write_text(json.dumps(config, indent=1))
+
+def _finish_dir(target: Path, config: Mapping[str, Any], tok: Tokenizer) -> None:
+    """``config.json``, ``generation_config.json``, the tokenizer files, then the marker
+    that says the directory is complete."""
+    (target / "config.json").write_text(json.dumps(dict(config), indent=1))
     eos = config.get("eos_token_id")
     generation = {"eos_token_id": eos} if eos is not None else {}
     (target / "generation_config.json").write_text(json.dumps(generation))
     _tokenizer_files(tok, target, int(config.get("max_position_embeddings", 8192)))
     (target / _DONE).write_text("")
-    return model
 
 
 def catalog_for(

