@@ -321,7 +321,6 @@ def _replay_embedded(
 ) -> int:
     from talaria.cost.calibration import CalibrationMode
     from talaria.swebench_replay.live_replay import EmbeddedOptions, run_embedded_replay
-    from talaria.swebench_replay.report import fidelity_table, mechanism_table, policy_table
 
     options = EmbeddedOptions(
         policies,
@@ -329,40 +328,17 @@ def _replay_embedded(
         hints=not args.no_hints,
         calibration=CalibrationMode(args.calibration),
     )
-    out = args.out or DEFAULT_OUT / "replay-embedded"
-    runs: dict[str, SimResult] = {}  # each policy's measured calls and slots, for the timeline
-    started = time.perf_counter()
-    with _progress(console) as progress:
-        tasks = {p.name: progress.add_task(p.name, total=workload.replay.n_calls) for p in policies}
 
-        def on_progress(name: str, n: int) -> None:
-            progress.update(tasks[name], completed=n)
+    def run(*hooks: Any) -> dict[str, Any]:
+        return run_embedded_replay(workload.replay, options, workload.tool_table, *hooks)
 
-        results = run_embedded_replay(
-            workload.replay,
-            options,
-            workload.tool_table,
-            on_progress,
-            progress.console.print,
-            runs.__setitem__,
-        )
-    results["workload"]["source"] = workload.source
-    results["wall_s"] = time.perf_counter() - started
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
-    plots = _plots(results, runs, out)
-    console.print(policy_table(results))
-    console.print(mechanism_table(results))
-    console.print(fidelity_table(results))
-    console.print(f"wrote {', '.join(map(str, [out / 'results.json', *plots]))}")
-    return 0
+    return _live_replay(args, console, workload, policies, "replay-embedded", run)
 
 
 def _replay_vllm(args: argparse.Namespace, console: Console, workload: Any, policies: Any) -> int:
     from talaria.backends.vllm.model_dirs import catalog_for
     from talaria.config import cache_dir
     from talaria.engine.catalog import DEFAULT_MODELS
-    from talaria.swebench_replay.report import fidelity_table, mechanism_table, policy_table
     from talaria.swebench_replay.vllm_replay import VllmReplayOptions, run_vllm_replay
 
     if args.calibration != "auto":
@@ -371,24 +347,36 @@ def _replay_vllm(args: argparse.Namespace, console: Console, workload: Any, poli
     console.print(f"vLLM model directories: {where}")
     models = catalog_for(DEFAULT_MODELS, where)
     options = VllmReplayOptions(policies, models, gap_scale=args.gap_scale, hints=not args.no_hints)
-    out = args.out or DEFAULT_OUT / "replay-vllm"
-    runs: dict[str, SimResult] = {}
+
+    def run(*hooks: Any) -> dict[str, Any]:
+        return run_vllm_replay(workload.replay, options, workload.tool_table, *hooks)
+
+    return _live_replay(args, console, workload, policies, "replay-vllm", run)
+
+
+def _live_replay(
+    args: argparse.Namespace,
+    console: Console,
+    workload: Any,
+    policies: Any,
+    default_out: str,
+    run: Any,
+) -> int:
+    """A real-time replay (``run(on_progress, on_status, on_result)`` plays every policy and
+    returns the results document) with progress bars, then its files and tables."""
+    from talaria.swebench_replay.report import fidelity_table, mechanism_table, policy_table
+
+    out = args.out or DEFAULT_OUT / default_out
+    runs: dict[str, SimResult] = {}  # each policy's measured calls and slots, for the timeline
     started = time.perf_counter()
     with _progress(console) as progress:
         tasks = {p.name: progress.add_task(p.name, total=workload.replay.n_calls) for p in policies}
 
         def on_progress(name: str, n: int) -> None:
-            if name in tasks:
+            if name in tasks:  # a warm-up pass reports under its own name
                 progress.update(tasks[name], completed=n)
 
-        results = run_vllm_replay(
-            workload.replay,
-            options,
-            workload.tool_table,
-            on_progress,
-            progress.console.print,
-            runs.__setitem__,
-        )
+        results = run(on_progress, progress.console.print, runs.__setitem__)
     results["workload"]["source"] = workload.source
     results["wall_s"] = time.perf_counter() - started
     out.mkdir(parents=True, exist_ok=True)
@@ -397,7 +385,7 @@ def _replay_vllm(args: argparse.Namespace, console: Console, workload: Any, poli
     console.print(policy_table(results))
     console.print(mechanism_table(results))
     console.print(fidelity_table(results))
-    for line in results["engine"]["mechanisms"]:
+    for line in results.get("engine", {}).get("mechanisms", ()):
         console.print(f"vllm: {line}")
     console.print(f"wrote {', '.join(map(str, [out / 'results.json', *plots]))}")
     return 0

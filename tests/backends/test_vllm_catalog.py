@@ -10,7 +10,7 @@ import pytest
 
 from talaria.api import TalariaConfig
 from talaria.backends.vllm.catalog import FORCING_PROCESSOR, VllmModel, catalog_from_tables
-from talaria.backends.vllm.cluster import GIB, instance_spec
+from talaria.backends.vllm.cluster import GIB, instance_specs
 from talaria.backends.vllm.model_dirs import TINY, write_model_dir
 from talaria.cli import main
 from talaria.engine.arch import ModelArch
@@ -89,7 +89,7 @@ def test_instance_sizing_with_and_without_sleep_mode(tmp_path: Path) -> None:
     b = VllmModel("b", tiny.path, gpu_memory_utilization=0.5)
     archs = {"a": arch, "b": arch}
     weights = a.spec(arch).weight_bytes
-    resident = instance_spec(
+    resident = instance_specs(
         [a, b],
         archs,
         sleep_mode=False,
@@ -99,8 +99,11 @@ def test_instance_sizing_with_and_without_sleep_mode(tmp_path: Path) -> None:
         memory_utilization=0.9,
         device_total_bytes=None,
     )
-    assert resident.usable_device_bytes == pytest.approx(weights + 2 * GIB, abs=2)
-    asleep = instance_spec(
+    # resident engines: an instance per model, its weights and its engine's KV space
+    assert [(r.name, r.models) for r in resident] == [("vllm-a", ("a",)), ("vllm-b", ("b",))]
+    assert resident[0].usable_device_bytes == pytest.approx(weights + 2 * GIB, abs=2)
+    assert resident[1].usable_device_bytes == pytest.approx(weights + GIB, abs=2)
+    (asleep,) = instance_specs(
         [a, b],
         archs,
         sleep_mode=True,
@@ -110,9 +113,10 @@ def test_instance_sizing_with_and_without_sleep_mode(tmp_path: Path) -> None:
         memory_utilization=0.9,
         device_total_bytes=100 * GIB,
     )
-    assert asleep.usable_device_bytes == pytest.approx(50 * GIB, abs=2)
+    # sleep mode: one instance, the models taking turns in the largest share of the device
+    assert asleep.usable_device_bytes == pytest.approx(50 * GIB, abs=2) and asleep.models == ()
     with pytest.raises(ConfigError, match="device's memory"):
-        instance_spec(
+        instance_specs(
             [a],
             archs,
             sleep_mode=True,

@@ -22,7 +22,7 @@ from talaria.api import Talaria, TalariaConfig
 from talaria.backends.vllm.model_dirs import TINY, write_model_dir
 from talaria.server.app import app_and_talaria
 from tests.server.conftest import requires_smollm2
-from tests.server.matrix import CHAT, check_malformed, malformed_matrix
+from tests.server.matrix import CHAT, check_malformed, check_stream_matches, malformed_matrix
 from tests.server.server_fakes import live_server
 
 pytest.importorskip("vllm")
@@ -74,23 +74,12 @@ def test_openai_client_chat_stream_and_models(url: str) -> None:
     raw = oa.chat.completions.with_raw_response.create(
         model=MODEL, messages=messages, max_tokens=6, temperature=0
     )
-    assert raw.headers["x-talaria-instance"] == "vllm-0"
+    assert raw.headers["x-talaria-instance"] == f"vllm-{MODEL}"  # resident: one per model
     whole = raw.parse()
     text = whole.choices[0].message.content
     assert text
     assert whole.usage is not None and whole.usage.completion_tokens == 6
-    stream = oa.chat.completions.create(
-        model=MODEL,
-        messages=messages,
-        max_tokens=6,
-        temperature=0,
-        stream=True,
-        stream_options={"include_usage": True},
-    )
-    chunks = list(stream)
-    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text
-    assert chunks[-1].usage is not None
-    assert chunks[-1].usage.completion_tokens == 6
+    assert check_stream_matches(oa, MODEL, messages, text) == 6
     # the same prompt again: vLLM's prefix cache holds its whole blocks
     again = oa.chat.completions.create(model=MODEL, messages=messages, max_tokens=2)
     details = again.usage.prompt_tokens_details if again.usage is not None else None

@@ -19,7 +19,7 @@ import attrs
 import pytest
 
 from talaria.backends.vllm.catalog import VllmModel
-from talaria.backends.vllm.cluster import instance_spec
+from talaria.backends.vllm.cluster import instance_specs
 from talaria.backends.vllm.engines import EngineSet, Stream, SwitchTiming
 from talaria.backends.vllm.substrate import VllmSubstrate
 from talaria.config import ClusterConfig
@@ -143,21 +143,28 @@ def tiny_arch() -> ModelArch:
     return ModelArch.from_hf_config(config)
 
 
-def make_live(names: Sequence[str], engines: FakeEngines, policy: str = "talaria") -> LiveCluster:
+def make_live(
+    names: Sequence[str], engines: FakeEngines, policy: str = "talaria", sleep_mode: bool = False
+) -> LiveCluster:
+    """The cluster ``cluster_over`` builds: with ``sleep_mode`` one instance whose models
+    take turns (a 4 GB device, half of it per engine); without, an instance per model."""
     arch = tiny_arch()
-    models = [VllmModel(n, Path("/nonexistent"), max_model_len=4096) for n in names]
+    models = [
+        VllmModel(n, Path("/nonexistent"), max_model_len=4096, gpu_memory_utilization=0.5)
+        for n in names
+    ]
     archs = dict.fromkeys(names, arch)
-    spec = instance_spec(
+    specs = instance_specs(
         models,
         archs,
-        sleep_mode=False,
+        sleep_mode=sleep_mode,
         hardware="cpu",
         host_memory_bytes=10**9,
         block_size=BLOCK,
         memory_utilization=0.9,
-        device_total_bytes=None,
+        device_total_bytes=4 * 10**9 if sleep_mode else None,
     )
-    cluster = ClusterConfig([m.spec(arch) for m in models], (spec,))
+    cluster = ClusterConfig([m.spec(arch) for m in models], specs)
     pol = attrs.evolve(POLICIES[policy], slot_max_s=0.2, slot_linger_s=0.02)
     core = ClusterCore(cluster, pol, cluster_estimators(cluster))
     runners = {
@@ -216,11 +223,11 @@ async def test_a_call_gets_the_engines_tokens_session_and_tenant() -> None:
         _, fin2 = await call(live, "s1", "a", longer, 4, tenant="acme")
         live.check_integrity()
     assert ids == tuple(token_at(p.tokens(), n) for n in range(6))
-    assert (fin.completion_tokens, fin.cached_tokens, fin.instance) == (6, 0, "vllm-0")
+    assert (fin.completion_tokens, fin.cached_tokens, fin.instance) == (6, 0, "vllm-a")
     assert fin2.cached_tokens == 64  # the engine's whole blocks, not Talaria's estimate
     first = engines.submitted[0]
     assert (first.session_id, first.cache_salt, first.prompt) == ("s1", "acme", p.tokens())
-    runner = live.drivers["vllm-0"].runner
+    runner = live.drivers["vllm-a"].runner
     assert isinstance(runner, VllmSubstrate)
     assert [d.vllm_cached for d in runner.kv_drift] == [0, 64]
     assert not runner.outputs  # nothing kept after the calls ended
@@ -244,11 +251,11 @@ async def test_forced_answers_reach_the_engine() -> None:
     assert engines.submitted[0].forced == forced
 
 
-async def test_calls_reach_an_engine_only_in_their_models_slot() -> None:
-    """Two models, interleaved sessions: every call is submitted after the switch that made
-    its model the awake one, and the awake model serves it."""
+async def test_with_sleep_mode_calls_reach_an_engine_only_in_their_models_slot() -> None:
+    """Two models taking turns on one device, interleaved sessions: every call is submitted
+    after the switch that made its model the awake one, and the awake model serves it."""
     engines = FakeEngines(["a", "b"])
-    async with make_live(["a", "b"], engines) as live:
+    async with make_live(["a", "b"], engines, sleep_mode=True) as live:
         async with anyio.create_task_group() as tg:
             for i in range(6):
                 tg.start_soon(call, live, f"s{i}", "ab"[i % 2], prompt(i), 5)
@@ -257,6 +264,31 @@ async def test_calls_reach_an_engine_only_in_their_models_slot() -> None:
     for sub in engines.submitted:
         woke = engines.switches[sub.switches_before - 1].woke if sub.switches_before else "a"
         assert woke == sub.model, (sub, engines.switches)
+
+
+async def test_resident_engines_serve_their_models_at_once() -> None:
+    """Without sleep mode each model is an instance of its own: calls of both models are in
+    their engines at the same time, and nothing is ever put to sleep."""
+    engines = FakeEngines(["a", "b"])
+    live = make_live(["a", "b"], engines)
+    assert sorted(live.drivers) == ["vllm-a", "vllm-b"]
+    seen: set[int] = set()  # how many models had a request generating, sampled every ms
+
+    async def watch() -> None:
+        while True:
+            with engines.cond:
+                seen.add(len({s.model for s in engines.streams.values() if not s.finished}))
+            await anyio.sleep(0.001)
+
+    async with live, anyio.create_task_group() as tg:
+        tg.start_soon(watch)
+        async with anyio.create_task_group() as calls:  # about 0.2 s each on the fake engine
+            calls.start_soon(call, live, "sa", "a", prompt(8), 200)
+            calls.start_soon(call, live, "sb", "b", prompt(9), 200)
+        tg.cancel_scope.cancel()
+        live.check_integrity()
+    assert 2 in seen
+    assert all(s.slept is None for s in engines.switches)
 
 
 async def test_a_failing_engine_fails_only_its_calls() -> None:

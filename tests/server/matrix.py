@@ -1,11 +1,13 @@
-"""The malformed-request matrix every live server must answer the same way (the embedded
-backend's and the vLLM backend's): status, error words, and a healthy server afterwards."""
+"""Checks every live server must pass the same way (the embedded backend's and the vLLM
+backend's): the malformed-request matrix (status, error words, a healthy server afterwards)
+and a streamed answer that equals the whole one."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import httpx
+import openai
 
 CHAT = "/v1/chat/completions"
 Row = tuple[str, str, Any, dict[str, str], int, str]
@@ -65,3 +67,20 @@ def check_malformed(
     ok = http.post(CHAT, json=ask | {"max_tokens": 3, "temperature": 0})
     assert ok.status_code == 200, ok.text
     assert ok.json()["choices"][0]["message"]["content"]
+
+
+def check_stream_matches(oa: openai.OpenAI, model: str, messages: Any, text: str) -> int:
+    """The same greedy chat streamed (usage included) gives ``text``; returns its
+    completion tokens from the final usage chunk."""
+    stream = oa.chat.completions.create(
+        model=model,
+        messages=messages,
+        max_tokens=6,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text
+    assert chunks[-1].usage is not None
+    return chunks[-1].usage.completion_tokens

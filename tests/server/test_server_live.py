@@ -18,7 +18,7 @@ import torch
 from talaria.api import TalariaConfig
 from talaria.server.app import app_for_config
 from tests.server.conftest import requires_smollm2, sse
-from tests.server.matrix import check_malformed, malformed_matrix
+from tests.server.matrix import check_malformed, check_stream_matches, malformed_matrix
 from tests.server.server_fakes import live_server
 
 MODEL = "smollm2-135m"
@@ -83,18 +83,7 @@ def test_openai_client_chat_stream_and_models(oa: openai.OpenAI) -> None:
     text = whole.choices[0].message.content
     assert text
     assert whole.usage is not None and whole.usage.completion_tokens <= 6
-    stream = oa.chat.completions.create(
-        model=MODEL,
-        messages=messages,
-        max_tokens=6,
-        temperature=0,
-        stream=True,
-        stream_options={"include_usage": True},
-    )
-    chunks = list(stream)
-    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text
-    assert chunks[-1].usage is not None
-    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+    assert check_stream_matches(oa, MODEL, messages, text) == whole.usage.completion_tokens
 
 
 def test_openai_client_text_completions(oa: openai.OpenAI) -> None:

@@ -7,10 +7,11 @@ engine and the simulator use, sized from what vLLM will hold:
 * with sleep mode (CUDA), one model is awake at a time, so the instance's device budget is
   the largest ``gpu_memory_utilization`` share of the GPU: one weight region (the largest
   model) and the rest KV, and a switch sleeps one engine and wakes the next;
-* without it (the CPU backend: vLLM refuses sleep mode there), every engine stays resident,
-  the device budget is one weight region plus one engine's KV space (``kv_cache_gib``), and a
-  switch only changes which model's calls are admitted. :meth:`VllmCluster.mechanisms` says
-  which is the case, and the server prints it at start.
+* without it (the CPU backend: vLLM refuses sleep mode there), every engine stays resident
+  and there is no switch to amortize, so each model is an instance of its own (its slot
+  always open, the router choosing by model): its device budget is its weights plus its
+  engine's KV space (``kv_cache_gib``). :meth:`VllmCluster.mechanisms` says which is the
+  case, and the server prints it at start.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ DEFAULT_CPU_KV_GIB = 1.0  # the CPU backend's KV space per engine when the catal
 
 @attrs.frozen
 class VllmCluster:
-    """A cluster core over one vLLM instance; per model its shape, tokenizer, directory and
+    """A cluster core over the vLLM instances; per model its shape, tokenizer, directory and
     end ids (the same fields as the embedded cluster, which the API reads)."""
 
     core: ClusterCore
@@ -60,7 +61,7 @@ class VllmCluster:
         else:
             lines.append(
                 "model switches: sleep mode is unavailable on this platform, so every engine "
-                "stays resident and a switch only gates admission (no weights move)"
+                "stays resident as an instance of its own (no switches, no weights move)"
             )
         if any(m.kv_offloading_gib for m in e.models.values()):
             lines.append("host KV tier: vLLM's native CPU offloading")
@@ -75,7 +76,7 @@ class VllmCluster:
         self.engines.close()
 
 
-def instance_spec(
+def instance_specs(
     models: Sequence[VllmModel],
     archs: dict[str, ModelArch],
     *,
@@ -85,24 +86,37 @@ def instance_spec(
     block_size: int,
     memory_utilization: float,
     device_total_bytes: int | None,
-) -> InstanceSpec:
-    """The instance as vLLM will hold it (see the module docstring)."""
-    weights = [m.spec(archs[m.name]).weight_bytes for m in models]
+) -> tuple[InstanceSpec, ...]:
+    """The instances as vLLM will hold them (see the module docstring): with sleep mode one
+    instance whose models take turns on the device; without it one instance per model,
+    since every engine is resident and no switch is there to amortize (a shared slot would
+    only make each model wait for the others' turns)."""
+    weights = {m.name: m.spec(archs[m.name]).weight_bytes for m in models}
+    host = max(host_memory_bytes, sum(weights.values()))
+
+    def spec(name: str, usable: int, served: tuple[str, ...]) -> InstanceSpec:
+        return InstanceSpec(
+            name=name,
+            hardware=hardware,
+            device_memory_bytes=int(usable / memory_utilization),
+            host_memory_bytes=host,
+            block_size=block_size,
+            memory_utilization=memory_utilization,
+            models=served,
+        )
+
     if sleep_mode:
         if device_total_bytes is None:
             raise ConfigError("sleep mode needs the device's memory size")
         share = max(m.gpu_memory_utilization for m in models)
-        usable = int(device_total_bytes * share)
-    else:
-        kv = max(m.kv_cache_gib or DEFAULT_CPU_KV_GIB for m in models)
-        usable = max(weights) + int(kv * GIB)
-    return InstanceSpec(
-        name="vllm-0",
-        hardware=hardware,
-        device_memory_bytes=int(usable / memory_utilization),
-        host_memory_bytes=max(host_memory_bytes, sum(weights)),
-        block_size=block_size,
-        memory_utilization=memory_utilization,
+        return (spec("vllm-0", int(device_total_bytes * share), ()),)
+    return tuple(
+        spec(
+            f"vllm-{m.name}",
+            weights[m.name] + int((m.kv_cache_gib or DEFAULT_CPU_KV_GIB) * GIB),
+            (m.name,),
+        )
+        for m in models
     )
 
 
@@ -158,7 +172,7 @@ def cluster_over(
         n: (t if t.vocab_size >= archs[n].vocab_size else None) for n, t in own.items()
     }
     total = _device_total_bytes() if engines.sleep_mode else None
-    spec = instance_spec(
+    specs = instance_specs(
         models,
         archs,
         sleep_mode=engines.sleep_mode,
@@ -168,8 +182,7 @@ def cluster_over(
         memory_utilization=memory_utilization,
         device_total_bytes=total,
     )
-    specs = [m.spec(archs[m.name]) for m in models]
-    cluster = ClusterConfig(specs, (spec,))
+    cluster = ClusterConfig([m.spec(archs[m.name]) for m in models], specs)
     core = ClusterCore(cluster, policy, cluster_estimators(cluster), learner=GapPredictor.default())
     runners = {
         name: VllmSubstrate(

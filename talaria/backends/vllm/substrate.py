@@ -96,7 +96,6 @@ class VllmSubstrate:
         self._prepared: dict[CallKey, _Prepared] = {}
         self._ids: dict[CallKey, str] = {}  # vLLM request id of each submitted call
         self._ended: set[CallKey] = set()  # vLLM ended them before the checker did
-        self._awake: str | None = next(iter(engines.awake), None)
 
     @property
     def core(self) -> InstanceCore:
@@ -148,8 +147,10 @@ class VllmSubstrate:
     def execute(self, sched: Schedule) -> Executed:
         self.kv_moves_skipped += len(sched.kv_moves)
         if sched.switch is not None:
-            self.engines.switch(self._awake, sched.switch.model)
-            self._awake = sched.switch.model
+            target = sched.switch.model
+            mine = set(self._core.models)
+            slept = next((m for m in self.engines.awake if m in mine and m != target), None)
+            self.engines.switch(slept, target)
         step = sched.step
         if step is None:
             return Executed(())
