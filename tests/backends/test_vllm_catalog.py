@@ -99,10 +99,10 @@ def test_instance_sizing_with_and_without_sleep_mode(tmp_path: Path) -> None:
         memory_utilization=0.9,
         device_total_bytes=None,
     )
-    # resident engines: an instance per model, its weights and its engine's KV space
-    assert [(r.name, r.models) for r in resident] == [("vllm-a", ("a",)), ("vllm-b", ("b",))]
-    assert resident[0].usable_device_bytes == pytest.approx(weights + 2 * GIB, abs=2)
-    assert resident[1].usable_device_bytes == pytest.approx(weights + GIB, abs=2)
+    # resident engines: still one instance (they share the cores), one region + one KV space
+    (only,) = resident
+    assert (only.name, only.models) == ("vllm-0", ())
+    assert only.usable_device_bytes == pytest.approx(weights + 2 * GIB, abs=2)
     (asleep,) = instance_specs(
         [a, b],
         archs,
@@ -144,3 +144,17 @@ def test_the_tiny_model_directory_loads_back(tmp_path: Path) -> None:
     assert tok.decode(tok.encode("hello world", add_special_tokens=False)) == "hello world"
     again = write_model_dir(TINY, tmp_path)  # a complete directory is reused
     assert again == tiny
+
+
+def test_end_ids_come_from_both_configs(tmp_path: Path) -> None:
+    """vLLM stops on generation_config.json's end ids too (Llama 3's <|eot_id|>): so must
+    Talaria's stop checker."""
+    from talaria.backends.vllm.cluster import _eos_ids
+
+    tiny = write_model_dir(TINY, tmp_path)
+    (tiny.path / "generation_config.json").write_text('{"eos_token_id": [2, 7]}')
+    arch = tiny.arch()
+    assert _eos_ids(arch, tiny, tiny.tokenizer()) == (2, 7)
+    (tiny.path / "generation_config.json").write_text("{not json")
+    with pytest.raises(ConfigError, match="cannot read"):
+        _eos_ids(arch, tiny, None)

@@ -43,6 +43,7 @@ from talaria.errors import ConfigError
 # the SamplingParams.extra_args key it reads
 FORCING_PROCESSOR = "talaria.backends.vllm.forcing:ForcedAnswers"
 FORCED_KEY = "talaria_forced"
+DEFAULT_CPU_KV_GIB = 1  # the CPU backend's KV space per engine when the catalog is silent
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 _LOAD_FORMATS = ("auto", "safetensors", "dummy")
 _KNOWN = {
@@ -70,7 +71,7 @@ class VllmModel:
     gpu_memory_utilization: float = 0.3
     kv_cache_gib: int | None = None  # CPU backend: VLLM_CPU_KVCACHE_SPACE (whole GiB) per engine
     kv_offloading_gib: float | None = None  # CUDA: vLLM's native host KV tier, per engine
-    sleep_level: int = 1  # 1: weights kept in host memory while asleep; 2: dropped
+    sleep_level: int = 1  # 1: weights kept in host memory while asleep; 2: dropped, reloaded
     extra: Mapping[str, Any] = attrs.field(factory=dict, converter=dict)
 
     def __attrs_post_init__(self) -> None:

@@ -8,19 +8,23 @@ engine and the simulator use, sized from what vLLM will hold:
   the largest ``gpu_memory_utilization`` share of the GPU: one weight region (the largest
   model) and the rest KV, and a switch sleeps one engine and wakes the next;
 * without it (the CPU backend: vLLM refuses sleep mode there), every engine stays resident
-  and there is no switch to amortize, so each model is an instance of its own (its slot
-  always open, the router choosing by model): its device budget is its weights plus its
-  engine's KV space (``kv_cache_gib``). :meth:`VllmCluster.mechanisms` says which is the
-  case, and the server prints it at start.
+  but they share the same cores: the slot still decides which model's calls run (it
+  time-slices the cores instead of letting three engines contend for them) and a switch
+  moves nothing; the device budget is one weight region plus one engine's KV space
+  (``kv_cache_gib``). :meth:`VllmCluster.mechanisms` says which is the case, and the
+  server prints it at start. (An instance per resident model, each slot always open, was
+  measured too: see the README's vLLM results.)
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import attrs
 
-from talaria.backends.vllm.catalog import VllmModel
+from talaria.backends.vllm.catalog import DEFAULT_CPU_KV_GIB, VllmModel
 from talaria.backends.vllm.engines import EngineSet
 from talaria.backends.vllm.substrate import VllmSubstrate
 from talaria.config import ClusterConfig, InstanceSpec, PolicyConfig
@@ -32,7 +36,6 @@ from talaria.runtime.cluster import ClusterCore
 from talaria.session.gaps import GapPredictor
 
 GIB = 2**30
-DEFAULT_CPU_KV_GIB = 1.0  # the CPU backend's KV space per engine when the catalog is silent
 
 
 @attrs.frozen
@@ -61,7 +64,7 @@ class VllmCluster:
         else:
             lines.append(
                 "model switches: sleep mode is unavailable on this platform, so every engine "
-                "stays resident as an instance of its own (no switches, no weights move)"
+                "stays resident; the slot time-slices the shared cores (no weights move)"
             )
         if any(m.kv_offloading_gib for m in e.models.values()):
             lines.append("host KV tier: vLLM's native CPU offloading")
@@ -87,10 +90,10 @@ def instance_specs(
     memory_utilization: float,
     device_total_bytes: int | None,
 ) -> tuple[InstanceSpec, ...]:
-    """The instances as vLLM will hold them (see the module docstring): with sleep mode one
-    instance whose models take turns on the device; without it one instance per model,
-    since every engine is resident and no switch is there to amortize (a shared slot would
-    only make each model wait for the others' turns)."""
+    """The instance as vLLM will hold it (see the module docstring): one instance, one
+    compute unit whose models take turns in its slot. With sleep mode they take turns on the
+    device (one awake); without it every engine is resident but they still share the same
+    cores, and the slot time-slices them instead of letting them contend."""
     weights = {m.name: m.spec(archs[m.name]).weight_bytes for m in models}
     host = max(host_memory_bytes, sum(weights.values()))
 
@@ -110,14 +113,8 @@ def instance_specs(
             raise ConfigError("sleep mode needs the device's memory size")
         share = max(m.gpu_memory_utilization for m in models)
         return (spec("vllm-0", int(device_total_bytes * share), ()),)
-    return tuple(
-        spec(
-            f"vllm-{m.name}",
-            weights[m.name] + int((m.kv_cache_gib or DEFAULT_CPU_KV_GIB) * GIB),
-            (m.name,),
-        )
-        for m in models
-    )
+    kv = max(m.kv_cache_gib or DEFAULT_CPU_KV_GIB for m in models)
+    return (spec("vllm-0", max(weights.values()) + int(kv * GIB), ()),)
 
 
 def build_vllm_cluster(
@@ -213,12 +210,26 @@ def _served(arch: ModelArch, max_model_len: int) -> ModelArch:
 
 
 def _eos_ids(arch: ModelArch, model: VllmModel, tok: Tokenizer | None) -> tuple[int, ...]:
-    """End ids: ``config.json``'s ``eos_token_id`` (int or list) and the tokenizer's."""
-    raw = model.config().get("eos_token_id")
-    ids = {raw} if isinstance(raw, int) else set(raw or ())
+    """End ids: ``eos_token_id`` (int or list) of ``config.json`` and of
+    ``generation_config.json`` (vLLM stops on both; Llama 3's ``<|eot_id|>`` is only in
+    the latter), and the tokenizer's."""
+    ids: set[int] = set()
+    for raw in (model.config().get("eos_token_id"), _generation_eos(model)):
+        ids |= {raw} if isinstance(raw, int) else set(raw or ())
     if tok is not None and tok.eos_token_id is not None:
         ids.add(tok.eos_token_id)
     return tuple(sorted(i for i in ids if isinstance(i, int) and 0 <= i < arch.vocab_size))
+
+
+def _generation_eos(model: VllmModel) -> Any:
+    path = model.path / "generation_config.json"
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"vllm_models.{model.name}: cannot read {path}: {exc}") from exc
+    return data.get("eos_token_id") if isinstance(data, dict) else None
 
 
 def _device_total_bytes() -> int:

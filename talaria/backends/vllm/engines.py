@@ -16,7 +16,6 @@ with ``start()`` (blocking: vLLM compiles and loads; minutes on a CPU) and stop 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import logging
 import os
@@ -29,7 +28,7 @@ from typing import Any
 
 import attrs
 
-from talaria.backends.vllm.catalog import VllmModel
+from talaria.backends.vllm.catalog import DEFAULT_CPU_KV_GIB, VllmModel
 from talaria.errors import ConfigError, InstanceFailed
 from talaria.generation import TokenLogprob
 
@@ -91,7 +90,6 @@ class EngineSet:
         self._engines: dict[str, Any] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
-        self._tasks: dict[str, concurrent.futures.Future[None]] = {}
 
     # ------------------------------------------------------------------ lifecycle
     def start(self, progress: Callable[[str], None] | None = None) -> None:
@@ -156,8 +154,8 @@ class EngineSet:
             **model.engine_args(sleep_mode=self.sleep_mode, block_size=self.block_size)
         )
         previous = os.environ.get("VLLM_CPU_KVCACHE_SPACE")
-        if model.kv_cache_gib is not None:  # the CPU backend sizes KV from this variable
-            os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(model.kv_cache_gib)
+        if not self.sleep_mode:  # the CPU backend sizes KV from this variable (whole GiB)
+            os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(model.kv_cache_gib or DEFAULT_CPU_KV_GIB)
         try:
             return AsyncLLM.from_engine_args(args)
         except Exception as exc:
@@ -225,8 +223,9 @@ class EngineSet:
         prompt: dict[str, Any] = {"prompt_token_ids": list(prompt_ids)}
         if cache_salt is not None:
             prompt["cache_salt"] = cache_salt
-        coro = self._pump(engine, stream, prompt, params, session_id)
-        self._tasks[request_id] = asyncio.run_coroutine_threadsafe(coro, loop)
+        asyncio.run_coroutine_threadsafe(
+            self._pump(engine, stream, prompt, params, session_id), loop
+        )
         return stream
 
     async def _pump(
@@ -237,10 +236,18 @@ class EngineSet:
         params: Any,
         session_id: str | None,
     ) -> None:
+        rid = stream.request_id
         try:
-            gen = engine.generate(prompt, params, stream.request_id, session_id=session_id)
+            gen = engine.generate(prompt, params, rid, session_id=session_id)
             async for out in gen:
                 self._deliver(stream, out)
+                with self.cond:
+                    forgotten = self.streams.get(rid) is not stream
+                if forgotten and not out.finished:
+                    # aborted before vLLM had registered it (an abort that early finds
+                    # nothing to stop): stop it now
+                    await _quiet(engine.abort(rid))
+                    return
         except asyncio.CancelledError:
             with self.cond:
                 stream.error = stream.error or InstanceFailed("the call was cancelled")
@@ -253,8 +260,6 @@ class EngineSet:
             with self.cond:
                 stream.error = exc
                 self.cond.notify_all()
-        finally:
-            self._tasks.pop(stream.request_id, None)
 
     def _deliver(self, stream: Stream, out: Any) -> None:
         completion = out.outputs[0] if out.outputs else None
@@ -298,6 +303,7 @@ class EngineSet:
         them. Raises ``TimeoutError`` naming the ones still waiting after ``timeout_s``."""
         test = ready or (lambda s: bool(s.tokens) or s.ended)
         deadline = time.monotonic() + timeout_s
+        checked = time.monotonic()
         with self.cond:
             while True:
                 streams = {r: self.streams[r] for r in request_ids if r in self.streams}
@@ -310,8 +316,10 @@ class EngineSet:
                         f"vLLM gave no output for {len(pending)} request(s) in {timeout_s:.0f} s"
                         f" ({', '.join(pending[:3])})"
                     )
-                if not self.cond.wait(min(left, HEALTH_CHECK_S)):
+                self.cond.wait(min(left, HEALTH_CHECK_S))
+                if time.monotonic() - checked >= HEALTH_CHECK_S:  # however busy the others
                     self._check_alive(streams[r] for r in pending)
+                    checked = time.monotonic()
 
     # ------------------------------------------------------------------ slots
     def switch(self, slept: str | None, woke: str) -> SwitchTiming:
@@ -328,7 +336,10 @@ class EngineSet:
                 self.awake.discard(slept)
             if woke not in self.awake:
                 t0 = time.perf_counter()
-                self._call(self._engines[woke].wake_up())
+                engine = self._engines[woke]
+                self._call(engine.wake_up())
+                if self.models[woke].sleep_level == 2:  # its weights were dropped: load again
+                    self._call(engine.collective_rpc("reload_weights"))
                 wake_s = time.perf_counter() - t0
                 self.awake.add(woke)
         timing = SwitchTiming(slept, woke, sleep_s, wake_s)
@@ -337,8 +348,13 @@ class EngineSet:
 
     def reset_prefix_cache(self) -> None:
         """Empty every engine's prefix cache (between the policies of one replay)."""
-        for engine in self._engines.values():
-            self._call(engine.reset_prefix_cache())
+        for name, engine in self._engines.items():
+            for _ in range(50):  # refused while blocks are still held: let requests drain
+                if self._call(engine.reset_prefix_cache(reset_connector=True)):
+                    break
+                time.sleep(0.1)
+            else:
+                raise InstanceFailed(f"vLLM would not empty {name}'s prefix cache")
 
     def kill_engine(self, model: str) -> None:
         """Kill one model's engine-core process as a crash would (tests, fault drills):

@@ -32,6 +32,8 @@ class _Force:
         if n >= len(self.ids):
             return logits
         token = self.ids[n]
+        if token >= logits.shape[-1]:  # outside this model's vocabulary: never kill the engine
+            return logits
         forced = torch.full_like(logits, float("-inf"))
         forced[token] = 0.0
         return forced

@@ -149,7 +149,8 @@ class VllmSubstrate:
         if sched.switch is not None:
             target = sched.switch.model
             mine = set(self._core.models)
-            slept = next((m for m in self.engines.awake if m in mine and m != target), None)
+            awake = self.engines.awake if self.engines.sleep_mode else set()  # else all are
+            slept = next((m for m in awake if m in mine and m != target), None)
             self.engines.switch(slept, target)
         step = sched.step
         if step is None:
@@ -177,8 +178,12 @@ class VllmSubstrate:
                     raise InstanceFailed(
                         f"vLLM failed call {key} ({type(stream.error).__name__}: {stream.error})"
                     )
+                elif stream.finish_reason in ("stop", "length") and key in step.decode:
+                    self._ended.add(key)  # vLLM ended it on its own: no token this step
                 else:
-                    self._ended.add(key)
+                    raise InstanceFailed(
+                        f"vLLM ended call {key} without an answer ({stream.finish_reason})"
+                    )
         return Executed(tuple(sampled))
 
     def _take(self, key: CallKey, stream: Stream) -> int:
@@ -235,11 +240,13 @@ class VllmSubstrate:
                 rid = self._ids.get(req.key)
                 if rid is not None:
                     self.engines.abort(rid)  # no-op when vLLM ended it too
-        for key in self._ended & set(core.running):
+        ended, self._ended = self._ended & set(core.running), set()
+        for key in ended:
             req = core.running[key]
             core.stop(key)
             req.history = req.call.prompt.extend(self.outputs.get(key, ())[:-1])
-        self._ended.clear()
+        if ended:  # no token came for them this step: the core must not count one
+            step = attrs.evolve(step, decode=tuple(k for k in step.decode if k not in ended))
         return core.complete_step(step, now)
 
     def _first_token(self, req: Request) -> None:
