@@ -122,7 +122,7 @@ def _ttft(engines: EngineSet, model: str, prompt: list[int]) -> tuple[float, int
     if stream.error is not None:
         raise RuntimeError(f"{model}: {stream.error}")
     cached = stream.cached_tokens or 0
-    engines.forget(rid)
+    engines.abort(rid)
     return seconds, cached
 
 

@@ -52,7 +52,6 @@ class Stream:
     finished: bool = False
     finish_reason: str | None = None
     error: BaseException | None = None
-    first_output_s: float | None = None  # monotonic, when vLLM's first token arrived
 
     @property
     def ended(self) -> bool:
@@ -186,10 +185,6 @@ class EngineSet:
                     s.error = InstanceFailed("the vLLM engines were shut down")
             self.cond.notify_all()
 
-    @property
-    def running(self) -> bool:
-        return self._loop is not None
-
     def _call(self, coro: Any, timeout: float | None = 600.0) -> Any:
         loop = self._loop
         if loop is None:
@@ -268,8 +263,6 @@ class EngineSet:
                 stream.cached_tokens = int(out.num_cached_tokens)
             if completion is not None:
                 ids = list(completion.token_ids)
-                if ids and stream.first_output_s is None:
-                    stream.first_output_s = time.monotonic()
                 stream.tokens.extend(ids)
                 if completion.logprobs:
                     stream.logprobs.extend(_logprobs(ids, completion.logprobs, stream.top_logprobs))
@@ -288,10 +281,6 @@ class EngineSet:
         engine = self._engines.get(stream.model)
         if engine is not None:
             asyncio.run_coroutine_threadsafe(_quiet(engine.abort(request_id)), loop)
-
-    def forget(self, request_id: str) -> None:
-        """Drop an ended request's stream (``abort`` for one that may still run)."""
-        self.abort(request_id)
 
     def wait(
         self,

@@ -92,7 +92,6 @@ class VllmSubstrate:
         self.outputs: dict[CallKey, list[int]] = {}
         self.logprobs: dict[CallKey, list[TokenLogprob]] = {}
         self.kv_drift: list[KvDrift] = []
-        self.kv_moves_skipped = 0  # moves the core planned that vLLM's own cache made moot
         self._prepared: dict[CallKey, _Prepared] = {}
         self._ids: dict[CallKey, str] = {}  # vLLM request id of each submitted call
         self._ended: set[CallKey] = set()  # vLLM ended them before the checker did
@@ -145,7 +144,6 @@ class VllmSubstrate:
         return self._core.schedule(now)
 
     def execute(self, sched: Schedule) -> Executed:
-        self.kv_moves_skipped += len(sched.kv_moves)
         if sched.switch is not None:
             target = sched.switch.model
             mine = set(self._core.models)
@@ -155,7 +153,6 @@ class VllmSubstrate:
         step = sched.step
         if step is None:
             return Executed(())
-        self.kv_moves_skipped += len(step.kv_moves)
         reqs = sched.requests
         for key, _, _ in step.prefill:
             if key not in self._ids:
