@@ -353,6 +353,9 @@ class _SlotRecorder:
     def forget(self, key: CallKey) -> None:
         self.inner.forget(key)
 
+    def restart(self, core: InstanceCore) -> None:
+        self.inner.restart(core)
+
 
 async def _one_call(live: LiveCluster, script: SessionScript, index: int) -> tuple[Request, str]:
     sc = script.calls[index]

@@ -209,6 +209,18 @@ def _add_serve_parser(sub: Any) -> None:
         "Overrides the config's backend",
     )
     sv.add_argument(
+        "--ray",
+        default=None,
+        metavar="ADDRESS",
+        help="run each instance (the config's `instances`) in a Ray actor, the router staying "
+        "in this process: auto (the Ray cluster this node belongs to), HOST:PORT or "
+        "ray://HOST:PORT (that cluster's head), or local (a private one-node Ray started "
+        "here). Each instance takes one unit of the custom resource talaria_instance "
+        "(`ray start --resources '{\"talaria_instance\": 1}'` on each node; the config's "
+        "ray_resource renames it). Needs the ray extra (pip install 'talaria[ray]'); "
+        "overrides the config's ray",
+    )
+    sv.add_argument(
         "--api-key",
         action="append",
         default=[],
@@ -470,6 +482,8 @@ def _cmd_serve(args: argparse.Namespace, console: Console) -> int:
                 "model's directory is (see the README's vLLM section)"
             )
         config = attrs.evolve(config, backend=args.backend)
+    if args.ray is not None:
+        config = attrs.evolve(config, ray=args.ray)
     console.print(
         f"serving {', '.join(config.models)} on http://{args.host}:{args.port}/v1"
         f"{' (API keys required)' if keys or config.api_keys else ''}"

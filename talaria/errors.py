@@ -77,6 +77,12 @@ class InstanceFailed(TalariaError, RuntimeError):
     code = "instance_failed"
 
 
+class InstanceLost(InstanceFailed):
+    """The process (or node) executing an instance is gone: its calls that had streamed
+    nothing are routed to another instance, the others fail with this error (503); the
+    instance rejoins routing, its memory empty, once its process is back."""
+
+
 class ShuttingDown(TalariaError, RuntimeError):
     """The server is shutting down and took no new work, or stopped before the call ended."""
 

@@ -10,6 +10,7 @@ them; substrates (``talaria.engine``, the simulator) read them: they sit below b
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Protocol
 
 import attrs
 
@@ -17,7 +18,7 @@ from talaria.memory.kv import CallKey, MovePlan
 from talaria.memory.weights import SwitchPlan
 from talaria.types import Call, TokenSeq
 
-__all__ = ["Executed", "Request", "Schedule", "StepPlan"]
+__all__ = ["Executed", "Placement", "Request", "Schedule", "StepPlan"]
 
 
 @attrs.define(eq=False)
@@ -122,3 +123,39 @@ class Executed:
     prompt is complete, in step order (already appended to ``EngineRunner.outputs``)."""
 
     sampled: tuple[tuple[Request, int], ...]
+
+
+class _Layout(Protocol):
+    """What ``Placement.of`` reads of an instance core."""
+
+    @property
+    def arena(self) -> _Regions: ...
+
+    @property
+    def stage_blocks(self) -> tuple[int, ...]: ...
+
+
+class _Regions(Protocol):
+    def region_of(self, model: str) -> int | None: ...
+
+    @property
+    def staged_bytes(self) -> int: ...
+
+
+@attrs.frozen
+class Placement:
+    """Where a schedule's work sits, as its core saw it when it planned the schedule: the
+    weight region of the step's model (None without a step, or if it is in none), the
+    KV blocks lent to the weight stage, in order (what a stage fills and a switch to the
+    staged model reads), and how many bytes of the staged model go there."""
+
+    region: int | None
+    stage_blocks: tuple[int, ...] = ()
+    staged_bytes: int = 0
+
+    @classmethod
+    def of(cls, core: _Layout, sched: Schedule) -> Placement:
+        region = core.arena.region_of(sched.step.model) if sched.step is not None else None
+        if sched.switch is None and sched.stage is None:
+            return cls(region)
+        return cls(region, core.stage_blocks, core.arena.staged_bytes)

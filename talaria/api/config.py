@@ -96,6 +96,13 @@ class TalariaConfig:
     backend: str = "embedded"
     vllm_models: Mapping[str, Any] = attrs.field(factory=dict, converter=dict)
     config_dir: Path | None = None  # where the TOML file was (relative vLLM model paths)
+    # run each instance in a Ray actor (talaria.backends.ray): "auto", "HOST:PORT",
+    # "ray://HOST:PORT" or "local" (a private one-node Ray); None: every instance in process
+    ray: str | None = None
+    # the custom resource each instance's actor takes one unit of (one per node: `ray start
+    # --resources '{"talaria_instance": 1}'`), and the CPUs it reserves (its torch threads)
+    ray_resource: str = "talaria_instance"
+    ray_cpus: float = attrs.field(default=1.0, validator=_positive)
 
     def __attrs_post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -106,6 +113,18 @@ class TalariaConfig:
                     raise ConfigError(f"unknown model {n!r}; the catalog has {sorted(ENTRIES)}")
         else:
             self.vllm_catalog()  # every model has a valid table
+        if self.ray is not None:
+            if self.backend != "embedded":
+                raise ConfigError(
+                    "ray runs the embedded engine's instances in actors; the vLLM backend "
+                    "runs in process (drop ray, or use backend = 'embedded')"
+                )
+            if not isinstance(self.ray, str) or not self.ray.strip():
+                raise ConfigError(f"ray must be an address, 'auto' or 'local', got {self.ray!r}")
+            if not isinstance(self.ray_resource, str) or not self.ray_resource.strip():
+                raise ConfigError(
+                    f"ray_resource must be a resource name, got {self.ray_resource!r}"
+                )
         if self.dtype not in _DTYPES:
             raise ConfigError(f"dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
         per_tenant = ("max_calls_per_tenant", "tokens_per_minute_per_tenant")

@@ -29,6 +29,7 @@ def snapshot(live: LiveCluster) -> dict[str, Any]:
             "running": len(inst.running),
             "reservations_held": len(inst.admission.held),
             "healthy": not live.drivers[name].down,
+            "lost": live.drivers[name].lost,  # its process is gone (Ray); rejoins when back
             "kv_blocks": {
                 "device_total": kv.device_blocks,
                 "device_free": kv.device_free,
@@ -53,10 +54,13 @@ def snapshot(live: LiveCluster) -> dict[str, Any]:
             "finished": sum(i.counters.calls_finished for i in live.core.instances.values()),
             "failed": live.calls_failed,
             "refused": live.calls_refused,  # 429: max_calls, a tenant's share or token budget
+            "rerouted": live.calls_rerouted,  # moved off a lost instance before streaming
+            "tokens_recomputed": live.tokens_recomputed,
             "max": live.max_calls,
             "max_per_tenant": live.max_calls_per_tenant,
             "tokens_per_minute_per_tenant": live.quotas.per_minute,
         },
+        "instances_lost": live.instances_lost,
         "events": dict(live.events),
         "model_switches": switches,
         "bytes_moved": moved,

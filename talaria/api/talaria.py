@@ -14,7 +14,7 @@ import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from contextlib import aclosing
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.abc
@@ -36,6 +36,7 @@ from talaria.api.stats import snapshot
 from talaria.api.tenants import DEFAULT_TENANT, scoped_session_id
 from talaria.api.tool_choice import AnswerReader, ToolPlan, plan_tools, render_messages
 from talaria.api.tool_parsers import ToolFormat, format_for_template
+from talaria.backends.calibration_plan import cached_profiles
 from talaria.backends.embedded import EmbeddedCluster, build_embedded_cluster
 from talaria.backends.vllm.cluster import VllmCluster, build_vllm_cluster
 from talaria.engine.sampling import SamplingParams, StopChecker
@@ -44,6 +45,9 @@ from talaria.errors import BadRequest, ShuttingDown, TalariaError, UnknownModel,
 from talaria.generation import TokenLogprob
 from talaria.runtime.live import Delta, Failed, Finished, LiveCluster, SessionSummary
 from talaria.types import EventKind, TokenSeq
+
+if TYPE_CHECKING:  # ray is an optional extra: imported only when a config asks for it
+    from talaria.backends.ray.cluster import RayCluster
 
 MAX_CHOICES = 16  # ``n``: samples of one prompt per request
 SEED_SPAN = 2**64  # torch seeds: a choice's seed (seed + index) wraps within this span
@@ -77,7 +81,7 @@ class Talaria:
 
     def __init__(self, config: TalariaConfig | None = None) -> None:
         self._config = config or TalariaConfig.default()
-        self._cluster: EmbeddedCluster | VllmCluster | None = None
+        self._cluster: EmbeddedCluster | VllmCluster | RayCluster | None = None
         self._live: LiveCluster | None = None
         self._tg: anyio.abc.TaskGroup | None = None  # runs the choices of n > 1 requests
         self._created = int(time.time())
@@ -104,8 +108,22 @@ class Talaria:
             raise
         return self
 
-    def _build(self) -> EmbeddedCluster | VllmCluster:
+    def _build(self) -> EmbeddedCluster | VllmCluster | RayCluster:
         cfg = self._config
+        if cfg.ray is not None:
+            from talaria.backends.ray.cluster import build_ray_cluster
+
+            return build_ray_cluster(
+                cfg.instance_specs(),
+                cfg.models,
+                cfg.policy_config(),
+                address=cfg.ray,
+                dtype=cfg.dtype,
+                device=cfg.device,
+                resource=cfg.ray_resource,
+                cpus=cfg.ray_cpus,
+                hardware=cached_profiles(cfg.torch_dtype, cfg.device),
+            )
         if cfg.backend == "vllm":
             return build_vllm_cluster(
                 cfg.vllm_catalog(),
@@ -123,13 +141,14 @@ class Talaria:
         """What the backend runs of Talaria's mechanisms (the vLLM backend says which are
         active on its platform; the embedded engine runs them all)."""
         cluster = self._require_cluster()
-        if isinstance(cluster, VllmCluster):
+        if not isinstance(cluster, EmbeddedCluster):
             return cluster.mechanisms()
         return ["embedded engine: slots, switches, staging, host KV tier all Talaria's own"]
 
     def _close_cluster(self) -> None:
-        """Stop the vLLM engines (the embedded engine holds nothing outside this process)."""
-        if isinstance(self._cluster, VllmCluster):
+        """Stop the vLLM engines or the Ray actors (the embedded engine holds nothing outside
+        this process)."""
+        if self._cluster is not None and not isinstance(self._cluster, EmbeddedCluster):
             self._cluster.close()
 
     async def _start_live(self) -> None:
@@ -187,7 +206,7 @@ class Talaria:
             for name, arch in cluster.archs.items()
         ]
 
-    def _require_cluster(self) -> EmbeddedCluster | VllmCluster:
+    def _require_cluster(self) -> EmbeddedCluster | VllmCluster | RayCluster:
         if self._cluster is None:
             raise ShuttingDown("Talaria is not running: use `async with Talaria(config) as t:`")
         return self._cluster

@@ -32,6 +32,7 @@ from talaria.engine.catalog import Source, entry
 from talaria.engine.kernels import optional_decode_kernel
 from talaria.engine.loader import (
     LoadedModel,
+    describe_gguf,
     gguf_tokenizer,
     load_dummy,
     load_gguf,
@@ -58,14 +59,15 @@ class EmbeddedInstance:
         return self.runner.core
 
 
-def load_catalog_model(name: str, dtype: torch.dtype) -> LoadedModel:
-    """Load one catalog entry in ``dtype`` (nothing is downloaded)."""
+def load_catalog_model(name: str, dtype: torch.dtype, weights: bool = True) -> LoadedModel:
+    """Load one catalog entry in ``dtype`` (nothing is downloaded). Without ``weights``,
+    everything but the tensors: what a router that does not run the model needs."""
     e = entry(name)
     if e.source is Source.GGUF_PACKAGE:
-        return load_gguf(smollm2_gguf(), dtype)
+        return load_gguf(smollm2_gguf(), dtype) if weights else describe_gguf(smollm2_gguf())
     if e.config is None:
         raise ConfigError(f"catalog entry {name} has no configuration")
-    loaded = load_dummy(e.config, e.seed, dtype)
+    loaded = load_dummy(e.config, e.seed, dtype, weights=weights)
     if e.tokenizer_of is None:
         return loaded
     if entry(e.tokenizer_of).source is not Source.GGUF_PACKAGE:

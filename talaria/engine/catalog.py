@@ -9,6 +9,8 @@
 * ``smollm2-tiny-dummy``: a 2-layer, 64-wide Llama with random weights that speaks through
   SmolLM2's tokenizer and chat template (its vocabulary): thousands of calls a minute on one
   CPU core, for load, soak and fuzz tests where the words do not matter.
+* ``qwen2-tiny-dummy``: its Qwen2-shaped sibling (q/k/v biases, 3 layers), so that tests of
+  model switches and weight staging have a second tiny model to switch to.
 * The paper-scale models of :mod:`talaria.sim.catalog` are listed as simulator-only.
 
 Nothing here downloads anything; an entry whose source is missing says how to get it.
@@ -114,6 +116,16 @@ _SMOLLM2_TINY: Final = MappingProxyType(
     }
 )
 
+_QWEN2_TINY: Final = MappingProxyType(
+    {
+        **_SMOLLM2_TINY,
+        "architectures": ["Qwen2ForCausalLM"],
+        "model_type": "qwen2",
+        "num_hidden_layers": 3,
+        "attention_bias": True,
+    }
+)
+
 ENTRIES: Final[Mapping[str, CatalogEntry]] = MappingProxyType(
     {
         e.name: e
@@ -144,6 +156,14 @@ ENTRIES: Final[Mapping[str, CatalogEntry]] = MappingProxyType(
                 _SMOLLM2_TINY,
                 "SmolLM2's vocabulary on 2 layers of 64",
                 seed=3,
+                tokenizer_of="smollm2-135m",
+            ),
+            CatalogEntry(
+                "qwen2-tiny-dummy",
+                Source.DUMMY,
+                _QWEN2_TINY,
+                "SmolLM2's vocabulary on 3 Qwen2 layers of 64",
+                seed=4,
                 tokenizer_of="smollm2-135m",
             ),
         )

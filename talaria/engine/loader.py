@@ -352,6 +352,27 @@ def load_gguf(path: Path | str, dtype: torch.dtype = torch.bfloat16) -> LoadedMo
     )
 
 
+def describe_gguf(path: Path | str) -> LoadedModel:
+    """``load_gguf`` without the tensors (``tensors`` is empty): what a process that routes
+    to the model, but does not run it, needs (architecture, tokenizer, end ids)."""
+    path = Path(path)
+    reader = _gguf_reader(path)
+    meta = _gguf_metadata(reader, path)
+    config = gguf_config(meta, {t.name for t in reader.tensors}, path)
+    tokenizer = _gguf_tokenizer(meta, path)
+    return LoadedModel(
+        config=config,
+        arch=_arch(config, path),
+        tensors={},
+        tokenizer=tokenizer,
+        chat_template=tokenizer.chat_template if tokenizer is not None else None,
+        bos_token_id=config.get("bos_token_id"),
+        eos_token_ids=_eos_ids(config.get("eos_token_id")),
+        source=str(path),
+        load_format="gguf",
+    )
+
+
 def _gguf_tokenizer(meta: Mapping[str, Any], path: Path) -> Tokenizer | None:
     """The tokenizer a GGUF's metadata describes (None when it has none)."""
     if "tokenizer.ggml.model" not in meta:
@@ -515,15 +536,19 @@ def dummy_weights(
 
 
 def load_dummy(
-    config: Mapping[str, Any], seed: int = 0, dtype: torch.dtype = torch.bfloat16
+    config: Mapping[str, Any],
+    seed: int = 0,
+    dtype: torch.dtype = torch.bfloat16,
+    weights: bool = True,
 ) -> LoadedModel:
-    """A LoadedModel of :func:`dummy_weights` for ``config`` (no tokenizer)."""
+    """A LoadedModel of :func:`dummy_weights` for ``config`` (no tokenizer; no tensors
+    either unless ``weights``)."""
     arch = _arch(config, "dummy config")
     bos = config.get("bos_token_id")
     return LoadedModel(
         config=dict(config),
         arch=arch,
-        tensors=dummy_weights(arch, seed, dtype),
+        tensors=dummy_weights(arch, seed, dtype) if weights else {},
         tokenizer=None,
         chat_template=None,
         bos_token_id=bos if isinstance(bos, int) else None,

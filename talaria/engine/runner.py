@@ -56,7 +56,8 @@ from talaria.errors import BadRequest, ConfigError
 from talaria.generation import SamplingParams, TokenLogprob
 from talaria.memory.kv import CallKey
 from talaria.memory.weights import SwitchPlan
-from talaria.schedule import Executed, Request, Schedule, StepPlan
+from talaria.runtime.substrate import commit_schedule
+from talaria.schedule import Executed, Placement, Request, Schedule, StepPlan
 from talaria.types import Call, KVTier, Link
 
 if TYPE_CHECKING:  # the core drives this runner; the runner needs only its interface
@@ -322,6 +323,13 @@ class EngineRunner:
         and sampling. Mutates tensors and this runner's outputs only, never the core, so it
         may run on a worker thread while the owning task routes new calls into the core (the
         calls of the step are read from ``sched`` and their ``Request`` objects)."""
+        return self.execute_at(sched, Placement.of(self.core, sched))
+
+    def execute_at(self, sched: Schedule, where: Placement) -> Executed:
+        """``execute`` with the arena region of the step's model and the lent stage blocks
+        given (``where``, captured when ``sched`` was planned) instead of read from the core:
+        a runner in another process (``talaria.backends.ray``) executes schedules its own
+        core never made, and reads only the core's fixed layout."""
         if self._abort_stage and self._stager is not None:
             self._stager.cancel()  # its blocks may be reused by this step's moves
             self._staged = None
@@ -332,12 +340,14 @@ class EngineRunner:
             for plan in sched.step.kv_moves:
                 self.pool.execute(plan)
         if sched.switch is not None:
-            self._switch(sched.switch)
+            self._switch(sched.switch, where.stage_blocks)
         if sched.stage is not None:  # after the KV moves: a demotion may free a lent block
-            self._stage(sched.stage)
+            self._stage(sched.stage, where.stage_blocks, where.staged_bytes)
         if sched.step is None:
             return Executed(())
-        return self._run(sched.step, sched.requests)
+        if where.region is None:
+            raise RuntimeError(f"a step of {sched.step.model}, whose weights are in no region")
+        return self._run(sched.step, sched.requests, where.region)
 
     def commit(
         self,
@@ -349,22 +359,16 @@ class EngineRunner:
         """Report ``sched``'s execution to the core at ``now``; returns the calls that
         finished. A sampled token ends its call when ``ends(request, token)`` says so
         (default: the token is one of the model's end-of-sequence ids)."""
-        core = self.core
-        if sched.switch is not None:
-            core.switch_done(sched.switch.model, now)
-        if sched.stage is not None and self._stager is None:
-            core.stage_done(sched.stage.model)
-        if sched.step is None:
-            return []
-        eos = self.eos.get(sched.step.model, frozenset())
-        for req, token in done.sampled:
-            out = self.outputs[req.key]
-            if ends(req, token) if ends is not None else token in eos:
-                core.stop(req.key)
-            if req.stopped or len(out) >= req.target_output:
-                # the last token's KV was never computed: the history ends before it
-                req.history = req.call.prompt.extend(out[:-1])
-        return core.complete_step(sched.step, now)
+        eos = self.eos.get(sched.step.model, frozenset()) if sched.step is not None else ()
+        return commit_schedule(
+            self.core,
+            sched,
+            done,
+            now,
+            self.outputs,
+            ends or (lambda _req, token: token in eos),
+            stage_copied=self._stager is None,
+        )
 
     def generate(
         self,
@@ -408,7 +412,18 @@ class EngineRunner:
             )
         return cached
 
-    def _switch(self, plan: SwitchPlan) -> None:
+    def restart(self, core: InstanceCore) -> None:
+        """Serve ``core`` (a fresh core of the same instance) from now on: every call's state
+        is dropped and a stage in flight cancelled; the tensors stay (the fresh core holds no
+        weights, so its first step of a model switches it in)."""
+        if self._stager is not None:
+            self._stager.cancel()
+        self._staged, self._abort_stage = None, False
+        for state in (self._prompts, self._sampling, self.outputs, self.logprobs):
+            state.clear()
+        self.core = core
+
+    def _switch(self, plan: SwitchPlan, lent: Sequence[int]) -> None:
         """Copy ``plan.model``'s weights into its region: the staged part device -> device
         from the lent blocks, the rest host -> device."""
         host = self.host_weights[plan.model]
@@ -422,7 +437,7 @@ class EngineRunner:
                     self._stager.wait()  # the core switches only after stage_done: a no-op
                 if self._staged != plan.model:
                     raise RuntimeError(f"switch to {plan.model} from staging it does not hold")
-                for rows, lo, hi in self._lent_runs(n):
+                for rows, lo, hi in self._lent_runs(n, lent):
                     dst[lo:hi].copy_(rows.flatten()[: hi - lo])
                 pos = n
             elif step.link is Link.HOST_TO_DEVICE:
@@ -433,31 +448,29 @@ class EngineRunner:
             raise RuntimeError(f"switch to {plan.model} copied {pos} of {host.numel()} bytes")
         self._staged = None
 
-    def _stage(self, plan: SwitchPlan) -> None:
-        """Copy the first ``staged_bytes`` of the model's host weights into the lent blocks,
-        in order: started on the background copy thread (CPU), else inline (on CUDA this
-        copy belongs on a side stream)."""
-        n = self.core.arena.staged_bytes
+    def _stage(self, plan: SwitchPlan, ids: Sequence[int], n: int) -> None:
+        """Copy the first ``n`` bytes (the arena's ``staged_bytes``) of the model's host
+        weights into the lent blocks ``ids``, in order: started on the background copy
+        thread (CPU), else inline (on CUDA this copy belongs on a side stream)."""
         bb = self.core.kv.block_bytes
-        ids = self.core.stage_blocks
         if len(ids) * bb < n:
             raise RuntimeError(f"staging {n} bytes into {len(ids)} blocks of {bb}")
         src = self.host_weights[plan.model]
-        runs = [(rows.flatten()[: hi - lo], src[lo:hi]) for rows, lo, hi in self._lent_runs(n)]
+        runs = [(rows.flatten()[: hi - lo], src[lo:hi]) for rows, lo, hi in self._lent_runs(n, ids)]
         if self._stager is not None:
             self._stager.cancel()  # a stage the core abandoned for this one
-            self._stager.start(plan.model, ids, runs)
+            self._stager.start(plan.model, tuple(ids), runs)
         else:
             for dst, part in runs:
                 dst.copy_(part, non_blocking=True)
         self._staged = plan.model
 
-    def _lent_runs(self, n: int) -> list[tuple[torch.Tensor, int, int]]:
-        """The first ``n`` staged bytes as runs of consecutive lent blocks: ``(rows view,
+    def _lent_runs(self, n: int, lent: Sequence[int]) -> list[tuple[torch.Tensor, int, int]]:
+        """The first ``n`` staged bytes as runs of consecutive ``lent`` blocks: ``(rows view,
         first byte, end byte)`` of the model's flat weights. Slice copies of whole runs run
         at memcpy speed, unlike index_select / index_copy_ on CPU."""
         bb = self.core.kv.block_bytes
-        ids = self.core.stage_blocks[: math.ceil(n / bb)]
+        ids = lent[: math.ceil(n / bb)]
         runs: list[tuple[torch.Tensor, int, int]] = []
         start = 0
         for i in range(1, len(ids) + 1):
@@ -468,10 +481,7 @@ class EngineRunner:
         return runs
 
     # ------------------------------------------------------------------ forward
-    def _run(self, plan: StepPlan, running: Mapping[CallKey, Request]) -> Executed:
-        region = self.core.arena.region_of(plan.model)
-        if region is None:
-            raise RuntimeError(f"a step of {plan.model}, whose weights are in no region")
+    def _run(self, plan: StepPlan, running: Mapping[CallKey, Request], region: int) -> Executed:
         seqs: list[SeqInput] = []
         sampled: list[Request | None] = []
         for key, n, start in plan.prefill:

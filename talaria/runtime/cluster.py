@@ -73,6 +73,8 @@ class ClusterCore:
         self.cluster = cluster
         self.policy = policy
         self.learner = learner
+        self._estimators = dict(estimators)
+        self._gaps = gaps
         self.instances: dict[str, InstanceCore] = {
             spec.name: InstanceCore(
                 spec, cluster.models_on(spec), policy, estimators[spec.name], gaps
@@ -261,6 +263,27 @@ class ClusterCore:
             hosts.append(inst)
             hosts.sort(key=lambda h: order.index(h.spec.name))
             self._fits_all[model] = min(h.token_limit(model) for h in hosts)
+
+    def fresh_instance(self, instance: str) -> InstanceCore:
+        """A new core for ``instance`` (same spec, models, policy and estimator; no weights
+        resident, no KV, no calls): what an instance whose process was lost and came back
+        holds. Changes nothing until ``replace_instance``."""
+        spec = self.instances[instance].spec
+        return InstanceCore(
+            spec,
+            self.cluster.models_on(spec),
+            self.policy,
+            self._estimators[instance],
+            self._gaps,
+        )
+
+    def replace_instance(self, core: InstanceCore) -> None:
+        """Put ``core`` (from ``fresh_instance``) in its instance's place, outside routing
+        (``mark_up`` brings it in). The sessions that ran there find no KV: their next call
+        recomputes it (``Request.recomputed_tokens``)."""
+        name = core.spec.name
+        self.mark_down(name)
+        self.instances[name] = core
 
     def check_integrity(self) -> None:
         for inst in self.instances.values():

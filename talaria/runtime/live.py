@@ -45,6 +45,7 @@ from talaria.cost.pricing import price
 from talaria.errors import (
     BadRequest,
     InstanceFailed,
+    InstanceLost,
     ShuttingDown,
     TalariaError,
     TooManyRequests,
@@ -153,6 +154,8 @@ class LiveCall:
     params: SamplingParams
     checker: StopChecker
     send: MemoryObjectSendStream[Event]
+    vocab_limit: int | None = None
+    forced: tuple[int, ...] | None = None
     sent_tokens: int = 0
     sent_logprobs: int = 0
     text: list[str] = attrs.field(factory=list)
@@ -193,6 +196,7 @@ class _Driver:
     down: bool = False
     backoff_s: float = 0.0  # wait before the next recovery attempt (set by the cluster)
     downs: int = 0  # times taken out of service
+    lost: bool = False  # its process is gone (InstanceLost): it comes back with restart
     limiter: anyio.CapacityLimiter = attrs.field(factory=lambda: anyio.CapacityLimiter(1))
 
 
@@ -246,6 +250,7 @@ class LiveCluster:
             else _positive_int("max_sessions_per_tenant", max_sessions_per_tenant)
         )
         self.calls_refused = 0
+        self.recover_after_s = recover_after_s
         self.drivers = {name: _Driver(r, backoff_s=recover_after_s) for name, r in runners.items()}
         self.calls: dict[CallKey, LiveCall] = {}
         self.sessions: dict[SessionId, LiveSession] = {}
@@ -253,6 +258,11 @@ class LiveCluster:
         self.ended_sessions = 0
         self.expired_sessions = 0
         self.calls_failed = 0
+        self.calls_rerouted = 0  # calls of a lost instance placed on another (none streamed)
+        # prompt tokens of finished calls their session had computed before, recomputed
+        # because the KV was gone (evicted, or lost with its instance)
+        self.tokens_recomputed = 0
+        self.instances_lost = 0
         self.kv_bytes_moved = 0  # KV block bytes copied by the substrates (offload, restore)
         self.events: dict[str, int] = {}  # hint events accepted, by kind
         self.steps: collections.deque[StepTiming] = collections.deque(maxlen=STEP_LOG)
@@ -362,7 +372,7 @@ class LiveCluster:
         name = inst.spec.name
         self.drivers[name].runner.prepare(call.key, params, vocab_limit, forced)
         send, receive = anyio.create_memory_object_stream[Event](math.inf)
-        lc = LiveCall(call, req, name, params, checker, send)
+        lc = LiveCall(call, req, name, params, checker, send, vocab_limit, forced)
         self.calls[call.key] = lc
         sess.calls += 1
         sess.in_flight += 1
@@ -477,9 +487,50 @@ class LiveCluster:
             try:
                 await self._drive_loop(name)
                 return
+            except InstanceLost as exc:
+                log.error("instance %s lost: %s", name, exc)
+                self._lose(name, exc)
             except Exception as exc:
                 log.exception("instance %s stopped: its driver failed", name)
                 self._take_down(name, exc)
+
+    def _lose(self, name: str, exc: InstanceLost) -> None:
+        """The instance's process is gone: out of routing at once; each of its calls that
+        streamed nothing yet is routed to another instance (its session's KV is recomputed
+        there), the others fail with ``InstanceLost``."""
+        d = self.drivers[name]
+        self._mark_down(name, d)
+        d.lost = True
+        self.instances_lost += 1
+        error = InstanceLost(
+            f"instance {name} was lost ({exc}) after the call had streamed tokens; retry it"
+        )
+        for lc in [lc for lc in self.calls.values() if lc.instance == name]:
+            if lc.sent_tokens == 0 and lc.checker.num_tokens == 0:
+                self._reroute(lc, exc)
+            else:
+                self._fail(name, lc.key, error)
+
+    def _reroute(self, lc: LiveCall, cause: InstanceLost) -> None:
+        """Move a call that streamed nothing from its lost instance to another one (routed
+        afresh, its arrival time kept); with no healthy instance left it fails."""
+        old = lc.instance
+        with contextlib.suppress(Exception):  # the lost core is discarded at restart
+            self.core.instances[old].abort(lc.key, str(cause))
+        self.drivers[old].runner.forget(lc.key)
+        try:
+            inst, req, _ = self.core.place(lc.call, lc.params.max_tokens, None, self.clock.now())
+        except TalariaError as exc:
+            self.calls.pop(lc.key, None)
+            self.calls_failed += 1
+            self._session_done(lc.key[0])
+            _deliver(lc, Failed(exc))
+            lc.send.close()
+            return
+        lc.instance, lc.req = inst.spec.name, req
+        self.drivers[lc.instance].runner.prepare(lc.key, lc.params, lc.vocab_limit, lc.forced)
+        self.calls_rerouted += 1
+        self._wake(lc.instance)
 
     def _take_down(self, name: str, exc: Exception) -> None:
         d = self.drivers[name]
@@ -513,6 +564,9 @@ class LiveCluster:
             started = self.clock.now()
             try:
                 done = await anyio.to_thread.run_sync(runner.execute, sched, limiter=d.limiter)
+            except InstanceLost:
+                self._abandon(name, sched)
+                raise
             except Exception as exc:  # the instance failed: its calls fail, others go on
                 log.exception("instance %s failed a step", name)
                 self._step_failed(name, d, sched, exc)
@@ -570,6 +624,7 @@ class LiveCluster:
     def _finished(self, name: str, req: Request) -> None:
         runner = self.drivers[name].runner
         self.core.on_finished(req)
+        self.tokens_recomputed += req.recomputed_tokens
         out = runner.take_output(req.key)
         lc = self.calls.pop(req.key, None)
         if lc is None:
@@ -639,6 +694,16 @@ class LiveCluster:
             if key in self.calls:
                 self._fail(name, key, error)
 
+    def _abandon(self, name: str, sched: Schedule) -> None:
+        """A schedule whose instance was lost while it ran: the core hears its switch and
+        stage ended (they never will), so its calls can be released."""
+        inst = self.core.instances[name]
+        with contextlib.suppress(Exception):
+            if sched.switch is not None:
+                inst.switch_done(sched.switch.model, self.clock.now())
+            if sched.stage is not None:
+                inst.stage_done(sched.stage.model)
+
     def _mark_down(self, name: str, d: _Driver) -> None:
         if not d.down:
             d.down = True
@@ -649,6 +714,9 @@ class LiveCluster:
         """A downed instance waits ``d.backoff_s`` (doubling up to ``RECOVER_MAX_S`` each
         time it goes down again), then comes back into routing if its memory managers'
         invariants hold and it holds no call; else it stays down and says why."""
+        if d.lost:
+            await self._rejoin(name, d)
+            return
         await anyio.sleep(d.backoff_s)
         self._apply_aborts(d)
         inst = self.core.instances[name]
@@ -664,6 +732,23 @@ class LiveCluster:
         d.failures = 0
         self.core.mark_up(name)
         log.warning("instance %s is back in service", name)
+
+    async def _rejoin(self, name: str, d: _Driver) -> None:
+        """A lost instance asks its substrate to restart every ``recover_after_s`` (its
+        process came back, or its actor was placed on a node that joined); then it serves a
+        fresh core, its memory empty, and is routed to again."""
+        await anyio.sleep(self.recover_after_s)
+        fresh = self.core.fresh_instance(name)
+        try:
+            await anyio.to_thread.run_sync(d.runner.restart, fresh, limiter=d.limiter)
+        except InstanceLost as exc:
+            log.info("instance %s is still gone: %s", name, exc)
+            return
+        self.core.replace_instance(fresh)
+        d.lost = d.down = False
+        d.failures = 0
+        self.core.mark_up(name)
+        log.warning("instance %s rejoined with empty memory", name)
 
     # ------------------------------------------------------------------ inspection
     async def check_integrity_between_steps(self) -> None:

@@ -17,6 +17,11 @@ A call is announced with ``prepare`` before its first step (how to sample it, an
 replay, the exact answer ids to emit); its generated ids accumulate in ``outputs`` and are
 taken once with ``take_output`` (or dropped with ``forget``). The embedded PyTorch engine
 (``talaria.engine.runner.EngineRunner``) is one substrate; a vLLM engine set is the next.
+A substrate whose instance lives in another process (``talaria.backends.ray``) raises
+:class:`~talaria.errors.InstanceLost` when that process is gone; the loop then re-routes what
+it can and, once the process is back (its memory empty), hands the substrate a fresh core
+with ``restart``. :func:`commit_schedule` is the commit every substrate shares.
+
 Nothing here imports a tensor library. Not thread-safe beyond the split above.
 """
 
@@ -32,7 +37,7 @@ from talaria.schedule import Executed, Request, Schedule
 if TYPE_CHECKING:
     from talaria.runtime.instance import InstanceCore
 
-__all__ = ["Substrate"]
+__all__ = ["Substrate", "commit_schedule"]
 
 
 class Substrate(Protocol):
@@ -91,3 +96,39 @@ class Substrate(Protocol):
     def take_output(self, key: CallKey) -> tuple[int, ...]: ...
 
     def forget(self, key: CallKey) -> None: ...
+
+    def restart(self, core: InstanceCore) -> None:
+        """After ``InstanceLost``: serve ``core`` (a fresh core of the same instance: no
+        weights resident, no KV) from now on, every call's state dropped. Raises
+        ``InstanceLost`` while the instance is still gone (the loop tries again later)."""
+        ...
+
+
+def commit_schedule(
+    core: InstanceCore,
+    sched: Schedule,
+    done: Executed,
+    now: float,
+    outputs: Mapping[CallKey, Sequence[int]],
+    ends: Callable[[Request, int], bool],
+    stage_copied: bool,
+) -> list[Request]:
+    """Report an executed ``sched`` to ``core`` at ``now``; returns the calls that finished.
+    ``outputs`` holds each call's generated ids (the sampled tokens already appended); a
+    sampled token for which ``ends(request, token)`` is true stops its call.
+    ``stage_copied``: a stage in ``sched`` finished inside the step (else the substrate
+    reports ``stage_done`` when its background copy lands)."""
+    if sched.switch is not None:
+        core.switch_done(sched.switch.model, now)
+    if sched.stage is not None and stage_copied:
+        core.stage_done(sched.stage.model)
+    if sched.step is None:
+        return []
+    for req, token in done.sampled:
+        out = outputs[req.key]
+        if ends(req, token):
+            core.stop(req.key)
+        if req.stopped or len(out) >= req.target_output:
+            # the last token's KV was never computed: the history ends before it
+            req.history = req.call.prompt.extend(out[:-1])
+    return core.complete_step(sched.step, now)

@@ -39,7 +39,7 @@ import attrs
 
 from talaria.backends.vllm.catalog import FORCED_KEY
 from talaria.backends.vllm.engines import EngineSet, Stream
-from talaria.errors import InstanceFailed
+from talaria.errors import InstanceFailed, InstanceLost
 from talaria.generation import SamplingParams, TokenLogprob
 from talaria.memory.kv import CallKey
 from talaria.runtime.instance import InstanceCore
@@ -138,6 +138,11 @@ class VllmSubstrate:
         rid = self._ids.pop(key, None)
         if rid is not None:
             self.engines.abort(rid)
+
+    def restart(self, core: InstanceCore) -> None:
+        """vLLM engines are not restarted in place (a dead engine stays dead; see
+        ``EngineSet``): the instance stays out of routing until the server restarts."""
+        raise InstanceLost("the vLLM engines are not restarted in place; restart the server")
 
     # ------------------------------------------------------------------ phases
     def plan(self, now: float) -> Schedule:

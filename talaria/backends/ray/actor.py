@@ -1,0 +1,202 @@
+"""The process side of a Ray instance: an embedded engine executing schedules it did not make.
+
+:class:`InstanceWorker` is the class a Ray actor runs (``cluster.py`` wraps it with
+``ray.remote``; nothing here imports Ray, so it is tested in process too). It holds an
+:class:`~talaria.engine.runner.EngineRunner` over a *layout core*: an
+:class:`~talaria.runtime.instance.InstanceCore` built from the same spec, models and
+policy as the serving process's core, whose fixed layout (arena regions, KV pool sizes,
+block bytes) the runner reads and whose decisions are never asked for. The decisions come
+over the wire (:class:`~talaria.backends.ray.wire.WireSchedule`) with the
+:class:`~talaria.schedule.Placement` the serving core planned them at.
+
+The constructor stores its arguments only; ``attach`` loads the models (from this node's
+catalog: nothing is shipped) and drops every call's state. Ray runs the constructor again
+when it restarts the actor, so the serving process calls ``attach`` after every loss.
+Stages copy inline (no background thread): the serving core hears ``stage_done`` at the
+commit of the step that carried the stage. ``execute`` and ``attach`` are called by one
+caller at a time (the instance's driver); ``ping`` may run beside them.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Sequence
+
+import attrs
+import torch
+
+from talaria.backends.embedded import load_catalog_model
+from talaria.backends.ray.wire import NewCall, WireResult, WireSchedule
+from talaria.config import InstanceSpec, ModelSpec, PolicyConfig
+from talaria.cost import estimator_for
+from talaria.engine.kernels import optional_decode_kernel
+from talaria.engine.runner import EngineRunner
+from talaria.errors import ConfigError
+from talaria.generation import SamplingParams
+from talaria.memory.kv import CallKey
+from talaria.runtime.instance import InstanceCore
+from talaria.schedule import Request, Schedule
+from talaria.types import Call, TokenSeq
+
+__all__ = ["InstanceWorker", "Layout", "WorkerInfo", "layout_of"]
+
+GREEDY = SamplingParams(temperature=0.0)
+
+
+@attrs.frozen
+class Layout:
+    """An instance core's fixed memory layout: the serving core and the actor's layout core
+    must agree on it, or the blocks and regions one names are not the other's."""
+
+    arena_bytes: int
+    region_bytes: int
+    device_blocks: int
+    host_blocks: int
+    block_bytes: int
+    models: tuple[str, ...]
+
+
+def layout_of(core: InstanceCore) -> Layout:
+    arena, kv = core.arena, core.kv
+    return Layout(
+        arena.arena_bytes,
+        arena.region_bytes,
+        kv.device_blocks,
+        kv.host_blocks,
+        kv.block_bytes,
+        tuple(core.models),
+    )
+
+
+@attrs.frozen
+class WorkerInfo:
+    """Where the actor runs and what it loaded."""
+
+    node_id: str
+    hostname: str
+    pid: int
+    layout: Layout
+    vocab_sizes: dict[str, int]
+    eos_token_ids: dict[str, tuple[int, ...]]
+    torch_threads: int
+
+
+class InstanceWorker:
+    """Executes one instance's schedules on the embedded engine (see the module docstring).
+
+    ``models`` in the order the serving core's instance lists them; ``threads``: torch
+    intra-op threads (the CPUs Ray reserved for the actor); ``node_id`` names the node in
+    ``WorkerInfo`` (Ray's runtime context in an actor, anything in process)."""
+
+    def __init__(
+        self,
+        spec: InstanceSpec,
+        models: Sequence[str],
+        policy: PolicyConfig,
+        dtype: str = "bfloat16",
+        device: str = "cpu",
+        threads: int | None = None,
+        native_kernels: bool = True,
+        node_id: str = "",
+    ) -> None:
+        self.spec = spec
+        self.model_names = tuple(models)
+        self.policy = policy
+        self.dtype = getattr(torch, dtype)
+        if not isinstance(self.dtype, torch.dtype):
+            raise ConfigError(f"unknown dtype {dtype!r}")
+        self.device = device
+        self.threads = threads
+        self.native_kernels = native_kernels
+        self.node_id = node_id
+        self._runner: EngineRunner | None = None
+        self._requests: dict[CallKey, Request] = {}
+
+    def attach(self) -> WorkerInfo:
+        """Load the models if this process has not yet, drop every call's state; what the
+        serving process checks before it routes here."""
+        if self.threads is not None:
+            torch.set_num_threads(self.threads)
+        if self._runner is None:
+            self._runner = self._load()
+        else:
+            self._runner.restart(self._core_of(list(self._runner.core.models.values())))
+        self._requests.clear()
+        runner = self._runner
+        return WorkerInfo(
+            self.node_id,
+            socket.gethostname(),
+            os.getpid(),
+            layout_of(runner.core),
+            {m: a.vocab_size for m, a in runner.archs.items()},
+            {m: tuple(sorted(ids)) for m, ids in runner.eos.items()},
+            torch.get_num_threads(),
+        )
+
+    def ping(self) -> str:
+        return self.node_id
+
+    def _core_of(self, specs: Sequence[ModelSpec]) -> InstanceCore:
+        # the shipped profile: the layout core is never asked to decide, so never prices
+        return InstanceCore(self.spec, specs, self.policy, estimator_for(self.spec, specs))
+
+    def _load(self) -> EngineRunner:
+        loaded = {m: load_catalog_model(m, self.dtype) for m in self.model_names}
+        specs = [lm.arch.to_spec(m, self.dtype, source=lm.source) for m, lm in loaded.items()]
+        return EngineRunner(
+            self._core_of(specs),
+            {m: (lm.arch, lm.tensors) for m, lm in loaded.items()},
+            dtype=self.dtype,
+            device=self.device,
+            eos_token_ids={m: lm.eos_token_ids for m, lm in loaded.items()},
+            decode_kernel=optional_decode_kernel(self.device) if self.native_kernels else None,
+            background_staging=False,
+        )
+
+    def execute(self, wire: WireSchedule) -> WireResult:
+        """Run one schedule: forget the dropped calls, take in the new ones, then the KV
+        moves, switch, stage, forward and sampling as ``EngineRunner.execute`` does."""
+        runner = self._runner
+        if runner is None:
+            raise RuntimeError("the worker executes nothing before attach()")
+        for key in wire.drop:
+            runner.forget(key)
+            self._requests.pop(key, None)
+        for new in wire.new:
+            self._take(runner, new)
+        running: dict[CallKey, Request] = {}
+        for key, blocks in wire.blocks:
+            req = self._requests.get(key)
+            if req is None:
+                raise RuntimeError(f"call {key} runs here but its prompt never came")
+            req.blocks = blocks
+            running[key] = req
+        sched = Schedule(
+            step=wire.step,
+            switch=wire.switch,
+            stage=wire.stage,
+            kv_moves=wire.kv_moves,
+            requests=running,
+        )
+        done = runner.execute_at(sched, wire.placement)
+        logprobs = tuple(
+            (req.key, runner.logprobs[req.key][-1])
+            for req, _ in done.sampled
+            if runner.logprobs.get(req.key)
+        )
+        return WireResult(tuple((req.key, token) for req, token in done.sampled), logprobs)
+
+    def _take(self, runner: EngineRunner, new: NewCall) -> None:
+        vocab = runner.vocab_size(new.model)
+        if vocab is None:
+            raise ConfigError(f"model {new.model} is not served by instance {self.spec.name}")
+        sid, index = new.key
+        call = Call(sid, index, new.model, TokenSeq(new.prompt), new.target_output)
+        self._requests[new.key] = Request(call, None, new.target_output, 0.0)
+        runner.prepare(new.key, new.params or GREEDY, new.vocab_limit, new.forced)
+
+    def held(self) -> tuple[CallKey, ...]:
+        """The calls whose state this worker keeps (the serving process checks it holds
+        them too)."""
+        return tuple(self._requests)

@@ -1,0 +1,193 @@
+"""A cluster whose instances are Ray actors, and the connection to Ray.
+
+``build_ray_cluster`` connects to Ray (:func:`connect`), builds the cluster core in this
+process from the models' descriptions (no weights are loaded here), starts one
+:class:`~talaria.backends.ray.actor.InstanceWorker` actor per instance and attaches them
+(each loads its models on its own node, in parallel), and wraps each in a
+:class:`~talaria.backends.ray.substrate.RaySubstrate`.
+
+Placement: each actor asks for one unit of the custom resource ``resource`` (default
+``talaria_instance``), ``cpus`` CPUs and, on CUDA, the instance's devices as GPUs; a node
+offers as many instances as it has units (``ray start --resources
+'{"talaria_instance": 1}'``). Actors restart without limit: when a node dies Ray places the
+lost instance's actor on a node with a unit free (one that joined), and the loop re-attaches
+it (``LiveCluster`` and ``RaySubstrate.restart``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
+
+import attrs
+import ray
+import torch
+
+from talaria.backends.embedded import load_catalog_model
+from talaria.backends.ray.actor import InstanceWorker, WorkerInfo
+from talaria.backends.ray.substrate import ATTACH_TIMEOUT_S, STEP_TIMEOUT_S, RaySubstrate
+from talaria.config import ClusterConfig, InstanceSpec, PolicyConfig
+from talaria.cost import HardwareProfile, cluster_estimators
+from talaria.engine.arch import ModelArch
+from talaria.engine.tokenizer import Tokenizer
+from talaria.errors import ConfigError
+from talaria.runtime.cluster import ClusterCore
+from talaria.session.gaps import GapPredictor
+
+__all__ = ["DEFAULT_RESOURCE", "LOCAL", "RayCluster", "build_ray_cluster", "connect"]
+
+DEFAULT_RESOURCE: Final = "talaria_instance"
+LOCAL: Final = "local"  # start a private single-node Ray here (no cluster needed)
+
+
+def connect(address: str, instances: int, resource: str = DEFAULT_RESOURCE) -> bool:
+    """Join Ray at ``address`` (``auto``: the cluster this node runs; ``ray://...`` or
+    ``HOST:PORT``: that cluster), or with ``local`` start a private one here offering
+    ``instances`` units of ``resource``. Returns whether this call connected (so the
+    caller disconnects); an existing connection is reused."""
+    if ray.is_initialized():
+        return False
+    if address == LOCAL:
+        ray.init(
+            resources={resource: instances},
+            include_dashboard=False,
+            configure_logging=False,
+            log_to_driver=False,
+        )
+    else:
+        try:
+            ray.init(address=address, configure_logging=False, log_to_driver=False)
+        except ConnectionError as exc:
+            raise ConfigError(
+                f"no Ray cluster at {address!r} ({exc}): start one with `ray start --head "
+                f"--resources '{{\"{resource}\": 1}}'` (and workers with `ray start "
+                f"--address HEAD:6379 --resources '{{\"{resource}\": 1}}'`), or use --ray local"
+            ) from exc
+    return True
+
+
+class _RayWorker(InstanceWorker):
+    """The worker as an actor: it names the node Ray placed it on."""
+
+    def attach(self) -> WorkerInfo:
+        self.node_id = ray.get_runtime_context().get_node_id()
+        return super().attach()
+
+
+@attrs.define
+class RayCluster:
+    """A cluster core over Ray actors: one ``RaySubstrate`` per instance, and per model its
+    architecture, tokenizer and source, as ``EmbeddedCluster``. ``close`` kills the actors
+    and disconnects from Ray if this cluster connected."""
+
+    core: ClusterCore
+    runners: dict[str, RaySubstrate]
+    archs: dict[str, ModelArch]
+    tokenizers: dict[str, Tokenizer | None]
+    loaded_from: dict[str, str]
+    eos_token_ids: dict[str, tuple[int, ...]]
+    actors: dict[str, Any]
+    connected: bool = False
+
+    def mechanisms(self) -> list[str]:
+        return [
+            f"Ray: instance {name} in an actor on node {r.info.node_id[:12]} "
+            f"({r.info.hostname}, pid {r.info.pid}, {r.info.torch_threads} torch threads); "
+            "the embedded engine's slots, switches, staging (inline) and host KV tier"
+            for name, r in self.runners.items()
+        ]
+
+    def close(self) -> None:
+        for actor in self.actors.values():
+            try:
+                ray.kill(actor, no_restart=True)
+            except Exception:  # already gone
+                continue
+        self.actors.clear()
+        if self.connected and ray.is_initialized():
+            ray.shutdown()
+        self.connected = False
+
+
+def build_ray_cluster(
+    instances: Sequence[InstanceSpec],
+    models: Sequence[str],
+    policy: PolicyConfig,
+    *,
+    address: str = LOCAL,
+    dtype: str = "bfloat16",
+    device: str = "cpu",
+    resource: str = DEFAULT_RESOURCE,
+    cpus: float = 1.0,
+    hardware: Mapping[str, HardwareProfile] | None = None,
+    native_kernels: bool = True,
+    step_timeout_s: float | None = None,
+) -> RayCluster:
+    """Instances ``instances`` serving ``models`` (catalog names), each in a Ray actor.
+    ``hardware`` replaces shipped profiles in the routers' estimates. Raises
+    ``ConfigError`` when Ray is unreachable or offers fewer units of ``resource`` than
+    there are instances (then nothing is left running)."""
+    if not models:
+        raise ConfigError("name at least one model to serve")
+    if not instances:
+        raise ConfigError("name at least one instance")
+    torch_dtype = getattr(torch, dtype, None)
+    if not isinstance(torch_dtype, torch.dtype):
+        raise ConfigError(f"unknown dtype {dtype!r}")
+    described = {m: load_catalog_model(m, torch_dtype, weights=False) for m in models}
+    specs = [d.arch.to_spec(m, torch_dtype, source=d.source) for m, d in described.items()]
+    cluster = ClusterConfig(specs, tuple(instances))
+    core = ClusterCore(
+        cluster, policy, cluster_estimators(cluster, hardware), learner=GapPredictor.default()
+    )
+    connected = connect(address, len(instances), resource)
+    actors: dict[str, Any] = {}
+    try:
+        offered = ray.cluster_resources().get(resource, 0)  # type: ignore[no-untyped-call]
+        if offered < len(instances):
+            raise ConfigError(
+                f"the Ray cluster offers {offered:g} units of resource {resource!r}; "
+                f"{len(instances)} instances need one each: start each node with "
+                f"`ray start ... --resources '{{\"{resource}\": 1}}'`"
+            )
+        worker = ray.remote(_RayWorker)
+        for spec in instances:
+            gpus = spec.n_devices if device.startswith("cuda") else 0
+            actors[spec.name] = worker.options(
+                name=f"talaria-{spec.name}",
+                num_cpus=cpus,
+                num_gpus=gpus,
+                resources={resource: 1},
+                max_restarts=-1,
+                max_task_retries=0,
+                max_concurrency=2,  # a ping answers while a step runs
+            ).remote(
+                spec,
+                tuple(core.instances[spec.name].models),
+                policy,
+                dtype,
+                device,
+                max(1, int(cpus)),
+                native_kernels,
+            )
+        infos: list[WorkerInfo] = ray.get(
+            [a.attach.remote() for a in actors.values()], timeout=ATTACH_TIMEOUT_S
+        )
+        timeout = STEP_TIMEOUT_S if step_timeout_s is None else step_timeout_s
+        runners = {
+            name: RaySubstrate(core.instances[name], actor, info, step_timeout_s=timeout)
+            for (name, actor), info in zip(actors.items(), infos, strict=True)
+        }
+    except BaseException:
+        RayCluster(core, {}, {}, {}, {}, {}, actors, connected).close()
+        raise
+    return RayCluster(
+        core,
+        runners,
+        {m: d.arch for m, d in described.items()},
+        {m: d.tokenizer for m, d in described.items()},
+        {m: d.source for m, d in described.items()},
+        {m: tuple(d.eos_token_ids) for m, d in described.items()},
+        actors,
+        connected,
+    )

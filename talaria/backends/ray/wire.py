@@ -1,0 +1,57 @@
+"""What crosses the process boundary between an instance's core and its Ray actor.
+
+Plain picklable data, no tensors. A call's prompt crosses once (``NewCall``, with the first
+schedule that runs it); each schedule then carries only its plan, the block tables of the
+calls it runs and the calls to drop (``WireSchedule``); the actor answers with the ids it
+sampled (``WireResult``).
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from talaria.generation import SamplingParams, TokenLogprob
+from talaria.memory.kv import CallKey, MovePlan
+from talaria.memory.weights import SwitchPlan
+from talaria.schedule import Placement, StepPlan
+
+__all__ = ["NewCall", "WireResult", "WireSchedule"]
+
+
+@attrs.frozen
+class NewCall:
+    """A call the actor has not seen: its prompt ids and how to sample it (``forced``: a
+    replay's exact answer ids)."""
+
+    key: CallKey
+    model: str
+    prompt: tuple[int, ...]
+    target_output: int
+    params: SamplingParams | None = None
+    vocab_limit: int | None = None
+    forced: tuple[int, ...] | None = None
+
+
+@attrs.frozen
+class WireSchedule:
+    """One schedule as the actor executes it: the core's plan, where it sits
+    (``Placement``), each running call's device block table, the calls first seen here,
+    and the calls the core is done with (their state on the actor is dropped first)."""
+
+    kv_moves: tuple[MovePlan, ...]
+    step: StepPlan | None
+    switch: SwitchPlan | None
+    stage: SwitchPlan | None
+    placement: Placement
+    blocks: tuple[tuple[CallKey, tuple[int, ...]], ...] = ()
+    new: tuple[NewCall, ...] = ()
+    drop: tuple[CallKey, ...] = ()
+
+
+@attrs.frozen
+class WireResult:
+    """The ids the actor sampled, in step order, and the logprob entry of each one whose
+    call asked for logprobs."""
+
+    sampled: tuple[tuple[CallKey, int], ...]
+    logprobs: tuple[tuple[CallKey, TokenLogprob], ...] = ()

@@ -1,0 +1,176 @@
+"""An instance whose process is lost (``InstanceLost``: a Ray actor, a node) in the live
+loop, on tiny in-process engines whose substrate can be made to vanish: out of routing at
+once, its calls that streamed nothing answered by another instance with the same ids, a
+streaming one failed with ``InstanceLost``, and the instance back on a fresh core (its
+memory empty) once its process answers again."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import anyio
+import pytest
+
+from talaria.engine.runner import EngineRunner
+from talaria.engine.sampling import SamplingParams, StopChecker
+from talaria.errors import InstanceLost
+from talaria.generation import TokenLogprob
+from talaria.memory.kv import CallKey
+from talaria.runtime.instance import InstanceCore
+from talaria.runtime.live import Delta, Failed, Finished, LiveCluster
+from talaria.schedule import Executed, Request, Schedule
+from talaria.types import TokenSeq
+from tests.helpers import tiny_cluster
+from tests.runtime.test_live import prompt_for, run_call
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+class Vanishing:
+    """An ``EngineRunner`` that behaves like an instance in another process: while
+    ``gone``, ``plan`` and ``execute`` raise ``InstanceLost`` and so does ``restart``;
+    ``dies_in_step``: it goes while executing its next step (the node died mid-step)."""
+
+    def __init__(self, runner: EngineRunner) -> None:
+        self.runner = runner
+        self.gone = False
+        self.dies_in_step = False
+        self.restarts = 0
+
+    def _check(self) -> None:
+        if self.gone:
+            raise InstanceLost("the test took it away")
+
+    @property
+    def core(self) -> InstanceCore:
+        return self.runner.core
+
+    @property
+    def idle(self) -> bool:
+        return self.runner.idle
+
+    @property
+    def executes_kv_moves(self) -> bool:
+        return True
+
+    @property
+    def outputs(self) -> dict[CallKey, list[int]]:
+        return self.runner.outputs
+
+    @property
+    def logprobs(self) -> dict[CallKey, list[TokenLogprob]]:
+        return self.runner.logprobs
+
+    def vocab_size(self, model: str) -> int | None:
+        return self.runner.vocab_size(model)
+
+    def prepare(
+        self,
+        key: CallKey,
+        params: SamplingParams,
+        vocab_limit: int | None = None,
+        forced: Sequence[int] | None = None,
+    ) -> None:
+        self.runner.prepare(key, params, vocab_limit, forced)
+
+    def plan(self, now: float) -> Schedule:
+        self._check()
+        return self.runner.plan(now)
+
+    def execute(self, sched: Schedule) -> Executed:
+        self.gone = self.gone or self.dies_in_step
+        self._check()
+        return self.runner.execute(sched)
+
+    def commit(
+        self,
+        sched: Schedule,
+        done: Executed,
+        now: float,
+        ends: Callable[[Request, int], bool] | None = None,
+    ) -> list[Request]:
+        return self.runner.commit(sched, done, now, ends)
+
+    def take_output(self, key: CallKey) -> tuple[int, ...]:
+        return self.runner.take_output(key)
+
+    def forget(self, key: CallKey) -> None:
+        self.runner.forget(key)
+
+    def restart(self, core: InstanceCore) -> None:
+        self._check()
+        self.restarts += 1
+        self.runner.restart(core)
+
+
+def vanishing_cluster() -> tuple[LiveCluster, dict[str, Vanishing]]:
+    c = tiny_cluster(device_bytes=4 * 10**6, instances=2)
+    subs = {name: Vanishing(r) for name, r in c.runners.items()}
+    return LiveCluster(c.core, subs, recover_after_s=0.2), subs
+
+
+async def expected_ids(prompts: Sequence[TokenSeq]) -> list[tuple[int, ...]]:
+    c = tiny_cluster(device_bytes=4 * 10**6, instances=2)
+    async with LiveCluster(c.core, c.runners) as live:
+        return [(await run_call(live, f"e{i}", "llama-tiny", p))[0] for i, p in enumerate(prompts)]
+
+
+async def test_unstarted_calls_move_to_another_instance_with_the_same_answers() -> None:
+    prompts = [prompt_for(i) for i in range(6)]
+    want = await expected_ids(prompts)
+    live, subs = vanishing_cluster()
+    subs["cpu-0"].dies_in_step = True  # its first step: the calls in it streamed nothing
+    got: dict[int, tuple[tuple[int, ...], Finished]] = {}
+    async with live:
+
+        async def one(i: int) -> None:
+            got[i] = await run_call(live, f"s{i}", "llama-tiny", prompts[i])
+
+        async with anyio.create_task_group() as tg:
+            for i in range(6):
+                tg.start_soon(one, i)
+        await live.check_integrity_between_steps()
+        assert [got[i][0] for i in range(6)] == want
+        assert {fin.instance for _, fin in got.values()} == {"cpu-1"}
+        assert live.instances_lost == 1 and live.calls_rerouted >= 1
+        assert live.drivers["cpu-0"].down and live.drivers["cpu-0"].lost
+        assert live.calls_failed == 0
+
+
+async def test_a_streaming_call_fails_and_the_instance_rejoins_empty() -> None:
+    live, subs = vanishing_cluster()
+    async with live:
+        _, first = await run_call(live, "a", "llama-tiny", prompt_for(1))
+        victim = first.instance
+        old_core = live.core.instances[victim]
+        params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+        async with live.session("a").lock:
+            prompt = prompt_for(1).extend(range(1, 30))
+            _, events = await live.submit("a", "llama-tiny", prompt, params, StopChecker(params))
+            seen = []
+            async with events:
+                async for ev in events:
+                    seen.append(ev)
+                    if isinstance(ev, Delta):
+                        subs[victim].gone = True
+        assert isinstance(seen[-1], Failed) and isinstance(seen[-1].error, InstanceLost)
+        assert live.drivers[victim].down
+        # the session continues on the survivor, recomputing its history there
+        _, moved = await run_call(live, "a", "llama-tiny", prompt)
+        assert moved.instance != victim and live.tokens_recomputed > 0
+        subs[victim].gone = False  # its process is back
+        with anyio.fail_after(10):
+            while live.drivers[victim].down:
+                await anyio.sleep(0.05)
+        fresh = live.core.instances[victim]
+        assert fresh is not old_core and subs[victim].restarts == 1
+        assert fresh.arena.active_model is None and fresh.kv.device_free == fresh.kv.device_blocks
+        assert subs[victim].core is fresh
+        await live.check_integrity_between_steps()
+        _, again = await run_call(live, "a", "llama-tiny", prompt.extend(range(5, 9)))
+        assert again.instance != victim  # the session's KV is on the survivor now
