@@ -57,7 +57,9 @@ def run() -> dict[str, Any]:
         max_context=EMBEDDED_CONTEXT,
         token_scale=EMBEDDED_TOKEN_SCALE,
     )
-    instance = EmbeddedOptions(policies=(policy("talaria"),), models=DEFAULT_MODELS).instance()
+    instance = EmbeddedOptions(
+        policies=(policy("talaria"),), models=DEFAULT_MODELS
+    ).instance_specs()[0]
     cluster = ClusterConfig([_spec(m) for m in DEFAULT_MODELS], (instance,))
     estimators = cluster_estimators(cluster)
     scripts = to_scripts(w.replay, w.tool_table)

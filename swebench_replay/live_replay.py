@@ -65,6 +65,7 @@ from talaria.swebench_replay.workload import ReplaySet
 from talaria.types import Call, EventKind, SessionScript, TokenSeq
 
 GB = 10**9
+MAX_INSTANCES = 8
 
 
 @attrs.frozen
@@ -75,9 +76,17 @@ class EmbeddedOptions:
     host budget keeps every model's weights on host (as the runner does) plus 2.27 GB of
     host KV. ``calibration`` picks the ``cpu`` profile that prices the routers and the
     prediction (``calibration_plan``: its sizes, default the library's; ``cache_dir``: where
-    it is cached, default :func:`talaria.cost.calibration.cache_dir`)."""
+    it is cached, default :func:`talaria.cost.calibration.cache_dir`).
+
+    ``instances`` such instances (``cpu-0``, ``cpu-1``, ...) serve the replay side by side,
+    each with its own device and host budgets and its own engine, sharing only the host
+    copy of the weights; they run concurrently, and the replay splits the process's torch
+    threads evenly among them for its duration (each instance gets its share of the
+    cores, as it would get its own device), so the calibration that prices the routers and
+    the prediction is measured at that per-instance thread count."""
 
     policies: tuple[PolicyConfig, ...]
+    instances: int = 1
     models: tuple[str, ...] = DEFAULT_MODELS
     device_memory_bytes: int = 3 * GB
     host_memory_bytes: int = 6 * GB
@@ -93,16 +102,30 @@ class EmbeddedOptions:
     def __attrs_post_init__(self) -> None:
         if not self.policies:
             raise ConfigError("name at least one policy to replay")
+        if not 1 <= self.instances <= MAX_INSTANCES:
+            raise ConfigError(
+                f"--instances must be between 1 and {MAX_INSTANCES} on the embedded engine "
+                f"(got {self.instances}): each instance holds its own "
+                f"{self.device_memory_bytes / GB:g} GB device region"
+            )
 
-    def instance(self) -> InstanceSpec:
-        return InstanceSpec(
-            name="cpu-0",
-            hardware="cpu",
-            device_memory_bytes=self.device_memory_bytes,
-            host_memory_bytes=self.host_memory_bytes,
-            block_size=self.block_size,
-            memory_utilization=0.9,
+    def instance_specs(self) -> tuple[InstanceSpec, ...]:
+        """The replay's instances, ``cpu-0`` to ``cpu-{instances - 1}``, alike."""
+        return tuple(
+            InstanceSpec(
+                name=f"cpu-{i}",
+                hardware="cpu",
+                device_memory_bytes=self.device_memory_bytes,
+                host_memory_bytes=self.host_memory_bytes,
+                block_size=self.block_size,
+                memory_utilization=0.9,
+            )
+            for i in range(self.instances)
         )
+
+    def threads_per_instance(self, threads: int) -> int:
+        """The torch threads each instance gets out of the process's ``threads``."""
+        return max(1, threads // self.instances)
 
 
 Progress = Callable[[str, int], None]
@@ -135,6 +158,25 @@ def run_embedded_replay(
     if unknown:
         raise ConfigError(f"the replay set uses models {sorted(unknown)} the engine does not load")
     say = on_status or (lambda _msg: None)
+    threads = torch.get_num_threads()
+    share = options.threads_per_instance(threads)
+    if options.instances > 1:
+        say(f"{options.instances} instances side by side, {share} torch thread(s) each")
+    torch.set_num_threads(share)
+    try:
+        return _run(replay, options, tool_table, say, on_progress, on_result)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _run(
+    replay: ReplaySet,
+    options: EmbeddedOptions,
+    tool_table: ToolTimeTable,
+    say: Callable[[str], None],
+    on_progress: Progress | None,
+    on_result: Callable[[str, SimResult], None] | None,
+) -> dict[str, Any]:
     say(f"loading {', '.join(options.models)} ({options.dtype})")
     bare, host = _load(options)
     calibration = _calibration(options, bare, host, say)  # models only: before any policy runs
@@ -149,7 +191,12 @@ def run_embedded_replay(
     for policy in options.policies:
         say(f"replaying under {policy.name} in real time")
         cluster = cluster_from_loaded(
-            [options.instance()], bare, policy, options.dtype, host_weights=host, hardware=hardware
+            options.instance_specs(),
+            bare,
+            policy,
+            options.dtype,
+            host_weights=host,
+            hardware=hardware,
         )
         result, steps = anyio.run(
             _play, cluster, scripts, policy.name, _ticker(on_progress, policy.name)
@@ -166,9 +213,19 @@ def run_embedded_replay(
         gc.collect()
     add_ratios(policies)
     doc = results_document(
-        "embedded", "cpu", [options.instance()], replay, options.gap_scale, options.hints, policies
+        "embedded",
+        "cpu",
+        options.instance_specs(),
+        replay,
+        options.gap_scale,
+        options.hints,
+        policies,
     )
-    doc["engine"] = {"models": list(options.models), "dtype": str(options.dtype)}
+    doc["engine"] = {
+        "models": list(options.models),
+        "dtype": str(options.dtype),
+        "torch_threads_per_instance": torch.get_num_threads(),
+    }
     doc["fidelity"] = fidelity
     doc["calibration"] = calibration.describe()
     doc["step_costs"] = step_costs
@@ -219,17 +276,17 @@ def _load(options: EmbeddedOptions) -> tuple[dict[str, LoadedModel], dict[str, t
 def _warm_up(
     bare: Mapping[str, LoadedModel], host: Mapping[str, torch.Tensor], options: EmbeddedOptions
 ) -> None:
-    """One short call per model on a throwaway cluster: first-touch allocations and kernel
-    selection happen here, not inside a timed policy."""
+    """One short call per model on each instance of a throwaway cluster: first-touch
+    allocations and kernel selection happen here, not inside a timed policy."""
     policy = options.policies[0]
     cluster = cluster_from_loaded(
-        [options.instance()], bare, policy, options.dtype, host_weights=host
+        options.instance_specs(), bare, policy, options.dtype, host_weights=host
     )
-    runner = cluster.runners["cpu-0"]
     prompt = TokenSeq(range(1, 200))
-    for m in bare:  # one at a time: every model gets switched in
-        runner.generate([Call(f"warm-{m}", 0, m, prompt, 4)])
-    del cluster, runner
+    for runner in cluster.runners.values():
+        for m in bare:  # one at a time: every model gets switched in
+            runner.generate([Call(f"warm-{m}", 0, m, prompt, 4)])
+    del cluster
     gc.collect()
 
 

@@ -60,7 +60,10 @@ def _common_workload_args(p: argparse.ArgumentParser) -> None:
         "--instances",
         type=int,
         default=1,
-        help="tensor-parallel instances the server is split into (1 = one TP8 instance)",
+        help="instances serving the replay. Simulated: the TP8 server is split into this many "
+        "tensor-parallel instances (1 = one TP8 instance). Embedded: this many CPU engine "
+        "instances run side by side in real time, each with its own memory budgets and an even "
+        "share of the torch threads (default 1)",
     )
 
 
@@ -336,6 +339,7 @@ def _replay_embedded(
 
     options = EmbeddedOptions(
         policies,
+        instances=args.instances,
         gap_scale=args.gap_scale,
         hints=not args.no_hints,
         calibration=CalibrationMode(args.calibration),

@@ -143,7 +143,7 @@ def build_ray_cluster(
     connected = connect(address, len(instances), resource)
     actors: dict[str, Any] = {}
     try:
-        offered = ray.cluster_resources().get(resource, 0)  # type: ignore[no-untyped-call]
+        offered = ray.cluster_resources().get(resource, 0)  # type: ignore[no-untyped-call, unused-ignore]
         if offered < len(instances):
             raise ConfigError(
                 f"the Ray cluster offers {offered:g} units of resource {resource!r}; "
