@@ -43,13 +43,11 @@ from talaria.engine.loader import LoadedModel
 from talaria.engine.runner import flatten_weights
 from talaria.engine.sampling import SamplingParams, StopChecker
 from talaria.errors import ConfigError, TalariaError
-from talaria.generation import TokenLogprob
-from talaria.memory.kv import CallKey
 from talaria.runtime.cluster import ClusterCore
 from talaria.runtime.counters import cluster_counters
-from talaria.runtime.instance import InstanceCore, Request
+from talaria.runtime.instance import Request
 from talaria.runtime.live import Failed, Finished, LiveCluster, StepTiming
-from talaria.runtime.substrate import Substrate
+from talaria.runtime.substrate import Substrate, SubstrateWrapper
 from talaria.schedule import Executed, Schedule
 from talaria.session.gaps import GapPredictor
 from talaria.sim.simulator import SessionRecord, SimResult, Simulator, SlotLog, record_of
@@ -342,55 +340,20 @@ async def _play(
     return SimResult(policy, records, tuple(sessions), counters, end, slot_records), steps
 
 
-class _SlotRecorder:
+class _SlotRecorder(SubstrateWrapper):
     """A substrate that notes in a :class:`SlotLog` every switch it is asked to make (when
     it is planned, and when its copy is committed) and otherwise defers to ``inner``."""
 
     def __init__(self, name: str, inner: Substrate, log: SlotLog) -> None:
+        super().__init__(inner)
         self.name = name
-        self.inner = inner
         self.log = log
-
-    @property
-    def core(self) -> InstanceCore:
-        return self.inner.core
-
-    @property
-    def idle(self) -> bool:
-        return self.inner.idle
-
-    @property
-    def executes_kv_moves(self) -> bool:
-        return self.inner.executes_kv_moves
-
-    @property
-    def outputs(self) -> Mapping[CallKey, Sequence[int]]:
-        return self.inner.outputs
-
-    @property
-    def logprobs(self) -> Mapping[CallKey, Sequence[TokenLogprob]]:
-        return self.inner.logprobs
-
-    def vocab_size(self, model: str) -> int | None:
-        return self.inner.vocab_size(model)
-
-    def prepare(
-        self,
-        key: CallKey,
-        params: SamplingParams,
-        vocab_limit: int | None = None,
-        forced: Sequence[int] | None = None,
-    ) -> None:
-        self.inner.prepare(key, params, vocab_limit, forced)
 
     def plan(self, now: float) -> Schedule:
         sched = self.inner.plan(now)
         if sched.switch is not None:
             self.log.switch(self.name, sched.switch.model, now)
         return sched
-
-    def execute(self, sched: Schedule) -> Executed:
-        return self.inner.execute(sched)
 
     def commit(
         self,
@@ -403,15 +366,6 @@ class _SlotRecorder:
         if sched.switch is not None:
             self.log.opened(self.name, sched.switch.model, now)
         return finished
-
-    def take_output(self, key: CallKey) -> tuple[int, ...]:
-        return self.inner.take_output(key)
-
-    def forget(self, key: CallKey) -> None:
-        self.inner.forget(key)
-
-    def restart(self, core: InstanceCore) -> None:
-        self.inner.restart(core)
 
 
 async def _one_call(live: LiveCluster, script: SessionScript, index: int) -> tuple[Request, str]:

@@ -332,9 +332,20 @@ def load_gguf(path: Path | str, dtype: torch.dtype = torch.bfloat16) -> LoadedMo
     config dict built from the metadata. Raises ModelLoadError naming the file and the field
     or tensor at fault; nothing is returned half-loaded.
     """
-    path = Path(path)
+    return _gguf_model(Path(path), dtype)
+
+
+def describe_gguf(path: Path | str) -> LoadedModel:
+    """``load_gguf`` without the tensors (``tensors`` is empty): what a process that routes
+    to the model, but does not run it, needs (architecture, tokenizer, end ids)."""
+    return _gguf_model(Path(path), None)
+
+
+def _gguf_model(path: Path, dtype: torch.dtype | None) -> LoadedModel:
+    """The model in ``path``; its tensors read and cast to ``dtype`` (None: no tensors)."""
     reader = _gguf_reader(path)
-    _check_gguf_sizes(reader, path)
+    if dtype is not None:
+        _check_gguf_sizes(reader, path)
     meta = _gguf_metadata(reader, path)
     config = gguf_config(meta, {t.name for t in reader.tensors}, path)
     arch = _arch(config, path)
@@ -342,28 +353,7 @@ def load_gguf(path: Path | str, dtype: torch.dtype = torch.bfloat16) -> LoadedMo
     return LoadedModel(
         config=config,
         arch=arch,
-        tensors=_gguf_tensors(reader, arch, dtype, path),
-        tokenizer=tokenizer,
-        chat_template=tokenizer.chat_template if tokenizer is not None else None,
-        bos_token_id=config.get("bos_token_id"),
-        eos_token_ids=_eos_ids(config.get("eos_token_id")),
-        source=str(path),
-        load_format="gguf",
-    )
-
-
-def describe_gguf(path: Path | str) -> LoadedModel:
-    """``load_gguf`` without the tensors (``tensors`` is empty): what a process that routes
-    to the model, but does not run it, needs (architecture, tokenizer, end ids)."""
-    path = Path(path)
-    reader = _gguf_reader(path)
-    meta = _gguf_metadata(reader, path)
-    config = gguf_config(meta, {t.name for t in reader.tensors}, path)
-    tokenizer = _gguf_tokenizer(meta, path)
-    return LoadedModel(
-        config=config,
-        arch=_arch(config, path),
-        tensors={},
+        tensors={} if dtype is None else _gguf_tensors(reader, arch, dtype, path),
         tokenizer=tokenizer,
         chat_template=tokenizer.chat_template if tokenizer is not None else None,
         bos_token_id=config.get("bos_token_id"),

@@ -20,7 +20,9 @@ taken once with ``take_output`` (or dropped with ``forget``). The embedded PyTor
 A substrate whose instance lives in another process (``talaria.backends.ray``) raises
 :class:`~talaria.errors.InstanceLost` when that process is gone; the loop then re-routes what
 it can and, once the process is back (its memory empty), hands the substrate a fresh core
-with ``restart``. :func:`commit_schedule` is the commit every substrate shares.
+with ``restart``. :func:`commit_schedule` is the commit every substrate shares;
+:class:`SubstrateWrapper` defers every call to another substrate, for the ones that only
+watch or alter a few (a replay's switch log, a test's vanishing instance).
 
 Nothing here imports a tensor library. Not thread-safe beyond the split above.
 """
@@ -37,7 +39,7 @@ from talaria.schedule import Executed, Request, Schedule
 if TYPE_CHECKING:
     from talaria.runtime.instance import InstanceCore
 
-__all__ = ["Substrate", "commit_schedule"]
+__all__ = ["Substrate", "SubstrateWrapper", "commit_schedule"]
 
 
 class Substrate(Protocol):
@@ -102,6 +104,70 @@ class Substrate(Protocol):
         weights resident, no KV) from now on, every call's state dropped. Raises
         ``InstanceLost`` while the instance is still gone (the loop tries again later)."""
         ...
+
+
+class SubstrateWrapper:
+    """A substrate that defers everything to ``inner``; subclasses override what they
+    watch or change. Adds no state and no locking of its own."""
+
+    def __init__(self, inner: Substrate) -> None:
+        self.inner = inner
+
+    @property
+    def core(self) -> InstanceCore:
+        return self.inner.core
+
+    @property
+    def idle(self) -> bool:
+        return self.inner.idle
+
+    @property
+    def executes_kv_moves(self) -> bool:
+        return self.inner.executes_kv_moves
+
+    @property
+    def outputs(self) -> Mapping[CallKey, Sequence[int]]:
+        return self.inner.outputs
+
+    @property
+    def logprobs(self) -> Mapping[CallKey, Sequence[TokenLogprob]]:
+        return self.inner.logprobs
+
+    def vocab_size(self, model: str) -> int | None:
+        return self.inner.vocab_size(model)
+
+    def prepare(
+        self,
+        key: CallKey,
+        params: SamplingParams,
+        vocab_limit: int | None = None,
+        forced: Sequence[int] | None = None,
+    ) -> None:
+        self.inner.prepare(key, params, vocab_limit, forced)
+
+    def plan(self, now: float) -> Schedule:
+        return self.inner.plan(now)
+
+    def execute(self, sched: Schedule) -> Executed:
+        return self.inner.execute(sched)
+
+    def commit(
+        self,
+        sched: Schedule,
+        done: Executed,
+        now: float,
+        ends: Callable[[Request, int], bool] | None = None,
+    ) -> list[Request]:
+        return self.inner.commit(sched, done, now, ends)
+
+    def take_output(self, key: CallKey) -> tuple[int, ...]:
+        return self.inner.take_output(key)
+
+    def forget(self, key: CallKey) -> None:
+        self.inner.forget(key)
+
+    def restart(self, core: InstanceCore) -> None:
+        self.inner.restart(core)
 
 
 def commit_schedule(

@@ -24,6 +24,7 @@ from talaria.engine.arch import ModelArch
 from talaria.engine.loader import (
     LoadedModel,
     ModelLoadError,
+    describe_gguf,
     dummy_weights,
     load_dummy,
     load_gguf,
@@ -133,6 +134,14 @@ def test_smollm2_text_handling(smol: LoadedModel) -> None:
     assert smol.eos_token_ids == (2,) and smol.bos_token_id == 1
     assert smol.chat_template is not None and "<|im_start|>" in smol.chat_template
     assert smol.tokenizer.eos_token == "<|im_end|>"
+
+
+def test_smollm2_described_without_tensors_as_loaded(smol: LoadedModel) -> None:
+    described = describe_gguf(smollm2_gguf())
+    assert described.tensors == {}
+    assert described.config == smol.config and described.arch == smol.arch
+    assert described.eos_token_ids == smol.eos_token_ids == (2,)
+    assert described.chat_template == smol.chat_template and described.source == smol.source
 
 
 # ----------------------------------------------------------------------------- tiny GGUF files

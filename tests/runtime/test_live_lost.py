@@ -6,7 +6,7 @@ memory empty) once its process answers again."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import anyio
 import pytest
@@ -14,11 +14,10 @@ import pytest
 from talaria.engine.runner import EngineRunner
 from talaria.engine.sampling import SamplingParams, StopChecker
 from talaria.errors import InstanceLost
-from talaria.generation import TokenLogprob
-from talaria.memory.kv import CallKey
 from talaria.runtime.instance import InstanceCore
 from talaria.runtime.live import Delta, Failed, Finished, LiveCluster
-from talaria.schedule import Executed, Request, Schedule
+from talaria.runtime.substrate import SubstrateWrapper
+from talaria.schedule import Executed, Schedule
 from talaria.types import TokenSeq
 from tests.helpers import tiny_cluster
 from tests.runtime.test_live import prompt_for, run_call
@@ -31,13 +30,13 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
-class Vanishing:
+class Vanishing(SubstrateWrapper):
     """An ``EngineRunner`` that behaves like an instance in another process: while
     ``gone``, ``plan`` and ``execute`` raise ``InstanceLost`` and so does ``restart``;
     ``dies_in_step``: it goes while executing its next step (the node died mid-step)."""
 
     def __init__(self, runner: EngineRunner) -> None:
-        self.runner = runner
+        super().__init__(runner)
         self.gone = False
         self.dies_in_step = False
         self.restarts = 0
@@ -46,66 +45,19 @@ class Vanishing:
         if self.gone:
             raise InstanceLost("the test took it away")
 
-    @property
-    def core(self) -> InstanceCore:
-        return self.runner.core
-
-    @property
-    def idle(self) -> bool:
-        return self.runner.idle
-
-    @property
-    def executes_kv_moves(self) -> bool:
-        return True
-
-    @property
-    def outputs(self) -> dict[CallKey, list[int]]:
-        return self.runner.outputs
-
-    @property
-    def logprobs(self) -> dict[CallKey, list[TokenLogprob]]:
-        return self.runner.logprobs
-
-    def vocab_size(self, model: str) -> int | None:
-        return self.runner.vocab_size(model)
-
-    def prepare(
-        self,
-        key: CallKey,
-        params: SamplingParams,
-        vocab_limit: int | None = None,
-        forced: Sequence[int] | None = None,
-    ) -> None:
-        self.runner.prepare(key, params, vocab_limit, forced)
-
     def plan(self, now: float) -> Schedule:
         self._check()
-        return self.runner.plan(now)
+        return self.inner.plan(now)
 
     def execute(self, sched: Schedule) -> Executed:
         self.gone = self.gone or self.dies_in_step
         self._check()
-        return self.runner.execute(sched)
-
-    def commit(
-        self,
-        sched: Schedule,
-        done: Executed,
-        now: float,
-        ends: Callable[[Request, int], bool] | None = None,
-    ) -> list[Request]:
-        return self.runner.commit(sched, done, now, ends)
-
-    def take_output(self, key: CallKey) -> tuple[int, ...]:
-        return self.runner.take_output(key)
-
-    def forget(self, key: CallKey) -> None:
-        self.runner.forget(key)
+        return self.inner.execute(sched)
 
     def restart(self, core: InstanceCore) -> None:
         self._check()
         self.restarts += 1
-        self.runner.restart(core)
+        self.inner.restart(core)
 
 
 def vanishing_cluster() -> tuple[LiveCluster, dict[str, Vanishing]]:

@@ -20,7 +20,7 @@ from talaria.engine.loader import LoadedModel
 from talaria.engine.runner import flatten_weights
 from talaria.policy.baselines import POLICIES
 from talaria.swebench_replay.live_replay import EmbeddedOptions, run_embedded_replay
-from talaria.swebench_replay.setup import load_workload
+from talaria.swebench_replay.setup import Workload, load_workload
 from tests.backends.test_calibrate import TINY_PLAN, QuietWatch, tiny_models
 
 MB = 2**20
@@ -34,6 +34,20 @@ def _tiny_load(_options: EmbeddedOptions) -> tuple[dict[str, LoadedModel], dict[
         host[name] = flatten_weights(name, m.arch, m.tensors, torch.float32)
         bare[name] = attrs.evolve(m, tensors={})
     return bare, host
+
+
+def tiny_workload(sessions: int, calls: int) -> Workload:
+    """A seeded synthetic replay the tiny models can serve (short contexts, small ids)."""
+    return load_workload(
+        synthetic=True,
+        n_sessions=sessions,
+        target_calls=calls,
+        seed=1,
+        models=MODELS,
+        max_context=240,
+        token_scale=0.01,
+        vocab_size=128,
+    )
 
 
 def _options(mode: CalibrationMode, cache: Path) -> EmbeddedOptions:
@@ -54,16 +68,7 @@ def _options(mode: CalibrationMode, cache: Path) -> EmbeddedOptions:
 def test_the_calibration_mode_prices_the_prediction_and_sees_no_results(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    workload = load_workload(
-        synthetic=True,
-        n_sessions=3,
-        target_calls=15,
-        seed=1,
-        models=MODELS,
-        max_context=240,
-        token_scale=0.01,
-        vocab_size=128,
-    )
+    workload = tiny_workload(3, 15)
     monkeypatch.setattr(live_replay, "_load", _tiny_load)
     monkeypatch.setattr(calibrate_module, "CpuWatch", QuietWatch)
     played: list[str] = []

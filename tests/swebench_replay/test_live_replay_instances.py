@@ -17,8 +17,7 @@ from talaria.errors import ConfigError
 from talaria.policy.baselines import POLICIES
 from talaria.sim.simulator import SimResult
 from talaria.swebench_replay.live_replay import EmbeddedOptions, run_embedded_replay
-from talaria.swebench_replay.setup import load_workload
-from tests.swebench_replay.test_live_replay_calibration import MB, MODELS, _tiny_load
+from tests.swebench_replay.test_live_replay_calibration import MB, MODELS, _tiny_load, tiny_workload
 
 
 def _options(instances: int, cache: Path) -> EmbeddedOptions:
@@ -39,16 +38,7 @@ def _options(instances: int, cache: Path) -> EmbeddedOptions:
 def test_two_instances_serve_the_replay_side_by_side(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    workload = load_workload(
-        synthetic=True,
-        n_sessions=4,
-        target_calls=20,
-        seed=1,
-        models=MODELS,
-        max_context=240,
-        token_scale=0.01,
-        vocab_size=128,
-    )
+    workload = tiny_workload(4, 20)
     monkeypatch.setattr(live_replay, "_load", _tiny_load)
     threads_seen: list[int] = []
     real_play = live_replay._play
