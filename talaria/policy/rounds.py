@@ -20,7 +20,9 @@ estimated by the instance core from what it can know online), stays open while t
 returning (no quantum; an idle slot lingers while the soonest return is expected within a
 switch away and back), gives way to another model only for a clear win
 (``slot_preempt_ratio``), and never lets a waiting call wait more than ``slot_starvation_s``
-(the most-starved model goes next, oldest call first).
+for its slot: the open slot starts closing once a waiting call's wait plus the expected
+drain of the running batch (``SlotDemand.drain_s``) and its model's switch would reach the
+bound, and that model goes next (the most-starved first, oldest call first).
 
 Mutates only its own slot state. Times are seconds on the caller's clock.
 """
@@ -42,6 +44,7 @@ class Slot:
     admitting: bool = True
     closing: bool = False  # quantum spent: admit nothing more, drain the batch
     opening: bool = True  # its first admission pass has not run yet
+    starved: str | None = None  # the model this slot closes for: its call neared the bound
 
 
 @attrs.frozen
@@ -57,6 +60,7 @@ class SlotDemand:
     remaining_s: float = 0.0  # expected device seconds its sessions still need (estimate)
     switch_s: float = 0.0  # seconds to make the model active from its residency now
     reload_s: float = 0.0  # seconds to bring it back from host once switched away
+    drain_s: float = 0.0  # expected seconds until its running calls finish (open slot only)
 
 
 class RoundScheduler:
@@ -175,7 +179,13 @@ class RoundScheduler:
             # nobody else needs the device: keep the model (no switch cost); without SP,
             # end the drained slot so that it reopens for the calls that arrived meanwhile
             return not slot.admitting and mine.running == 0 and bool(mine.waiting)
-        if any(d.oldest_wait_s >= self.policy.slot_starvation_s for d in others.values()):
+        if slot.opening:
+            # a fresh slot admits once before it may give way: otherwise two starving models
+            # close each other's slots as they open, and nothing is ever served
+            return False
+        starving = self._starving(others, mine.drain_s)
+        if starving is not None:
+            slot.starved = starving
             return True
         if not slot.admitting and mine.running == 0:
             return True
@@ -186,6 +196,14 @@ class RoundScheduler:
             return False
         back = mine.expected_back_s
         return back is None or back > best.switch_s + mine.reload_s
+
+    def _starving(self, waiting: Mapping[str, SlotDemand], drain_s: float) -> str | None:
+        """The model whose oldest call would wait ``slot_starvation_s`` by the time the
+        device could be its (``drain_s`` for the open batch, then its switch): the one whose
+        call has waited longest; None when no call is that close to the bound."""
+        bound = self.policy.slot_starvation_s
+        late = [m for m, d in waiting.items() if d.oldest_wait_s + drain_s + d.switch_s >= bound]
+        return max(late, key=lambda m: waiting[m].oldest_wait_s) if late else None
 
     def _ring(self) -> list[str]:
         """Every model, round-robin order after the current one's index."""
@@ -205,11 +223,12 @@ class RoundScheduler:
         if order is SlotOrder.OLDEST_WAITING:
             return max(waiting, key=lambda m: demand[m].oldest_wait_s)
         if order is SlotOrder.SHORTEST_REMAINING:
-            starving = [
-                m for m in waiting if demand[m].oldest_wait_s >= self.policy.slot_starvation_s
-            ]
-            if starving:
-                return max(starving, key=lambda m: demand[m].oldest_wait_s)
+            slot = self.slot
+            if slot is not None and slot.starved in waiting:
+                return slot.starved  # the slot closed for it
+            starving = self._starving({m: demand[m] for m in waiting}, 0.0)
+            if starving is not None:
+                return starving
             return min(waiting, key=lambda m: demand[m].remaining_s + demand[m].switch_s)
         raise ConfigError(f"unknown slot order {order!r}")
 

@@ -214,16 +214,30 @@ class InstanceEstimates:
             for sid, fault in faulty:
                 self.on_fault(sid, fault)
             oldest = now - queue[0].queued_s if queue else 0.0
+            running = self.calls.running_of(m)
             out[m] = SlotDemand(
                 len(queue),
                 oldest,
-                self.calls.running_of(m),
+                running,
                 soonest,
                 returning,
                 self.gaps.count(m),
                 *self.remaining(m, now),
+                drain_s=self._drain_s(m, running),
             )
         return out
+
+    def _drain_s(self, model: str, running: int) -> float:
+        """Expected seconds until the open slot's running calls finish, for the session-aware
+        slot order's starvation bound: one call's mean measured service time (a batch runs
+        its calls side by side); zero for a model whose slot is not open or runs nothing."""
+        if (
+            self.policy.slot_order is not SlotOrder.SHORTEST_REMAINING
+            or running == 0
+            or model != self.rounds.current
+        ):
+            return 0.0
+        return self.call_cost.of(model)
 
     def remaining(self, model: str, now: float) -> tuple[float, float, float]:
         """(expected device seconds ``model``'s sessions still need here, seconds to switch

@@ -240,6 +240,7 @@ def test_session_aware_opens_the_least_remaining_work_first() -> None:
 def test_session_aware_keeps_the_slot_while_its_sessions_work_or_return_soon() -> None:
     r = rounds(SRW)
     r.open("a", 0.0)
+    r.end_opening_pass()
     other = SlotDemand(waiting=2, remaining_s=50.0, switch_s=2.0)
     busy = {"a": SlotDemand(running=3, remaining_s=60.0), "b": other}
     assert not r.close_if_due(500.0, busy)  # no quantum: 500 s in, still its turn
@@ -252,16 +253,55 @@ def test_session_aware_keeps_the_slot_while_its_sessions_work_or_return_soon() -
 def test_session_aware_gives_way_for_a_clear_win_or_a_starving_call() -> None:
     r = rounds(SRW)
     r.open("a", 0.0)
+    r.end_opening_pass()
     big = SlotDemand(running=4, remaining_s=200.0)
     assert not r.close_if_due(1.0, {"a": big, "b": SlotDemand(waiting=1, remaining_s=100.0)})
     assert r.close_if_due(
         1.0, {"a": big, "b": SlotDemand(waiting=1, remaining_s=98.0, switch_s=1.0)}
     )
     r.open("a", 0.0)
+    r.end_opening_pass()
     starving = SlotDemand(waiting=1, oldest_wait_s=100.0, remaining_s=1e9)
     assert r.close_if_due(2.0, {"a": SlotDemand(running=1), "b": starving})
     r.open("a", 0.0)
+    r.end_opening_pass()
     assert not r.close_if_due(3.0, {"a": SlotDemand(), "c": SlotDemand()})  # nobody waits
+
+
+def test_session_aware_closes_in_time_for_the_bound_and_serves_the_starved_model() -> None:
+    """The slot starts closing once a call's wait, the open batch's drain and its model's
+    switch would reach the bound (100 s), and the model it closed for goes next even if
+    another has less remaining work and the call has not yet waited the bound."""
+    r = rounds(SRW)
+    r.open("a", 0.0)
+    r.end_opening_pass()
+    mine = SlotDemand(running=2, remaining_s=10.0, drain_s=4.0)
+    cheap = SlotDemand(waiting=1, oldest_wait_s=50.0, remaining_s=6.0)  # 10 < 2 x 6: no win
+    early = SlotDemand(waiting=1, oldest_wait_s=94.0, remaining_s=500.0, switch_s=1.0)
+    assert not r.close_if_due(1.0, {"a": mine, "b": early, "c": cheap})  # 94 + 4 + 1 < 100
+    due = SlotDemand(waiting=1, oldest_wait_s=95.0, remaining_s=500.0, switch_s=1.0)
+    assert r.close_if_due(2.0, {"a": mine, "b": due, "c": cheap})  # 95 + 4 + 1 = 100
+    assert r.slot is not None and r.slot.starved == "b"
+    drained = {"a": SlotDemand(remaining_s=10.0), "b": due, "c": cheap}
+    assert r.next_model(drained) == "b"  # not c, whose remaining work is least
+    r.open("b", 3.0)
+    assert r.slot is not None and r.slot.starved is None
+
+
+def test_two_starving_models_take_turns_a_batch_each() -> None:
+    """Both models' calls are past the bound: a slot that just opened admits its batch
+    before it gives way to the other (closing it at once would leave both waiting for
+    ever, switching back and forth), then closes for the other."""
+    r = rounds(SRW)
+    starving = SlotDemand(waiting=5, oldest_wait_s=500.0, remaining_s=10.0, switch_s=1.0)
+    for model, other in (("a", "b"), ("b", "a"), ("a", "b")):
+        r.open(model, 0.0)
+        demand = {model: starving, other: starving}
+        assert not r.close_if_due(1.0, demand)  # its opening pass comes first
+        r.end_opening_pass()
+        running = SlotDemand(running=5, remaining_s=10.0, drain_s=2.0)
+        assert r.close_if_due(1.1, {model: running, other: starving})
+        assert r.next_model({model: SlotDemand(), other: starving}) == other
 
 
 def test_oldest_waiting_opens_the_model_of_the_oldest_call() -> None:

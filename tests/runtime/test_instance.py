@@ -592,3 +592,22 @@ def test_memoized_estimates_follow_the_tables_without_being_cleared() -> None:
     est._switch_memo[1]["B"] = 123.0
     with pytest.raises(RuntimeError, match=r"B: switch memo 123\.0 s"):
         inst.check_integrity()
+
+
+def test_the_open_slots_drain_is_one_calls_mean_service_time() -> None:
+    """The session-aware order's starvation bound reads how long the open batch has left:
+    the open model's mean measured service time while it runs calls, zero otherwise (and
+    zero for the other slot orders, which have no such bound)."""
+    for policy, expect_drain in ((TALARIA, True), (POLICIES["talaria-no-slot-order"], False)):
+        inst = core(policy, models=("A", "B"), device_blocks=40)
+        d = Driver(inst)
+        d.submit("A1", 0, TokenSeq(tokens(6)), 3)
+        d.submit("B1", 0, TokenSeq(tokens(6)), 3)
+        while not inst.calls.running_of("A"):
+            d.step()
+        demand = inst.estimates.demand(d.now)
+        want = inst.estimates.call_cost.of("A") if expect_drain else 0.0
+        assert demand["A"].drain_s == want and demand["B"].drain_s == 0.0
+        assert not expect_drain or want > 0.0
+        d.run()
+        assert inst.estimates.demand(d.now)["A"].drain_s == 0.0
