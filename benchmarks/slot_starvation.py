@@ -1,12 +1,16 @@
 """How the session-aware slot order's starvation bound trades SCT for TTFT, in the simulator
 on the embedded replay's workload (12 real sessions, SmolLM2 plus two random-weight models
-on the CPU instance of ``talaria replay --substrate embedded``, the shipped ``cpu`` profile).
+on the CPU instance of ``talaria replay --substrate embedded``, the shipped ``cpu`` profile),
+or with ``--paper`` on the paper set of ``talaria replay`` (30 sessions, 960 calls, one
+simulated 8 x H200 server), where it also runs without a bound.
 
 The shipped bound (``slot_starvation_s`` = 300 s) is fixed a priori (PolicyConfig's
-docstring); this varies it only to show what the unmet TTFT goal would cost. It prints a
+docstring); this varies it only to show what the bound costs and what the unmet TTFT goal
+would cost. "longest slot wait" is the longest any call waited for admission. It prints a
 table and writes ``--json``. About a minute (loading SmolLM2's GGUF for its shape).
 
     python benchmarks/slot_starvation.py --json benchmarks/results/slot_starvation.json
+    python benchmarks/slot_starvation.py --paper --json benchmarks/results/starvation_paper.json
 """
 
 from __future__ import annotations
@@ -29,14 +33,16 @@ from talaria.engine.catalog import DEFAULT_MODELS, arch_of, entry
 from talaria.errors import UnknownModel
 from talaria.policy.baselines import POLICIES, policy
 from talaria.session.gaps import GapPredictor
-from talaria.sim.simulator import Simulator
-from talaria.swebench_replay.driver import to_scripts
+from talaria.sim.simulator import SimResult, Simulator
+from talaria.swebench_replay.driver import cluster_for, to_scripts
 from talaria.swebench_replay.live_replay import EmbeddedOptions
 from talaria.swebench_replay.metrics import policy_summary
 from talaria.swebench_replay.references import model_serial
 from talaria.swebench_replay.setup import load_workload
 
 BOUNDS_S = (300.0, 20.0, 10.0, 5.0)
+PAPER_BOUNDS_S = (300.0, float("inf"))
+KEYS = ("sct_p50_s", "sct_p95_s", "ttft_p95_s", "model_switches", "longest_wait_s")
 
 
 def _spec(name: str) -> ModelSpec:
@@ -47,7 +53,7 @@ def _spec(name: str) -> ModelSpec:
     return arch.to_spec(name, torch.bfloat16)
 
 
-def run() -> dict[str, Any]:
+def _embedded() -> tuple[Any, ClusterConfig]:
     w = load_workload(
         n_sessions=12,
         target_calls=96,
@@ -60,39 +66,50 @@ def run() -> dict[str, Any]:
     instance = EmbeddedOptions(
         policies=(policy("talaria"),), models=DEFAULT_MODELS
     ).instance_specs()[0]
-    cluster = ClusterConfig([_spec(m) for m in DEFAULT_MODELS], (instance,))
+    return w, ClusterConfig([_spec(m) for m in DEFAULT_MODELS], (instance,))
+
+
+def _row(result: SimResult) -> dict[str, float]:
+    s = policy_summary(result)
+    row = {k: s[k] for k in KEYS[:-1]}
+    row["longest_wait_s"] = max(c.admitted_s - c.arrival_s for c in result.calls)
+    return row
+
+
+def run(paper: bool = False) -> dict[str, Any]:
+    w, cluster = (load_workload(), cluster_for("h200-tp8", 1)) if paper else _embedded()
     estimators = cluster_estimators(cluster)
     scripts = to_scripts(w.replay, w.tool_table)
 
     def summary(p: Any) -> dict[str, float]:
-        result = Simulator(cluster, p, estimators, learner=GapPredictor.default).run(scripts)
-        s = policy_summary(result)
-        keys = ("sct_p50_s", "sct_p95_s", "ttft_p95_s", "model_switches")
-        return {k: s[k] for k in keys}
+        return _row(Simulator(cluster, p, estimators, learner=GapPredictor.default).run(scripts))
 
     rows: dict[str, dict[str, float]] = {}
-    for bound in BOUNDS_S:
-        rows[f"talaria, slot_starvation_s {bound:g}"] = summary(
+    for bound in PAPER_BOUNDS_S if paper else BOUNDS_S:
+        label = "none (diagnostic)" if bound == float("inf") else f"{bound:g}"
+        rows[f"talaria, slot_starvation_s {label}"] = summary(
             attrs.evolve(POLICIES["talaria"], slot_starvation_s=bound)
         )
     rows["round"] = summary(POLICIES["round"])
     serial = model_serial(
         scripts, lambda part: Simulator(cluster, POLICIES["talaria"], estimators).run(part)
     )
-    s = policy_summary(serial)
-    rows["model-serial (reference)"] = {
-        k: s[k] for k in ("sct_p50_s", "sct_p95_s", "ttft_p95_s", "model_switches")
-    }
-    return {"workload": w.replay.trace, "hardware": "cpu (simulated)", "rows": rows}
+    rows["model-serial (reference)"] = _row(serial)
+    hardware = "h200-tp8 (simulated)" if paper else "cpu (simulated)"
+    return {"workload": w.replay.trace, "hardware": hardware, "rows": rows}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", type=Path, help="write the figures here")
+    parser.add_argument(
+        "--paper", action="store_true", help="the paper set of `talaria replay` instead"
+    )
     args = parser.parse_args(argv)
-    doc = run()
-    table = Table(title="starvation bound vs SCT and TTFT (simulated embedded workload)")
-    for col in ("policy", "SCT p50 s", "SCT p95 s", "TTFT p95 s", "switches"):
+    doc = run(args.paper)
+    table = Table(title=f"starvation bound vs SCT and TTFT ({doc['hardware']})")
+    cols = ("policy", "SCT p50 s", "SCT p95 s", "TTFT p95 s", "switches", "longest slot wait s")
+    for col in cols:
         table.add_column(col, justify="left" if col == "policy" else "right")
     for name, r in doc["rows"].items():
         table.add_row(
@@ -101,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['sct_p95_s']:.1f}",
             f"{r['ttft_p95_s']:.1f}",
             str(int(r["model_switches"])),
+            f"{r['longest_wait_s']:.1f}",
         )
     Console().print(table)
     if args.json is not None:

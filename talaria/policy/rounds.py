@@ -29,7 +29,7 @@ Mutates only its own slot state. Times are seconds on the caller's clock.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import attrs
 
@@ -183,7 +183,7 @@ class RoundScheduler:
             # a fresh slot admits once before it may give way: otherwise two starving models
             # close each other's slots as they open, and nothing is ever served
             return False
-        starving = self._starving(others, mine.drain_s)
+        starving = self._starving(others, others, mine.drain_s)
         if starving is not None:
             slot.starved = starving
             return True
@@ -197,13 +197,17 @@ class RoundScheduler:
         back = mine.expected_back_s
         return back is None or back > best.switch_s + mine.reload_s
 
-    def _starving(self, waiting: Mapping[str, SlotDemand], drain_s: float) -> str | None:
-        """The model whose oldest call would wait ``slot_starvation_s`` by the time the
-        device could be its (``drain_s`` for the open batch, then its switch): the one whose
-        call has waited longest; None when no call is that close to the bound."""
+    def _starving(
+        self, models: Iterable[str], demand: Mapping[str, SlotDemand], drain_s: float
+    ) -> str | None:
+        """Of ``models``, the one whose oldest call would wait ``slot_starvation_s`` by the
+        time the device could be its (``drain_s`` for the open batch, then its switch): the
+        one whose call has waited longest; None when no call is that close to the bound."""
         bound = self.policy.slot_starvation_s
-        late = [m for m, d in waiting.items() if d.oldest_wait_s + drain_s + d.switch_s >= bound]
-        return max(late, key=lambda m: waiting[m].oldest_wait_s) if late else None
+        late = [
+            m for m in models if demand[m].oldest_wait_s + drain_s + demand[m].switch_s >= bound
+        ]
+        return max(late, key=lambda m: demand[m].oldest_wait_s) if late else None
 
     def _ring(self) -> list[str]:
         """Every model, round-robin order after the current one's index."""
@@ -226,7 +230,7 @@ class RoundScheduler:
             slot = self.slot
             if slot is not None and slot.starved in waiting:
                 return slot.starved  # the slot closed for it
-            starving = self._starving({m: demand[m] for m in waiting}, 0.0)
+            starving = self._starving(waiting, demand, 0.0)
             if starving is not None:
                 return starving
             return min(waiting, key=lambda m: demand[m].remaining_s + demand[m].switch_s)
