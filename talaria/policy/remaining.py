@@ -7,7 +7,11 @@ number of calls left for a session that has made ``done`` calls is the mean of
 ended, and for a ``done`` no ended session passed, it assumes nothing distinguishes a session
 that has run from one that has not: one call left each ("new is no better than used", so the
 open slot's sessions are never presumed longer than fresh ones). ``CallCost`` keeps the mean
-measured service seconds of a model's calls (admission to answer), seeded by a prior.
+measured service seconds of a model's calls (admission to answer), seeded by a prior:
+exponentially weighted for the open batch's drain (what the next calls will take), and the
+plain mean of the last ``COST_WINDOW`` calls for remaining work (what a session's calls take
+over its life: one long answer, the last measured before a slot closes, must not reprice a
+model's whole remaining work until its next slot).
 
 Pure: plain numbers in, plain numbers out. Mutated only by ``observe``.
 """
@@ -15,6 +19,8 @@ Pure: plain numbers in, plain numbers out. Mutated only by ``observe``.
 from __future__ import annotations
 
 import bisect
+import collections
+import math
 
 import attrs
 
@@ -23,6 +29,7 @@ from talaria.errors import ConfigError
 MIN_ENDED = 5  # ended sessions before their lengths are trusted over the prior
 MAX_ENDED = 4096  # ended sessions remembered (the most recent)
 COST_ALPHA = 0.2  # weight of each new measured call in the mean service time
+COST_WINDOW = 4096  # calls in a windowed mean (as many as ended sessions remembered)
 PRIOR_OUTPUT_TOKENS = 128  # answer length assumed before a model's first call finishes
 
 
@@ -70,16 +77,28 @@ class SessionLengths:
 
 @attrs.define
 class CallCost:
-    """Mean measured service seconds per call, per model (exponentially weighted)."""
+    """Mean measured service seconds per call, per model: exponentially weighted
+    (``COST_ALPHA``), or with ``window`` the plain mean of the model's last ``window`` calls."""
 
     prior_s: dict[str, float]
+    window: int | None = None
     _mean: dict[str, float] = attrs.field(factory=dict)
+    _recent: dict[str, collections.deque[float]] = attrs.field(factory=dict)
+
+    def __attrs_post_init__(self) -> None:
+        if self.window is not None and self.window < 1:
+            raise ConfigError(f"window must be >= 1 call, got {self.window}")
 
     def observe(self, model: str, seconds: float) -> None:
         if not seconds >= 0.0 or seconds == float("inf"):
             return
-        old = self._mean.get(model)
-        self._mean[model] = seconds if old is None else old + COST_ALPHA * (seconds - old)
+        if self.window is None:
+            old = self._mean.get(model)
+            self._mean[model] = seconds if old is None else old + COST_ALPHA * (seconds - old)
+            return
+        recent = self._recent.setdefault(model, collections.deque(maxlen=self.window))
+        recent.append(seconds)
+        self._mean[model] = math.fsum(recent) / len(recent)
 
     def of(self, model: str) -> float:
         """The measured mean; for a model not measured yet, its prior scaled by how the

@@ -52,6 +52,7 @@ class InstanceEstimates:
         admission: Admission,
         lengths: SessionLengths,
         call_cost: CallCost,
+        call_work: CallCost,
         calls_done: Mapping[SessionId, int],
         on_fault: FaultHandler,
     ) -> None:
@@ -68,7 +69,8 @@ class InstanceEstimates:
         self.gaps = gaps
         self.admission = admission
         self.lengths = lengths
-        self.call_cost = call_cost
+        self.call_cost = call_cost  # recent service seconds per call: the open batch's drain
+        self.call_work = call_work  # windowed mean of the same: priced remaining work
         self.calls_done = calls_done
         self.on_fault = on_fault
         self._switch_memo: tuple[int, dict[str, float]] = (-1, {})
@@ -260,7 +262,7 @@ class InstanceEstimates:
                 break
             calls += left(done.get(sid, 0))
         reload_s = self.estimator.copy_s(self.models[model].weight_bytes, Link.HOST_TO_DEVICE)
-        return calls * self.call_cost.of(model), self.switch_s(model), reload_s
+        return calls * self.call_work.of(model), self.switch_s(model), reload_s
 
     # ------------------------------------------------------------------ integrity
     def problems(self) -> list[str]:

@@ -43,7 +43,7 @@ from talaria.memory.kv import CallKey, KVManager, MovePlan
 from talaria.memory.weights import WeightArena
 from talaria.policy.admission import Admission
 from talaria.policy.gaps import GapModel
-from talaria.policy.remaining import PRIOR_OUTPUT_TOKENS, CallCost, SessionLengths
+from talaria.policy.remaining import COST_WINDOW, PRIOR_OUTPUT_TOKENS, CallCost, SessionLengths
 from talaria.policy.rounds import RoundScheduler
 from talaria.runtime.admitter import Admitter
 from talaria.runtime.calls import CallTable
@@ -91,9 +91,13 @@ class InstanceCore:
         self._faults_logged: set[str] = set()  # exception types logged with a traceback
         # the session-aware slot order's estimate of each model's remaining work
         self.lengths = SessionLengths()
-        self.call_cost = CallCost(
-            {m.name: PRIOR_OUTPUT_TOKENS * estimator.decode_step_s(m.name, 1, 0) for m in models}
-        )
+        # a call's service time, recent (how long the open batch takes to drain) and over
+        # many calls (what the calls of a model's sessions still to come will take)
+        prior = {
+            m.name: PRIOR_OUTPUT_TOKENS * estimator.decode_step_s(m.name, 1, 0) for m in models
+        }
+        self.call_cost = CallCost(prior)
+        self.call_work = CallCost(dict(prior), window=COST_WINDOW)
         self._calls_done: dict[SessionId, int] = {}  # calls of each session answered here
         self.estimates = InstanceEstimates(
             spec,
@@ -108,6 +112,7 @@ class InstanceCore:
             admission=self.admission,
             lengths=self.lengths,
             call_cost=self.call_cost,
+            call_work=self.call_work,
             calls_done=self._calls_done,
             on_fault=self._session_fault,
         )
@@ -396,6 +401,7 @@ class InstanceCore:
         self._calls_done[call.session_id] = self._calls_done.get(call.session_id, 0) + 1
         if req.admitted_s is not None:
             self.call_cost.observe(call.model, now - req.admitted_s)
+            self.call_work.observe(call.model, now - req.admitted_s)
         self.tool_gaps.start(call.session_id, ToolGap(call.model, now, None))
         self.admitter.offer(req, history, now)
 

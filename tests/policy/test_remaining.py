@@ -48,3 +48,36 @@ def test_call_cost_prices_unmeasured_models_like_measured_ones() -> None:
     cost.observe("a", float("nan"))
     cost.observe("a", float("inf"))
     assert cost.of("a") == pytest.approx(4.0)
+
+
+def test_a_windowed_cost_is_the_plain_mean_of_the_last_calls() -> None:
+    """One long call moves the windowed mean by its share, not by a fifth of the gap (the
+    exponential mean's weight): a slot that closes after it keeps its model's price."""
+    cost = CallCost({"a": 1.0, "b": 2.0}, window=3)
+    for s in (1.0, 1.0, 1.0, 1.0):
+        cost.observe("a", s)
+    cost.observe("a", 10.0)  # the last three: 1, 1, 10
+    assert cost.of("a") == pytest.approx(4.0)
+    assert cost.of("b") == pytest.approx(8.0)  # b's prior, scaled as a's calls run (4x)
+    cost.observe("a", float("nan"))
+    cost.observe("a", -1.0)
+    assert cost.of("a") == pytest.approx(4.0)  # bad measurements are ignored
+    for s in (2.0, 2.0, 2.0):
+        cost.observe("a", s)
+    assert cost.of("a") == pytest.approx(2.0)  # the long call has left the window
+    with pytest.raises(ConfigError):
+        CallCost({"a": 1.0}, window=0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.floats(min_value=0.0, max_value=1e6), min_size=1, max_size=60),
+    st.integers(min_value=1, max_value=20),
+)
+def test_the_windowed_cost_is_the_mean_of_its_window(seconds: list[float], window: int) -> None:
+    cost = CallCost({"a": 1.0}, window=window)
+    for s in seconds:
+        cost.observe("a", s)
+    last = seconds[-window:]
+    assert cost.of("a") == pytest.approx(sum(last) / len(last), rel=1e-9, abs=1e-12)
+    assert min(last) - 1e-9 <= cost.of("a") <= max(last) + 1e-9

@@ -611,3 +611,24 @@ def test_the_open_slots_drain_is_one_calls_mean_service_time() -> None:
         assert not expect_drain or want > 0.0
         d.run()
         assert inst.estimates.demand(d.now)["A"].drain_s == 0.0
+
+
+def test_remaining_work_is_priced_by_the_windowed_mean_and_the_drain_by_the_recent_one() -> None:
+    """Two calls of A, a short one then a long one: the drain reads the exponentially
+    weighted service time (the recent call counts a fifth), remaining work the plain mean
+    of both (one long call, the last before a slot closes, must not reprice every call to
+    come), and the number of calls left times that mean is A's remaining work."""
+    inst = core(TALARIA, models=("A", "B"), device_blocks=40)
+    d = Driver(inst)
+    short = d.submit("A1", 0, TokenSeq(tokens(6)), 2)
+    d.run()
+    long = d.submit("A2", 0, TokenSeq(tokens(6)), 12)
+    d.run()
+    served = [r.finished_s - r.admitted_s for r in (short, long)]  # type: ignore[operator]
+    assert served[0] < served[1]
+    assert inst.call_work.of("A") == pytest.approx(sum(served) / 2)
+    assert inst.call_cost.of("A") == pytest.approx(served[0] + 0.2 * (served[1] - served[0]))
+    d.submit("A1", 1, TokenSeq(tokens(9)), 2)  # A1 back; A2 in its tool gap: both count
+    left = inst.lengths.expected_left(1)  # each has made one call
+    remaining_s, _, _ = inst.estimates.remaining("A", d.now)
+    assert remaining_s == pytest.approx(2 * left * inst.call_work.of("A"))
