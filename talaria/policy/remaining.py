@@ -84,6 +84,8 @@ class CallCost:
     window: int | None = None
     _mean: dict[str, float] = attrs.field(factory=dict)
     _recent: dict[str, collections.deque[float]] = attrs.field(factory=dict)
+    _sum: dict[str, float] = attrs.field(factory=dict)  # of ``_recent``: O(1) per call
+    _count: dict[str, int] = attrs.field(factory=dict)  # calls observed, per model
 
     def __attrs_post_init__(self) -> None:
         if self.window is not None and self.window < 1:
@@ -97,8 +99,15 @@ class CallCost:
             self._mean[model] = seconds if old is None else old + COST_ALPHA * (seconds - old)
             return
         recent = self._recent.setdefault(model, collections.deque(maxlen=self.window))
+        total = self._sum.get(model, 0.0) + seconds
+        if len(recent) == self.window:
+            total -= recent[0]  # the call the append below drops
         recent.append(seconds)
-        self._mean[model] = math.fsum(recent) / len(recent)
+        if self._count.get(model, 0) % self.window == 0:
+            total = math.fsum(recent)  # exact once a window, so rounding never accumulates
+        self._count[model] = self._count.get(model, 0) + 1
+        self._sum[model] = total
+        self._mean[model] = max(0.0, total / len(recent))
 
     def of(self, model: str) -> float:
         """The measured mean; for a model not measured yet, its prior scaled by how the
