@@ -7,9 +7,17 @@ with random weights) is played in real time against three deployments, one after
 
 * ``vllm``: three plain ``vllm serve`` processes, one per model, sessions routed by model
   (as a user without Talaria would deploy them): vLLM's defaults, prefix caching on,
-  ``VLLM_CPU_KVCACHE_SPACE`` GiB of KV each;
+  ``VLLM_CPU_KVCACHE_SPACE`` GiB of KV each. vLLM's default CPU binding (``auto``) puts
+  each server's compute threads on the cores of one NUMA node less one reserved for its
+  scheduler: on 2 cores, every server on core 0. Two other bindings a user could choose are
+  measured too, so plain vLLM is compared at its best:
+* ``vllm-spread``: the same, server *i* bound to core *i* mod the number of cores (the
+  disjoint binding vLLM's CPU docs advise for several instances on one machine, as far as
+  there are cores);
+* ``vllm-all``: the same, every server bound to every core (Talaria's binding);
 * ``talaria-vllm``: ``talaria serve --backend vllm`` over the same three model directories
-  (one vLLM engine per model, the same KV space each), Talaria's policy deciding;
+  (one vLLM engine per model, the same KV space each, each engine's threads on every core:
+  Talaria's slot runs one at a time), Talaria's policy deciding;
 * ``talaria-embedded``: ``talaria serve`` on the embedded engine with its default config.
 
 The client is the same for all three: ``POST /v1/completions`` with the call's prompt as
@@ -24,7 +32,8 @@ memory, start-up time. Run it in the vLLM environment (README, vLLM section)::
 
     .venv-vllm/bin/python benchmarks/vllm_serving.py --json benchmarks/results/vllm_serving.json
 
-About 25 minutes on this machine, most of it vLLM starting six engines.
+About 50 minutes on this machine, most of it vLLM starting twelve engines (``--only`` picks
+deployments).
 """
 
 from __future__ import annotations
@@ -60,7 +69,9 @@ from talaria.swebench_replay.driver import to_scripts  # noqa: E402
 from talaria.swebench_replay.setup import load_workload  # noqa: E402
 from talaria.types import SessionScript  # noqa: E402
 
-DEPLOYMENTS = ("vllm", "talaria-vllm", "talaria-embedded")
+DEPLOYMENTS = ("vllm", "vllm-spread", "vllm-all", "talaria-vllm", "talaria-embedded")
+PLAIN = ("vllm", "vllm-spread", "vllm-all")  # plain vLLM, by its CPU thread binding
+BIND_VAR = "VLLM_CPU_OMP_THREADS_BIND"
 KV_GIB = 1  # vLLM's CPU KV space per engine, the same on both vLLM deployments
 MAX_MODEL_LEN = 8192  # the embedded replay's context bound (SmolLM2's)
 START_TIMEOUT_S = 1800.0
@@ -212,21 +223,34 @@ def deployed(name: str, models: Sequence[VllmModel], work: Path) -> Iterator[Dep
     """Start deployment ``name``, wait until every server answers ``/health``; stop it after."""
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE=str(KV_GIB), TALARIA_API_KEY="")
     work.mkdir(parents=True, exist_ok=True)
-    if name == "vllm":
+    if name in PLAIN:
         ports = {m.name: free_port() for m in models}
-        cmds = [(_vllm_cmd(m, ports[m.name]), work / f"vllm-{m.name}.log") for m in models]
+        cores = sorted(os.sched_getaffinity(0))
+        binds = {
+            "vllm": [None] * len(models),
+            "vllm-spread": [str(cores[i % len(cores)]) for i in range(len(models))],
+            "vllm-all": [",".join(map(str, cores))] * len(models),
+        }[name]
+        cmds = [
+            (
+                _vllm_cmd(m, ports[m.name]),
+                work / f"{name}-{m.name}.log",
+                env if bind is None else env | {BIND_VAR: bind},
+            )
+            for m, bind in zip(models, binds, strict=True)
+        ]
         urls = {m: f"http://127.0.0.1:{p}" for m, p in ports.items()}
         hints = False
     else:
         port = free_port()
         config = work / f"{name}.toml"
         config.write_text(_vllm_toml(models) if name == "talaria-vllm" else "")
-        cmds = [(_talaria_cmd(config, port), work / f"{name}.log")]
+        cmds = [(_talaria_cmd(config, port), work / f"{name}.log", env)]
         urls = dict.fromkeys((m.name for m in models), f"http://127.0.0.1:{port}")
         hints = True
     started = time.monotonic()
     d = Deployment(
-        name, [_launch(c, log, env) for c, log in cmds], urls, hints, [c[1] for c in cmds]
+        name, [_launch(c, log, e) for c, log, e in cmds], urls, hints, [c[1] for c in cmds]
     )
     try:
         _wait_healthy(d)

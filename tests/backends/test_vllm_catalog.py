@@ -4,6 +4,7 @@ and the model directories written from the embedded catalog (no vLLM needed)."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ import pytest
 from talaria.api import TalariaConfig
 from talaria.backends.vllm.catalog import FORCING_PROCESSOR, VllmModel, catalog_from_tables
 from talaria.backends.vllm.cluster import GIB, instance_specs
+from talaria.backends.vllm.engines import CPU_BIND_VAR, _environment, cpu_bind_all
 from talaria.backends.vllm.model_dirs import TINY, write_model_dir
 from talaria.cli import main
 from talaria.engine.arch import ModelArch
@@ -158,3 +160,20 @@ def test_end_ids_come_from_both_configs(tmp_path: Path) -> None:
     (tiny.path / "generation_config.json").write_text("{not json")
     with pytest.raises(ConfigError, match="cannot read"):
         _eos_ids(arch, tiny, None)
+
+
+def test_cpu_engines_are_bound_to_every_allowed_core(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {3, 0, 1})
+    assert cpu_bind_all() == "0,1,3"
+
+
+def test_an_engines_environment_is_restored(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "4")
+    monkeypatch.delenv(CPU_BIND_VAR, raising=False)
+    env = {"VLLM_CPU_KVCACHE_SPACE": "1", CPU_BIND_VAR: "0,1"}
+    with pytest.raises(RuntimeError), _environment(env):
+        assert os.environ["VLLM_CPU_KVCACHE_SPACE"] == "1"
+        assert os.environ[CPU_BIND_VAR] == "0,1"
+        raise RuntimeError("vLLM could not start")
+    assert os.environ["VLLM_CPU_KVCACHE_SPACE"] == "4"
+    assert CPU_BIND_VAR not in os.environ

@@ -10,6 +10,7 @@ from __future__ import annotations
 import concurrent.futures
 import itertools
 import json
+import os
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -19,6 +20,7 @@ import openai
 import pytest
 
 from talaria.api import Talaria, TalariaConfig
+from talaria.backends.vllm.engines import CPU_BIND_VAR, cpu_bind_all
 from talaria.backends.vllm.model_dirs import TINY, write_model_dir
 from talaria.server.app import app_and_talaria
 from tests.server.conftest import requires_smollm2
@@ -148,6 +150,15 @@ def test_malformed_requests_as_on_the_embedded_backend(
     words: str,
 ) -> None:
     check_malformed(http, MODEL, path, body, headers, status, words)
+
+
+def test_on_a_cpu_every_engine_computes_on_every_core(served: tuple[str, Talaria]) -> None:
+    """vLLM's default binds each CPU engine to one core; the slot runs one engine at a time,
+    so the backend gives each every core (unless the user chose a binding)."""
+    cluster = served[1]._require_cluster()
+    expected = os.environ.get(CPU_BIND_VAR) or cpu_bind_all()
+    assert cluster.engines.cpu_bind == expected  # type: ignore[union-attr]
+    assert any(expected in line for line in cluster.mechanisms())  # type: ignore[union-attr]
 
 
 def test_engine_death_fails_only_its_calls(served: tuple[str, Talaria], http: httpx.Client) -> None:

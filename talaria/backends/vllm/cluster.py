@@ -66,6 +66,11 @@ class VllmCluster:
                 "model switches: sleep mode is unavailable on this platform, so every engine "
                 "stays resident; the slot time-slices the shared cores (no weights move)"
             )
+        if e.cpu_bind is not None:
+            lines.append(
+                f"CPU threads: each engine computes on cores {e.cpu_bind} "
+                "(VLLM_CPU_OMP_THREADS_BIND; one engine computes at a time)"
+            )
         if any(m.kv_offloading_gib for m in e.models.values()):
             lines.append("host KV tier: vLLM's native CPU offloading")
         else:

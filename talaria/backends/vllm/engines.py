@@ -23,7 +23,7 @@ import signal
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -37,6 +37,35 @@ log = logging.getLogger(__name__)
 CPU_BLOCK_MULTIPLE = 32  # vLLM's CPU attention takes KV blocks of a multiple of 32 tokens
 HEALTH_CHECK_S = 1.0  # a step waiting this long without news checks its engines are alive
 START_TIMEOUT_S = 1800.0  # vLLM's first start compiles (about 100 s per engine on 2 CPU cores)
+CPU_BIND_VAR = "VLLM_CPU_OMP_THREADS_BIND"
+
+
+def cpu_bind_all() -> str:
+    """Every core this process may run on, as vLLM's CPU backend takes a core list ("0,1").
+
+    vLLM's CPU default (``auto``) binds an engine's compute threads to the cores of one NUMA
+    node less one core it reserves for the engine's scheduler: on a 2-core machine, one core,
+    and every engine the same one. Talaria's slot lets one model's engine compute at a time
+    (the others have nothing admitted), so each engine is given every core instead; measured
+    on this 2-core machine (Llama-3.2-1B shape): a 2,048-token prefill 25.1 s -> 13.8 s,
+    8 x (256 + 64) tokens 37.9 s -> 20.8 s. A ``VLLM_CPU_OMP_THREADS_BIND`` set by the user is
+    kept."""
+    return ",".join(str(c) for c in sorted(os.sched_getaffinity(0)))
+
+
+@contextlib.contextmanager
+def _environment(values: Mapping[str, str]) -> Iterator[None]:
+    """Set ``values`` in the process environment for the block, then restore what was."""
+    previous = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in previous.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 @attrs.define(eq=False)
@@ -81,6 +110,7 @@ class EngineSet:
         self._sleep_wanted = sleep_mode
         self.block_size = block_size  # KV block tokens (rounded up at start where vLLM must)
         self.sleep_mode = False  # decided at start: sleep/wake works on CUDA only
+        self.cpu_bind: str | None = None  # on a CPU: the cores every engine's threads use
         self.cond = threading.Condition()
         self.streams: dict[str, Stream] = {}
         self.dead: dict[str, BaseException] = {}  # models whose engine died, and why
@@ -109,6 +139,8 @@ class EngineSet:
         if self._sleep_wanted and not cuda:
             raise ConfigError("sleep mode needs CUDA; this vLLM runs on " + _platform_name())
         self.sleep_mode = cuda if self._sleep_wanted is None else self._sleep_wanted
+        if current_platform.is_cpu():
+            self.cpu_bind = os.environ.get(CPU_BIND_VAR) or cpu_bind_all()
         if not cuda and self.block_size % CPU_BLOCK_MULTIPLE:  # vLLM's CPU attention needs it
             self.block_size = -(-self.block_size // CPU_BLOCK_MULTIPLE) * CPU_BLOCK_MULTIPLE
             log.warning(
@@ -152,18 +184,16 @@ class EngineSet:
         args = AsyncEngineArgs(
             **model.engine_args(sleep_mode=self.sleep_mode, block_size=self.block_size)
         )
-        previous = os.environ.get("VLLM_CPU_KVCACHE_SPACE")
+        env: dict[str, str] = {}
         if not self.sleep_mode:  # the CPU backend sizes KV from this variable (whole GiB)
-            os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(model.kv_cache_gib or DEFAULT_CPU_KV_GIB)
+            env["VLLM_CPU_KVCACHE_SPACE"] = str(model.kv_cache_gib or DEFAULT_CPU_KV_GIB)
+        if self.cpu_bind is not None:
+            env[CPU_BIND_VAR] = self.cpu_bind
         try:
-            return AsyncLLM.from_engine_args(args)
+            with _environment(env):  # the engine-core process is spawned, reading them, here
+                return AsyncLLM.from_engine_args(args)
         except Exception as exc:
             raise ConfigError(f"vLLM could not start {model.name} ({model.path}): {exc}") from exc
-        finally:
-            if previous is None:
-                os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
-            else:
-                os.environ["VLLM_CPU_KVCACHE_SPACE"] = previous
 
     def close(self) -> None:
         """Abort what runs, shut every engine down and stop the loop (idempotent)."""
