@@ -3,7 +3,7 @@ black-box OpenAI client.
 
 The embedded replay's workload (the same 12 real SWE-bench sessions, token counts scaled by
 1/8, the same three models: SmolLM2-135M with real weights, Qwen2.5-0.5B and Llama-3.2-1B
-with random weights) is played in real time against three deployments, one after another:
+with random weights) is played in real time against five deployments, one after another:
 
 * ``vllm``: three plain ``vllm serve`` processes, one per model, sessions routed by model
   (as a user without Talaria would deploy them): vLLM's defaults, prefix caching on,
@@ -11,16 +11,15 @@ with random weights) is played in real time against three deployments, one after
   each server's compute threads on the cores of one NUMA node less one reserved for its
   scheduler: on 2 cores, every server on core 0. Two other bindings a user could choose are
   measured too, so plain vLLM is compared at its best:
-* ``vllm-spread``: the same, server *i* bound to core *i* mod the number of cores (the
-  disjoint binding vLLM's CPU docs advise for several instances on one machine, as far as
-  there are cores);
+* ``vllm-spread``: the same, server *i* bound to core *i* mod the number of cores (servers
+  on cores of their own, as far as there are cores);
 * ``vllm-all``: the same, every server bound to every core (Talaria's binding);
 * ``talaria-vllm``: ``talaria serve --backend vllm`` over the same three model directories
   (one vLLM engine per model, the same KV space each, each engine's threads on every core:
   Talaria's slot runs one at a time), Talaria's policy deciding;
 * ``talaria-embedded``: ``talaria serve`` on the embedded engine with its default config.
 
-The client is the same for all three: ``POST /v1/completions`` with the call's prompt as
+The client is the same for all of them: ``POST /v1/completions`` with the call's prompt as
 token ids, ``max_tokens`` the trace's answer length with ``ignore_eos`` (answers are not
 teacher-forced: no server here can be made to, so each next prompt is the trace's, identical
 for every deployment), streamed for the time to first token, the session in ``X-Session-ID``
