@@ -15,8 +15,8 @@ with random weights) is played in real time against five deployments, one after 
   on cores of their own, as far as there are cores);
 * ``vllm-all``: the same, every server bound to every core (Talaria's binding);
 * ``talaria-vllm``: ``talaria serve --backend vllm`` over the same three model directories
-  (one vLLM engine per model, the same KV space each, each engine's threads on every core:
-  Talaria's slot runs one at a time), Talaria's policy deciding;
+  (one vLLM engine per model, the same KV space each, each engine's threads on every core
+  of its NUMA node: Talaria's slot runs one at a time), Talaria's policy deciding;
 * ``talaria-embedded``: ``talaria serve`` on the embedded engine with its default config.
 
 The client is the same for all of them: ``POST /v1/completions`` with the call's prompt as

@@ -162,9 +162,22 @@ def test_end_ids_come_from_both_configs(tmp_path: Path) -> None:
         _eos_ids(arch, tiny, None)
 
 
-def test_cpu_engines_are_bound_to_every_allowed_core(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {3, 0, 1})
-    assert cpu_bind_all() == "0,1,3"
+def test_cpu_engines_are_bound_to_every_core_of_the_first_allowed_node(tmp_path: Path) -> None:
+    for name, cores in {"node0": "0-3,8-11", "node1": "4-7,12-15", "node10": "16"}.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "cpulist").write_text(cores + "\n")
+    (tmp_path / "node2").mkdir()  # no cpulist: skipped
+    (tmp_path / "node3x").mkdir()  # not a node
+    assert cpu_bind_all({1, 2, 9, 5}, tmp_path) == "1,2,9"
+    assert cpu_bind_all({5, 13, 16}, tmp_path) == "5,13"
+    assert cpu_bind_all({16}, tmp_path) == "16"
+    assert cpu_bind_all({20, 21}, tmp_path) == "20,21"  # in no node listed: every allowed core
+    assert cpu_bind_all({3, 0, 1}, tmp_path / "absent") == "0,1,3"
+
+
+def test_this_machines_engines_get_cores_it_may_use() -> None:
+    bound = {int(c) for c in cpu_bind_all().split(",")}
+    assert bound and bound <= os.sched_getaffinity(0)
 
 
 def test_an_engines_environment_is_restored(monkeypatch: pytest.MonkeyPatch) -> None:
