@@ -61,6 +61,7 @@ if str(ROOT) not in sys.path:
 
 from benchmarks.serve_process import free_port  # noqa: E402
 from talaria.backends.vllm.catalog import VllmModel  # noqa: E402
+from talaria.backends.vllm.engines import CPU_BIND_VAR, cpu_bind_all  # noqa: E402
 from talaria.backends.vllm.model_dirs import catalog_for  # noqa: E402
 from talaria.config import cache_dir  # noqa: E402
 from talaria.engine.catalog import DEFAULT_MODELS  # noqa: E402
@@ -70,7 +71,6 @@ from talaria.types import SessionScript  # noqa: E402
 
 DEPLOYMENTS = ("vllm", "vllm-spread", "vllm-all", "talaria-vllm", "talaria-embedded")
 PLAIN = ("vllm", "vllm-spread", "vllm-all")  # plain vLLM, by its CPU thread binding
-BIND_VAR = "VLLM_CPU_OMP_THREADS_BIND"
 KV_GIB = 1  # vLLM's CPU KV space per engine, the same on both vLLM deployments
 MAX_MODEL_LEN = 8192  # the embedded replay's context bound (SmolLM2's)
 START_TIMEOUT_S = 1800.0
@@ -228,13 +228,13 @@ def deployed(name: str, models: Sequence[VllmModel], work: Path) -> Iterator[Dep
         binds = {
             "vllm": [None] * len(models),
             "vllm-spread": [str(cores[i % len(cores)]) for i in range(len(models))],
-            "vllm-all": [",".join(map(str, cores))] * len(models),
+            "vllm-all": [cpu_bind_all()] * len(models),  # Talaria's engines' binding
         }[name]
         cmds = [
             (
                 _vllm_cmd(m, ports[m.name]),
                 work / f"{name}-{m.name}.log",
-                env if bind is None else env | {BIND_VAR: bind},
+                env if bind is None else env | {CPU_BIND_VAR: bind},
             )
             for m, bind in zip(models, binds, strict=True)
         ]

@@ -38,10 +38,8 @@ log = logging.getLogger(__name__)
 CPU_BLOCK_MULTIPLE = 32  # vLLM's CPU attention takes KV blocks of a multiple of 32 tokens
 HEALTH_CHECK_S = 1.0  # a step waiting this long without news checks its engines are alive
 START_TIMEOUT_S = 1800.0  # vLLM's first start compiles (about 100 s per engine on 2 CPU cores)
-CPU_BIND_VAR = "VLLM_CPU_OMP_THREADS_BIND"
-
-
-NUMA_NODES = Path("/sys/devices/system/node")
+CPU_BIND_VAR = "VLLM_CPU_OMP_THREADS_BIND"  # the cores vLLM's CPU backend computes on
+NUMA_NODES = Path("/sys/devices/system/node")  # the kernel's NUMA nodes and their cores
 
 
 def cpu_bind_all(allowed: Collection[int] | None = None, nodes: Path = NUMA_NODES) -> str:
