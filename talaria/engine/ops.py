@@ -22,8 +22,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * F.rms_norm(x, (x.shape[-1],), eps=eps)
 
 
-_FEW_ROWS: Final = 256
-"""Up to this many rows :func:`linear` computes ``w @ x.T`` on CPU (see there)."""
+TRANSPOSED_ROWS: Final = (32, 256)
+"""Row counts (inclusive) at which :func:`linear` computes a bf16 product on CPU as
+``(w @ x.T).T`` (see there)."""
 
 
 def linear(
@@ -31,20 +32,24 @@ def linear(
 ) -> torch.Tensor:
     """``x @ w.T + b`` for ``x`` ``[M, in]``, ``w`` ``[out, in]``: ``[M, out]``.
 
-    On CPU with at most :data:`_FEW_ROWS` rows it is computed as ``(w @ x.T).T``, and one row
-    as ``mv``: PyTorch's CPU GEMM is faster with the weight as the left operand at decode
-    sizes. Measured here (SmolLM2-135M's matmuls, bf16, one thread): M=1 36 -> 25 ms (mv),
-    M=8 38 -> 25 ms, M=32 45 -> 31 ms; about equal at M=1024. The result is then a transposed
-    view unless ``contiguous`` (callers that feed SDPA or hand rows out ask for it);
-    elementwise ops and views accept either. Same products and sums as ``F.linear``; only the
-    accumulation order inside the GEMM may differ.
+    For bf16 on CPU with ``TRANSPOSED_ROWS`` rows (32 to 256) it is computed as
+    ``(w @ x.T).T``: PyTorch's CPU GEMM is a little faster there with the weight as the left
+    operand. Below 32 rows ``F.linear`` (oneDNN) is faster, most on the larger models.
+    Measured 2026-12-03 on this repository's 2-core AVX512-BF16 machine, 2 threads, on a
+    worker thread as the engine runs (``python benchmarks/cpu_linear.py``, rows in
+    ``benchmarks/results/cpu_linear.json``): one layer's projections at 4 rows take 2.01x as
+    long transposed on Llama-3.2-1B, 1.17x on Qwen2.5-0.5B and 1.18x on SmolLM2-135M, and at
+    8 rows 1.62x, 1.06x and 1.09x; at 48 rows 0.78x, 0.85x and 0.75x. (Until then every product
+    of up to 256 rows was transposed, from SmolLM2-135M on one thread.) Above the range, and
+    for other dtypes (not measured), ``F.linear``. The
+    transposed result is a view unless ``contiguous`` (callers that feed SDPA or hand rows
+    out ask for it); elementwise ops and views accept either. Same products and sums as
+    ``F.linear``; only the accumulation order inside the GEMM may differ.
     """
+    lo, hi = TRANSPOSED_ROWS
     m = x.shape[0]
-    if x.device.type != "cpu" or x.dim() != 2 or m > _FEW_ROWS:
+    if x.device.type != "cpu" or x.dim() != 2 or x.dtype != torch.bfloat16 or not lo <= m <= hi:
         return F.linear(x, w, b)
-    if m == 1:
-        y = torch.mv(w, x[0]) if b is None else torch.addmv(b, w, x[0])
-        return y.unsqueeze(0)
     y = (torch.mm(w, x.t()) if b is None else torch.addmm(b.unsqueeze(1), w, x.t())).t()
     return y.contiguous() if contiguous else y
 
