@@ -102,12 +102,12 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch threads")
     ap.add_argument("--json", type=Path, help="write the rows here")
     args = ap.parse_args()
-    torch.set_num_threads(args.threads)
     models = [m for m in args.models.split(",") if m]
     rows = [int(r) for r in args.rows.split(",") if r]
     result: list[dict[str, Any]] = []
 
     def work() -> None:  # on a worker thread, as the live runtime executes steps
+        torch.set_num_threads(args.threads)  # per thread: a new thread starts at the default
         result.extend(measure(models, rows, args.reps))
 
     worker = threading.Thread(target=work)

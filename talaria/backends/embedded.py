@@ -153,13 +153,16 @@ def cluster_from_loaded(
     host_weights: Mapping[str, torch.Tensor] | None = None,
     native_kernels: bool = True,
     hardware: Mapping[str, HardwareProfile] | None = None,
+    threads: int | None = None,
 ) -> EmbeddedCluster:
     """``build_embedded_cluster`` for models already loaded (any names). ``host_weights``
     (flat buffers of an earlier cluster's runner, ``EngineRunner.host_weights``) are shared
     instead of copied; then ``loaded`` may carry no tensors. ``native_kernels``: use the
     native decode kernel where it builds (:func:`optional_decode_kernel`). ``hardware``:
     profiles by name that replace the shipped ones in the routers' estimates (a
-    calibration of this machine); default none, the shipped profiles, whatever is cached."""
+    calibration of this machine); default none, the shipped profiles, whatever is cached.
+    ``threads``: torch threads of each runner's steps, on whichever thread executes them
+    (default: ``torch.get_num_threads()`` of the thread that builds the cluster)."""
     if not loaded:
         raise ConfigError("name at least one model to serve")
     specs = [m.arch.to_spec(name, dtype, source=m.source) for name, m in loaded.items()]
@@ -177,6 +180,7 @@ def cluster_from_loaded(
             eos_token_ids=eos,
             host_weights=host_weights,
             decode_kernel=kernel,
+            threads=torch.get_num_threads() if threads is None else threads,
         )
         for name, inst in core.instances.items()
     }

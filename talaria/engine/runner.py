@@ -107,7 +107,10 @@ class EngineRunner:
     place during decode. ``background_staging`` (CPU): a
     stage copies on a low-priority thread (:class:`~talaria.engine.staging.BackgroundCopy`)
     while later steps run, and the core hears ``stage_done`` at the first ``plan`` after it
-    finished; otherwise it copies inside the step that carries it.
+    finished; otherwise it copies inside the step that carries it. ``threads``: the torch
+    threads every step uses, set on the executing thread at each step (a thread's OpenMP team
+    starts at the process default, whatever ``torch.set_num_threads`` said on another thread,
+    and the live runtime executes steps on worker threads); None leaves the thread as it is.
     """
 
     def __init__(
@@ -121,12 +124,16 @@ class EngineRunner:
         host_weights: Mapping[str, torch.Tensor] | None = None,
         decode_kernel: DecodeKernel | None = None,
         background_staging: bool = True,
+        threads: int | None = None,
     ) -> None:
         if set(models) != set(core.models):
             raise ConfigError(
                 f"runner models {sorted(models)} differ from the instance's {sorted(core.models)}"
             )
+        if threads is not None and threads < 1:
+            raise ConfigError(f"a runner needs at least one thread, got {threads}")
         self.core = core
+        self.threads = threads
         self.dtype = dtype
         self.device = torch.device(device)
         self._sampling: dict[CallKey, _CallSampling] = {}
@@ -330,6 +337,8 @@ class EngineRunner:
         given (``where``, captured when ``sched`` was planned) instead of read from the core:
         a runner in another process (``talaria.backends.ray``) executes schedules its own
         core never made, and reads only the core's fixed layout."""
+        if self.threads is not None:
+            torch.set_num_threads(self.threads)  # per thread, and cheap: every step
         if self._abort_stage and self._stager is not None:
             self._stager.cancel()  # its blocks may be reused by this step's moves
             self._staged = None

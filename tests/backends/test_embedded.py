@@ -53,3 +53,52 @@ def test_unknown_model_and_empty_list_are_refused() -> None:
         build_embedded(cpu_instance(), ["gpt-5"], POLICIES["talaria"])
     with pytest.raises(ConfigError):
         build_embedded(cpu_instance(), [], POLICIES["talaria"])
+
+
+def test_steps_use_the_builders_thread_count_on_whichever_thread_runs_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """torch.set_num_threads holds for the thread that calls it (each thread's OpenMP team
+    starts at the process default): a cluster built under 1 thread sets 1 on the worker
+    thread that executes each of its steps, as the live runtime runs them."""
+    import threading
+
+    from tests.helpers import tiny_cluster
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        cluster = tiny_cluster()
+    finally:
+        torch.set_num_threads(before)
+    runner = next(iter(cluster.runners.values()))
+    assert runner.threads == 1
+    seen: list[tuple[int, int]] = []
+    real = torch.set_num_threads
+
+    def record(n: int) -> None:
+        seen.append((threading.get_ident(), n))
+        real(n)
+
+    monkeypatch.setattr(torch, "set_num_threads", record)
+    out: list[object] = []
+    call = Call("s", 0, "llama-tiny", TokenSeq(range(1, 20)), 3)
+    worker = threading.Thread(target=lambda: out.append(runner.generate([call])))
+    worker.start()
+    worker.join()
+    assert out and seen  # it ran, and set the threads
+    assert {ident for ident, _ in seen} == {worker.ident}
+    assert {n for _, n in seen} == {1}
+    assert len(seen) >= 3  # once per step: a prefill and the decodes
+    monkeypatch.undo()
+    torch.set_num_threads(before)
+
+
+def test_a_runner_needs_a_thread() -> None:
+    from talaria.backends.embedded import cluster_from_loaded
+    from talaria.engine.loader import load_dummy
+    from tests.helpers import llama_config
+
+    loaded = {"llama-tiny": load_dummy(llama_config().to_dict(), seed=1, dtype=torch.float32)}
+    with pytest.raises(ConfigError, match="at least one thread"):
+        cluster_from_loaded([cpu_instance()], loaded, POLICIES["talaria"], torch.float32, threads=0)
