@@ -152,6 +152,7 @@ class InstanceWorker:
             eos_token_ids={m: lm.eos_token_ids for m, lm in loaded.items()},
             decode_kernel=optional_decode_kernel(self.device) if self.native_kernels else None,
             background_staging=False,
+            threads=self.threads,  # on whichever thread Ray runs execute
         )
 
     def execute(self, wire: WireSchedule) -> WireResult:
