@@ -3,8 +3,11 @@ and the model directories written from the embedded catalog (no vLLM needed)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -12,7 +15,13 @@ import pytest
 from talaria.api import TalariaConfig
 from talaria.backends.vllm.catalog import FORCING_PROCESSOR, VllmModel, catalog_from_tables
 from talaria.backends.vllm.cluster import GIB, instance_specs
-from talaria.backends.vllm.engines import CPU_BIND_VAR, _environment, cpu_bind_all
+from talaria.backends.vllm.engines import (
+    CPU_BIND_VAR,
+    EngineSet,
+    _environment,
+    cpu_bind_all,
+    stop_output_handlers,
+)
 from talaria.backends.vllm.model_dirs import TINY, write_model_dir
 from talaria.cli import main
 from talaria.engine.arch import ModelArch
@@ -190,3 +199,66 @@ def test_an_engines_environment_is_restored(monkeypatch: pytest.MonkeyPatch) -> 
         raise RuntimeError("vLLM could not start")
     assert os.environ["VLLM_CPU_KVCACHE_SPACE"] == "4"
     assert CPU_BIND_VAR not in os.environ
+
+
+@pytest.fixture
+def engine_loop() -> Iterator[asyncio.AbstractEventLoop]:
+    """An event loop running in a thread of its own, as the vLLM engines' loop does."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    yield loop
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(timeout=10)
+    loop.close()
+
+
+class _Engine:
+    """What ``stop_output_handlers`` reads of an ``AsyncLLM``: its output task on the loop,
+    which reads "engine core outputs" until cancelled, failing once the core is gone (as
+    vLLM's does)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.core_alive = True
+        self.failed = False
+        self.output_handler: asyncio.Task[None] = asyncio.run_coroutine_threadsafe(
+            self._start(), loop
+        ).result(5)
+
+    async def _start(self) -> asyncio.Task[None]:
+        return asyncio.get_running_loop().create_task(self._pull())
+
+    async def _pull(self) -> None:
+        while True:
+            if not self.core_alive:
+                self.failed = True  # vLLM: "AsyncLLM output_handler failed" + EngineDeadError
+                return
+            await asyncio.sleep(0.001)
+
+    def shutdown(self) -> None:
+        self.core_alive = False  # vLLM stops the engine core first
+
+
+def test_output_handlers_stop_before_the_engine_cores(
+    engine_loop: asyncio.AbstractEventLoop,
+) -> None:
+    engines = [_Engine(engine_loop), _Engine(engine_loop), object()]  # the last: no task
+    stop_output_handlers(engine_loop, engines)
+    running = [e for e in engines if isinstance(e, _Engine)]
+    assert all(e.output_handler.done() and e.output_handler.cancelled() for e in running)
+    for e in running:
+        e.shutdown()
+    assert not any(e.failed for e in running)
+    stop_output_handlers(engine_loop, engines)  # again, or on finished tasks: nothing to do
+
+
+def test_closing_the_engine_set_stops_the_handlers_first(
+    engine_loop: asyncio.AbstractEventLoop,
+) -> None:
+    es = EngineSet([VllmModel("m", Path("m"))])
+    engines = {"m": _Engine(engine_loop), "n": _Engine(engine_loop)}
+    es._loop, es._engines = engine_loop, dict(engines)  # as start() leaves them, without vLLM
+    es.close()
+    assert all(not e.core_alive and not e.failed for e in engines.values())
+    assert all(e.output_handler.cancelled() for e in engines.values())
+    es.close()  # idempotent

@@ -225,6 +225,7 @@ class EngineSet:
         loop, self._loop = self._loop, None
         if loop is None:
             return
+        stop_output_handlers(loop, self._engines.values())
         for name, engine in self._engines.items():
             try:
                 engine.shutdown()
@@ -454,6 +455,30 @@ def _logprobs(
         top = ranked[:k]
         out.append(TokenLogprob(token, float(drawn.logprob) if drawn else float("nan"), tuple(top)))
     return out
+
+
+def stop_output_handlers(
+    loop: asyncio.AbstractEventLoop, engines: Iterable[Any], timeout_s: float = 10.0
+) -> None:
+    """Cancel each engine's output task (``AsyncLLM.output_handler``, which pulls the engine
+    core's outputs on ``loop``) and wait until every one has stopped, from any thread but the
+    loop's. vLLM's ``shutdown`` stops the engine core first and cancels that task after, so
+    a task still running meets a dead core and logs "AsyncLLM output_handler failed" with
+    an ``EngineDeadError`` traceback at every clean exit; stopped first, it has nothing left
+    to read. Engines without the task (not started, or another vLLM) are skipped."""
+    tasks = [t for e in engines if (t := getattr(e, "output_handler", None)) is not None]
+    if not tasks:
+        return
+
+    async def stop() -> None:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    try:
+        asyncio.run_coroutine_threadsafe(stop(), loop).result(timeout_s)
+    except Exception:  # a handler that will not stop must not keep the engines up
+        log.exception("vLLM output handlers did not stop within %.0f s", timeout_s)
 
 
 def _platform_name() -> str:
