@@ -202,7 +202,7 @@ def measure_switches(
         return switch_plan(model, (copy_step(model, Link.HOST_TO_DEVICE, n),), region=0)
 
     # SmolLM2 from host (the same path as qwen's, for the disk row's model)
-    t = median_seconds(lambda: runner._switch(host_plan(small)), reps)
+    t = median_seconds(lambda: runner._switch(host_plan(small), ()), reps)
     out["switch_s_from_host_smollm2"] = t
     out["switch_gb_s_from_host_smollm2"] = runner.host_weights[small].numel() / t / 1e9
 
@@ -218,7 +218,7 @@ def measure_switches(
         """The runner's ``_stage`` copies (host weights -> the lent blocks, in order, as
         slice copies over runs of consecutive blocks) for the whole model (the core stages
         ``arena.staged_bytes``, at most what the loan holds)."""
-        for rows, lo, hi in runner._lent_runs(nbytes):
+        for rows, lo, hi in runner._lent_runs(nbytes, lent):
             rows.flatten()[: hi - lo].copy_(src[lo:hi])
 
     try:
@@ -251,7 +251,8 @@ def measure_switches(
         # restarted whenever it finishes, while the decode steps run
         copier = BackgroundCopy()
         runs = [
-            (rows.flatten()[: hi - lo], src[lo:hi]) for rows, lo, hi in runner._lent_runs(nbytes)
+            (rows.flatten()[: hi - lo], src[lo:hi])
+            for rows, lo, hi in runner._lent_runs(nbytes, lent)
         ]
         copies: list[float] = []
         copier.start(big, lent, runs)
@@ -277,7 +278,7 @@ def measure_switches(
         )
 
         # qwen from host into region 0 (the runner's switch path)
-        t = median_seconds(lambda: runner._switch(host_plan(big)), reps)
+        t = median_seconds(lambda: runner._switch(host_plan(big), ()), reps)
         out["switch_s_from_host"] = t
         out["switch_gb_s_from_host"] = nbytes / t / 1e9
 
@@ -287,7 +288,7 @@ def measure_switches(
 
         def from_staging() -> None:
             runner._staged = big
-            runner._switch(staged)
+            runner._switch(staged, lent)
 
         t = median_seconds(from_staging, reps)
         out["switch_s_from_staging"] = t
@@ -303,7 +304,7 @@ def measure_switches(
     # leave the region holding the arena's active model
     active = core.arena.active_model
     if active is not None:
-        runner._switch(host_plan(active))
+        runner._switch(host_plan(active), ())
     return out
 
 
