@@ -463,9 +463,10 @@ def stop_output_handlers(
     """Cancel each engine's output task (``AsyncLLM.output_handler``, which pulls the engine
     core's outputs on ``loop``) and wait until every one has stopped, from any thread but the
     loop's. vLLM's ``shutdown`` stops the engine core first and cancels that task after, so
-    a task still running meets a dead core and logs "AsyncLLM output_handler failed" with
-    an ``EngineDeadError`` traceback at every clean exit; stopped first, it has nothing left
-    to read. Engines without the task (not started, or another vLLM) are skipped."""
+    a task still running can meet a dead core and log "AsyncLLM output_handler failed" with
+    an ``EngineDeadError`` traceback at a clean exit (a race: seen in one CI run, not in
+    three tries since); stopped first, it has nothing left to read. Engines without the
+    task (not started, or another vLLM) are skipped."""
     tasks = [t for e in engines if (t := getattr(e, "output_handler", None)) is not None]
     if not tasks:
         return
