@@ -21,6 +21,7 @@ from typing import Any
 
 import attrs
 
+from talaria.errors import BadRequest
 from talaria.sim.simulator import CallRecord, SessionRecord, SimResult
 from talaria.swebench_replay.metrics import policy_summary
 from talaria.types import SessionScript
@@ -69,17 +70,28 @@ def isolated(scripts: Sequence[SessionScript], simulate: Simulate) -> SimResult:
     return _merged("isolated", [simulate([s]) for s in scripts])
 
 
-def model_serial(scripts: Sequence[SessionScript], simulate: Simulate) -> SimResult:
-    """Each model's sessions alone to completion, shortest group first (see module doc)."""
+def model_serial(
+    scripts: Sequence[SessionScript], simulate: Simulate, order: Sequence[str] | None = None
+) -> SimResult:
+    """Each model's sessions alone to completion, shortest group first (see module doc), or
+    in ``order`` (every model of ``scripts`` once; a ``BadRequest`` otherwise)."""
     groups: dict[str, list[SessionScript]] = {}
     for s in scripts:
         groups.setdefault(s.model, []).append(s)
+    if order is not None and sorted(order) != sorted(groups):
+        raise BadRequest(
+            f"a group order must name every model of the workload once: got {list(order)}, "
+            f"the workload's models are {sorted(groups)}"
+        )
     runs = []
     for model, group in groups.items():
         res = simulate(group)
         start = min(s.start_s for s in group)
         runs.append((res.end_s - start, model, res))
-    runs.sort(key=lambda r: (r[0], r[1]))
+    if order is None:
+        runs.sort(key=lambda r: (r[0], r[1]))
+    else:
+        runs.sort(key=lambda r: list(order).index(r[1]))
     parts, offset = [], 0.0
     for makespan, _, res in runs:
         parts.append(_shifted(res, offset))

@@ -249,6 +249,34 @@ def test_model_serial_orders_groups_by_makespan(workload: Workload) -> None:
     assert result.end_s == pytest.approx(offset)
 
 
+def test_model_serial_runs_the_groups_in_a_given_order(workload: Workload) -> None:
+    from talaria.errors import BadRequest
+    from talaria.swebench_replay.references import model_serial
+
+    scripts = to_scripts(workload.replay, workload.tool_table)
+    cluster = cluster_for("h200-tp8", 1)
+
+    def alone(part: Any) -> Any:
+        return simulate_scripts(part, cluster)
+
+    groups: dict[str, list[Any]] = {}
+    for sc in scripts:
+        groups.setdefault(sc.model, []).append(sc)
+    order = sorted(groups, reverse=True)
+    result = model_serial(scripts, alone, order)
+    ends = {s.session_id: s.end_s for s in result.sessions}
+    offset = 0.0
+    for model in order:
+        own = alone(groups[model])
+        for s in own.sessions:
+            assert ends[s.session_id] == pytest.approx(s.end_s + offset)
+        offset += own.end_s
+    assert result.end_s == pytest.approx(offset)
+    for bad in (order[:-1], [*order, order[0]], [*order[:-1], "no-such-model"]):
+        with pytest.raises(BadRequest, match="every model of the workload once"):
+            model_serial(scripts, alone, bad)
+
+
 def simulate_scripts(part: Any, cluster: Any) -> Any:
     from talaria.sim.simulator import Simulator
     from talaria.swebench_replay.driver import estimators_for
