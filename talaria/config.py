@@ -129,7 +129,12 @@ class InstanceSpec:
     ``memory_utilization`` is the share of device memory Talaria may use (the rest is left for
     activations, workspaces and the runtime). ``block_size`` is the KV block size in tokens of
     the model with the largest KV per token; a block has the same bytes for every model, so
-    models with smaller KV per token fit more tokens in a block.
+    models with smaller KV per token fit more tokens in a block. ``weight_regions`` is how
+    many models' weights device memory holds at once (each region the size of the largest
+    model's weights, taken from the KV pool): with more than one, a model switched away stays
+    resident in its region and switching back to it copies nothing; with one region per
+    model, no switch after the first copies anything (engines that keep every model loaded,
+    such as vLLM without sleep mode, are one region per model).
     """
 
     name: str = attrs.field(validator=_name)
@@ -143,6 +148,7 @@ class InstanceSpec:
     # The most of host memory kept for host copies of weights when not every model's fit
     # (the rest is the host KV tier); when they all fit in this share, all are kept.
     host_weight_share: float = attrs.field(default=0.65, validator=_fraction)
+    weight_regions: int = attrs.field(default=1, validator=_positive_int)
 
     @property
     def usable_device_bytes(self) -> int:
@@ -287,6 +293,15 @@ class ClusterConfig:
                     f"model {model.name} needs {model.weight_bytes / GB:.1f} GB of weights but "
                     f"the largest instance that may serve it has {best / GB:.1f} GB usable; "
                     "use a larger tensor-parallel group or a smaller dtype"
+                )
+        for inst in self.instances:
+            arena = inst.weight_regions * max(m.weight_bytes for m in self.models_on(inst))
+            if inst.weight_regions > 1 and arena >= inst.usable_device_bytes:
+                raise ConfigError(
+                    f"instance {inst.name}: {inst.weight_regions} weight regions of the largest "
+                    f"model it serves take {arena / GB:.1f} GB of its "
+                    f"{inst.usable_device_bytes / GB:.1f} GB usable, leaving none for KV; "
+                    "use fewer weight_regions"
                 )
 
     def model(self, name: str) -> ModelSpec:

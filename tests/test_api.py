@@ -112,3 +112,16 @@ def test_config_from_toml(tmp_path: Path) -> None:
         TalariaConfig.from_toml(tmp_path / "missing.toml")
     with pytest.raises(ConfigError, match="unknown policy knobs"):
         TalariaConfig(policy_overrides={"slot_max": 1})
+
+
+def test_weight_regions_reach_every_instance_and_bad_counts_are_refused(tmp_path: Path) -> None:
+    path = tmp_path / "t.toml"
+    path.write_text("weight_regions = 2\ninstances = 2\n")
+    specs = TalariaConfig.from_toml(path).instance_specs()
+    assert [s.weight_regions for s in specs] == [2, 2]
+    assert [s.weight_regions for s in TalariaConfig().instance_specs()] == [1]
+    for bad in (0, -1, 1.5, True, "2"):
+        with pytest.raises(ConfigError, match="weight_regions must be a positive integer"):
+            TalariaConfig(weight_regions=bad)
+    with pytest.raises(ConfigError, match="weight_regions is the embedded engine's"):
+        TalariaConfig(backend="vllm", weight_regions=2)

@@ -63,6 +63,9 @@ class TalariaConfig:
     host_memory_bytes: int = attrs.field(default=6 * GB, validator=_positive)
     block_size: int = attrs.field(default=16, validator=_positive)
     memory_utilization: float = 0.9
+    # models whose weights device memory holds at once (InstanceSpec.weight_regions): more
+    # than one keeps switched-away models resident, at the cost of KV memory
+    weight_regions: int = 1
     hardware: str = "cpu"
     device: str = "cpu"
     dtype: str = "bfloat16"
@@ -107,6 +110,14 @@ class TalariaConfig:
     def __attrs_post_init__(self) -> None:
         if self.backend not in BACKENDS:
             raise ConfigError(f"backend must be one of {list(BACKENDS)}, got {self.backend!r}")
+        w = self.weight_regions
+        if isinstance(w, bool) or not isinstance(w, int) or w < 1:
+            raise ConfigError(f"weight_regions must be a positive integer, got {w!r}")
+        if w != 1 and self.backend != "embedded":
+            raise ConfigError(
+                "weight_regions is the embedded engine's: the vLLM backend keeps one region "
+                "per model without sleep mode and one awake model with it (drop weight_regions)"
+            )
         if self.backend == "embedded":
             for n in self.models:
                 if n not in ENTRIES:
@@ -208,6 +219,7 @@ class TalariaConfig:
                 host_memory_bytes=self.host_memory_bytes,
                 block_size=self.block_size,
                 memory_utilization=self.memory_utilization,
+                weight_regions=self.weight_regions,
             )
             for i in range(self.instances)
         )

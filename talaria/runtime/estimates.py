@@ -261,8 +261,14 @@ class InstanceEstimates:
             if gap.since_s < oldest:
                 break
             calls += left(done.get(sid, 0))
-        reload_s = self.estimator.copy_s(self.models[model].weight_bytes, Link.HOST_TO_DEVICE)
-        return calls * self.call_work.of(model), self.switch_s(model), reload_s
+        return calls * self.call_work.of(model), self.switch_s(model), self._reload_s(model)
+
+    def _reload_s(self, model: str) -> float:
+        """Seconds to bring ``model`` back once its slot gives way: nothing when every model
+        keeps a weight region (it stays resident), else a copy from host."""
+        if self.arena.n_regions >= len(self.models):
+            return 0.0
+        return self.estimator.copy_s(self.models[model].weight_bytes, Link.HOST_TO_DEVICE)
 
     # ------------------------------------------------------------------ integrity
     def problems(self) -> list[str]:

@@ -77,6 +77,7 @@ class InstanceCore:
         self.models = {m.name: m for m in models}
         self.arena = WeightArena(
             models,
+            n_regions=spec.weight_regions,
             staging=policy.weight_staging and len(models) > 1,
             host_weight_bytes=self._host_weight_bytes(spec, models),
             initially_on_host=self._preloaded(spec, models),

@@ -110,10 +110,11 @@ def test_instance_sizing_with_and_without_sleep_mode(tmp_path: Path) -> None:
         memory_utilization=0.9,
         device_total_bytes=None,
     )
-    # resident engines: still one instance (they share the cores), one region + one KV space
+    # resident engines: still one instance (they share the cores), one region per model (each
+    # stays loaded) + one KV space
     (only,) = resident
-    assert (only.name, only.models) == ("vllm-0", ())
-    assert only.usable_device_bytes == pytest.approx(weights + 2 * GIB, abs=2)
+    assert (only.name, only.models, only.weight_regions) == ("vllm-0", (), 2)
+    assert only.usable_device_bytes == pytest.approx(2 * weights + 2 * GIB, abs=2)
     (asleep,) = instance_specs(
         [a, b],
         archs,
@@ -126,6 +127,7 @@ def test_instance_sizing_with_and_without_sleep_mode(tmp_path: Path) -> None:
     )
     # sleep mode: one instance, the models taking turns in the largest share of the device
     assert asleep.usable_device_bytes == pytest.approx(50 * GIB, abs=2) and asleep.models == ()
+    assert asleep.weight_regions == 1  # one model awake at a time
     with pytest.raises(ConfigError, match="device's memory"):
         instance_specs(
             [a],

@@ -70,6 +70,7 @@ def make_runner(
     eos: dict[str, set[int]] | None = None,
     background_staging: bool = True,
     device: str = "cpu",
+    regions: int = 1,
 ) -> EngineRunner:
     archs = {name: ModelArch.from_hf_config(hf.config.to_dict()) for name, hf in hfs.items()}
     specs = [arch.to_spec(name, F32) for name, arch in archs.items()]
@@ -78,10 +79,11 @@ def make_runner(
     spec = InstanceSpec(
         name="i0",
         hardware="cpu",
-        device_memory_bytes=max(weights) + device_blocks * block_bytes,
+        device_memory_bytes=regions * max(weights) + device_blocks * block_bytes,
         host_memory_bytes=2 * sum(weights) + host_blocks * block_bytes,
         block_size=BLOCK,
         memory_utilization=1.0,
+        weight_regions=regions,
     )
     core = InstanceCore(spec, specs, policy, RoundEstimator())
     assert core.kv.device_blocks == device_blocks and core.kv.block_bytes == block_bytes
@@ -239,6 +241,47 @@ def test_two_models_share_one_region(
     for name in hfs:  # every model's parameters are views of the one region
         bound = runner.model(name, 0)
         assert bound.embed.untyped_storage().data_ptr() == ptr
+    assert_clean(runner)
+
+
+def test_with_a_region_each_two_models_stay_resident_and_switch_without_copies() -> None:
+    """Two weight regions: A and B are each brought into their own region once (B through
+    staging, as with one region); the slots then alternate A, B, A, B without moving a byte,
+    each model's views stay at its region's offset, and every answer is transformers'."""
+    hfs = {"A": llama(7), "B": qwen2(8)}
+    runner = make_runner(hfs, device_blocks=64, regions=2)
+    core = runner.core
+    ptr = runner.region.data_ptr()
+    now = 0.0
+    expected: dict[tuple[str, int], list[int]] = {}
+    for rnd in range(3):
+        for model in "AB":
+            prompt = prompt_ids(9 + 4 * rnd, seed=40 + 2 * rnd + (model == "B"))
+            runner.submit(call(f"{model}-{rnd}", 0, model, prompt, 6), now)
+            expected[(f"{model}-{rnd}", 0)] = reference(hfs[model], prompt, 6)
+        for _ in range(2000):
+            if runner.idle:
+                break
+            runner.step(now)
+            assert runner.region.data_ptr() == ptr
+            now += 0.05
+        assert runner.idle
+        now += 1.0
+        if rnd == 0:  # both models are in their regions: nothing moves from here on
+            assert {core.arena.residency(m).value for m in hfs} == {"active", "resident"}
+            loaded, switches = core.counters.weight_bytes_moved, core.counters.model_switches
+    for key, want in expected.items():
+        assert list(runner.take_output(key)) == want, key
+    assert core.counters.model_switches >= switches + 2
+    assert core.counters.weight_bytes_moved == loaded
+    offsets = {name: core.arena.region_offset(core.arena.region_of(name) or 0) for name in hfs}
+    assert sorted(offsets.values()) == [0, core.arena.region_bytes]
+    for name in hfs:
+        region = core.arena.region_of(name)
+        assert region is not None
+        bound = runner.model(name, region)
+        assert bound.embed.untyped_storage().data_ptr() == ptr
+        assert bound.embed.data_ptr() == ptr + offsets[name]
     assert_clean(runner)
 
 

@@ -15,7 +15,7 @@ import attrs
 import pytest
 
 from talaria.config import ClusterConfig, InstanceSpec, ModelSpec, PolicyConfig
-from talaria.errors import ContextTooLong, UnknownModel, UnknownSession
+from talaria.errors import ConfigError, ContextTooLong, UnknownModel, UnknownSession
 from talaria.memory.kv import SessionKV
 from talaria.policy.baselines import POLICIES
 from talaria.runtime.cluster import ClusterCore
@@ -632,3 +632,50 @@ def test_remaining_work_is_priced_by_the_windowed_mean_and_the_drain_by_the_rece
     left = inst.lengths.expected_left(1)  # each has made one call
     remaining_s, _, _ = inst.estimates.remaining("A", d.now)
     assert remaining_s == pytest.approx(2 * left * inst.call_work.of("A"))
+
+
+# ---------------------------------------------------------------------------- weight regions
+
+
+def test_with_a_region_per_model_a_switched_away_model_stays_resident() -> None:
+    """Two regions, two models taking turns (round-robin): each model's weights are copied
+    once, every later switch copies nothing and is priced at nothing."""
+    spec = attrs.evolve(
+        instance_spec(ROUND, 2, 10, 16),
+        device_memory_bytes=2 * WEIGHT_BYTES + 10 * BLOCK_BYTES,
+        weight_regions=2,
+    )
+    inst = InstanceCore(spec, [model("A"), model("B")], ROUND, FakeEstimator())
+    assert inst.kv.device_blocks == 10 and inst.arena.arena_bytes == 2 * WEIGHT_BYTES
+    d = Driver(inst)
+    for turn in range(3):
+        a = d.submit(f"A{turn}", 0, TokenSeq(tokens(4)), 1)
+        b = d.submit(f"B{turn}", 0, TokenSeq(tokens(4)), 1)
+        d.run()
+        assert a.finished_s is not None and b.finished_s is not None
+        resident = {m: inst.arena.residency(m).value for m in ("A", "B")}
+        assert sorted(resident.values()) == ["active", "resident"]
+        idle = next(m for m in ("A", "B") if resident[m] == "resident")
+        assert inst.estimates.switch_s(idle) == 0.0
+    assert inst.counters.model_switches == 6
+    assert inst.counters.weight_bytes_moved == 2 * WEIGHT_BYTES  # one copy per model, ever
+
+
+def test_the_session_aware_order_expects_no_reload_when_every_model_keeps_a_region() -> None:
+    one = core(TALARIA, ("A", "B"))
+    spec = attrs.evolve(
+        one.spec, device_memory_bytes=2 * WEIGHT_BYTES + 10 * BLOCK_BYTES, weight_regions=2
+    )
+    two = InstanceCore(spec, [model("A"), model("B")], TALARIA, FakeEstimator())
+    for inst, reload_s in ((one, WEIGHT_BYTES / 1e9), (two, 0.0)):
+        d = Driver(inst)
+        d.submit("A1", 0, TokenSeq(tokens(4)), 1)
+        assert inst.estimates.remaining("A", d.now)[2] == reload_s
+
+
+def test_more_weight_regions_than_device_memory_holds_is_a_config_error() -> None:
+    spec = attrs.evolve(instance_spec(ROUND, 2, 10, 16), weight_regions=3)
+    with pytest.raises(ConfigError, match=r"3 weight regions .* use fewer weight_regions"):
+        ClusterConfig([model("A"), model("B")], [spec])
+    with pytest.raises(ConfigError, match="weight_regions"):
+        attrs.evolve(spec, weight_regions=0)

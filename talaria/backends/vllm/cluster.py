@@ -10,7 +10,8 @@ engine and the simulator use, sized from what vLLM will hold:
 * without it (the CPU backend: vLLM refuses sleep mode there), every engine stays resident
   but they share the same cores: the slot still decides which model's calls run (it
   time-slices the cores instead of letting three engines contend for them) and a switch
-  moves nothing; the device budget is one weight region plus one engine's KV space
+  moves nothing; the device budget is one weight region per model (every model stays
+  resident, so the core prices no switch after the first) plus one engine's KV space
   (``kv_cache_gib``). :meth:`VllmCluster.mechanisms` says which is the case, and the
   server prints it at start. (An instance per resident model, each slot always open, was
   measured too: see the README's vLLM results.)
@@ -102,7 +103,7 @@ def instance_specs(
     weights = {m.name: m.spec(archs[m.name]).weight_bytes for m in models}
     host = max(host_memory_bytes, sum(weights.values()))
 
-    def spec(name: str, usable: int, served: tuple[str, ...]) -> InstanceSpec:
+    def spec(name: str, usable: int, served: tuple[str, ...], regions: int) -> InstanceSpec:
         return InstanceSpec(
             name=name,
             hardware=hardware,
@@ -111,15 +112,19 @@ def instance_specs(
             block_size=block_size,
             memory_utilization=memory_utilization,
             models=served,
+            weight_regions=regions,
         )
 
     if sleep_mode:
         if device_total_bytes is None:
             raise ConfigError("sleep mode needs the device's memory size")
         share = max(m.gpu_memory_utilization for m in models)
-        return (spec("vllm-0", int(device_total_bytes * share), ()),)
+        return (spec("vllm-0", int(device_total_bytes * share), (), 1),)
+    # every engine keeps its weights loaded: one region per model, so the core prices a
+    # switch at what it costs here (nothing is copied) and a model stays resident
     kv = max(m.kv_cache_gib or DEFAULT_CPU_KV_GIB for m in models)
-    return (spec("vllm-0", max(weights.values()) + int(kv * GIB), ()),)
+    regions = len(models)
+    return (spec("vllm-0", regions * max(weights.values()) + int(kv * GIB), (), regions),)
 
 
 def build_vllm_cluster(
