@@ -19,16 +19,17 @@
   copied into the device KV blocks the core lent for it (``core.stage_blocks``, in order);
   a switch to the staged model copies them device -> device into its region and only the
   rest from host. On CPU the stage copy runs on a low-priority background thread
-  (:class:`~talaria.engine.staging.BackgroundCopy`) while later steps run; the core hears
+  (:class:`~talaria.engine.staging.BackgroundCopy`), on CUDA on a side stream
+  (:class:`~talaria.engine.staging.StreamCopy`), while later steps run; the core hears
   ``stage_done`` from the first :meth:`EngineRunner.plan` after it finished, and a stage the
   core abandons is cancelled before its blocks are reused.
 
 :meth:`EngineRunner.step` runs one ``schedule`` of the core: KV moves (in plan order, so
 demotions run before the restores that may reuse their blocks), a weight switch, a stage,
 then one forward over the step's prefill chunks and decodes, sampling one token per
-sequence whose prompt is complete. Everything but a CPU stage copy runs on the caller's
-thread; on CUDA the stage copy is where a side stream (and an event the switch waits on)
-would go (not built: it copies inline there).
+sequence whose prompt is complete. Everything but a stage copy runs on the caller's thread
+(CPU) or stream (CUDA); on CUDA the switch's device -> device copy is ordered after the side
+stream's event, not after a host wait.
 
 Not thread-safe: one task drives a runner.
 """
@@ -50,7 +51,7 @@ from talaria.engine.kv_pool import KVPool, PagedKV
 from talaria.engine.logits import LogitsProcessor, token_logprob
 from talaria.engine.model import LlamaModel
 from talaria.engine.sampling import make_generator, sample_row
-from talaria.engine.staging import BackgroundCopy
+from talaria.engine.staging import BackgroundCopy, StreamCopy
 from talaria.engine.weight_layout import bind_weights
 from talaria.errors import BadRequest, ConfigError
 from talaria.generation import SamplingParams, TokenLogprob
@@ -104,13 +105,14 @@ class EngineRunner:
     token are checked. ``eos_token_ids`` per model end a call early (each call samples
     as ``prepare`` said, else greedily); ``decode_kernel``
     (:func:`~talaria.engine.kernels.optional_decode_kernel`) lets bf16 models on CPU attend in
-    place during decode. ``background_staging`` (CPU): a
-    stage copies on a low-priority thread (:class:`~talaria.engine.staging.BackgroundCopy`)
-    while later steps run, and the core hears ``stage_done`` at the first ``plan`` after it
-    finished; otherwise it copies inside the step that carries it. ``threads``: the torch
-    threads every step uses, set on the executing thread at each step (a thread's OpenMP team
-    starts at the process default, whatever ``torch.set_num_threads`` said on another thread,
-    and the live runtime executes steps on worker threads); None leaves the thread as it is.
+    place during decode. ``background_staging``: a stage copies on a low-priority thread
+    (CPU, :class:`~talaria.engine.staging.BackgroundCopy`) or a side stream (CUDA,
+    :class:`~talaria.engine.staging.StreamCopy`) while later steps run, and the core hears
+    ``stage_done`` at the first ``plan`` after it finished; otherwise it copies inside the
+    step that carries it. ``threads``: the torch threads every step uses, set on the
+    executing thread at each step (a thread's OpenMP team starts at the process default,
+    whatever ``torch.set_num_threads`` said on another thread, and the live runtime executes
+    steps on worker threads); None leaves the thread as it is.
     """
 
     def __init__(
@@ -162,10 +164,12 @@ class EngineRunner:
                 )
         self._models: dict[tuple[str, int], LlamaModel] = {}
         self._staged: str | None = None  # model whose first bytes sit in core.stage_blocks
-        # stages copy on a background thread (CPU; CUDA would use a side stream)
-        self._stager = (
-            BackgroundCopy() if background_staging and self.device.type == "cpu" else None
-        )
+        # stages copy on a background thread (CPU) or a side stream (CUDA)
+        self._stager: BackgroundCopy | StreamCopy | None = None
+        if background_staging and self.device.type == "cpu":
+            self._stager = BackgroundCopy()
+        elif background_staging and self.device.type == "cuda":
+            self._stager = StreamCopy(self.device)
         self._abort_stage = False  # the core took the lent blocks back: stop the copy first
         self._prompts: dict[CallKey, tuple[int, ...]] = {}
         self.outputs: dict[CallKey, list[int]] = {}  # generated ids; kept until take_output
@@ -460,7 +464,7 @@ class EngineRunner:
     def _stage(self, plan: SwitchPlan, ids: Sequence[int], n: int) -> None:
         """Copy the first ``n`` bytes (the arena's ``staged_bytes``) of the model's host
         weights into the lent blocks ``ids``, in order: started on the background copy
-        thread (CPU), else inline (on CUDA this copy belongs on a side stream)."""
+        thread (CPU) or the side stream (CUDA), else inline."""
         bb = self.core.kv.block_bytes
         if len(ids) * bb < n:
             raise RuntimeError(f"staging {n} bytes into {len(ids)} blocks of {bb}")

@@ -1,4 +1,4 @@
-"""Background weight staging on CPU: one low-priority thread copying while the model runs.
+"""Background weight staging: a low-priority thread on CPU, a side stream on CUDA.
 
 A stage copies the first bytes of the next model's host weights into device KV blocks lent
 for the purpose (:meth:`talaria.runtime.instance.InstanceCore._maybe_stage`). Done inline it
@@ -14,8 +14,11 @@ steps go on while it runs:
 * between chunks it checks a cancel flag: :meth:`cancel` returns once no chunk is in flight,
   so the lent blocks can be handed back to the KV pool safely.
 
-On CUDA the same role belongs to a side stream and an event the switch waits on; this module
-is the CPU half.
+On CUDA, :class:`StreamCopy` plays the same role with the same interface: the copy is queued
+on a stream of its own (from pinned host memory, so it overlaps the forward's kernels on the
+copy engine), an event marks its end, and whatever later touches the lent blocks (the
+switch's device -> device copy, or a step reusing them after a cancel) is ordered after that
+event on the runner's stream instead of blocking the host.
 """
 
 from __future__ import annotations
@@ -128,3 +131,84 @@ class BackgroundCopy:
         self._thread = None
         self._error = None
         self.model, self.blocks = None, ()
+
+
+class StreamCopy:
+    """:class:`BackgroundCopy`'s interface on a CUDA side stream (see the module docstring).
+
+    A queued copy cannot be stopped: :meth:`cancel` and :meth:`wait` order the runner's
+    current stream after the copy's event (so nothing reads or rewrites the lent blocks
+    before the copy has landed) and return without waiting on the host. ``copied_bytes`` is
+    what was queued. Called from the runner's threads, never concurrently.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        if device.type != "cuda":
+            raise ValueError(f"a stream copy needs a CUDA device, got {device}")
+        self.device = device
+        self.stream = torch.cuda.Stream(device=device, priority=0)  # type: ignore[no-untyped-call]
+        self.model: str | None = None
+        self.blocks: tuple[int, ...] = ()
+        self.copied_bytes = 0
+        self._event: torch.cuda.Event | None = None
+        self._keep: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    @property
+    def active(self) -> bool:
+        """A copy was started and has been neither waited for nor cancelled."""
+        return self._event is not None
+
+    @property
+    def done(self) -> bool:
+        """The started copy has landed on the device (or there is none)."""
+        return self._event is None or bool(self._event.query())  # type: ignore[no-untyped-call]
+
+    def start(
+        self,
+        model: str,
+        blocks: Sequence[int],
+        runs: Sequence[tuple[torch.Tensor, torch.Tensor]],
+    ) -> None:
+        """Queue every ``src`` (pinned host bytes) into its ``dst`` (device bytes, same
+        count) on the side stream, after what the runner's stream has queued so far (the
+        lent blocks may have been written by its KV moves). ``ValueError`` for a run it
+        cannot copy, ``RuntimeError`` if a copy is still active."""
+        if self.active:
+            raise RuntimeError(f"a copy for {self.model} is still active")
+        for dst, src in runs:
+            if (
+                dst.device != self.device
+                or src.device.type != "cpu"
+                or not src.is_pinned()
+                or dst.numel() * dst.element_size() != src.numel() * src.element_size()
+            ):
+                raise ValueError(
+                    "stream copy runs must be pinned host bytes into as many device bytes"
+                )
+        self.stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(self.stream):
+            for dst, src in runs:
+                dst.copy_(src, non_blocking=True)
+            event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            event.record(self.stream)
+        self.model, self.blocks = model, tuple(blocks)
+        self.copied_bytes = sum(src.numel() * src.element_size() for _, src in runs)
+        self._event, self._keep = event, list(runs)
+
+    def wait(self) -> None:
+        """Order the runner's stream after the copy (its later kernels see the bytes)."""
+        self._after_copy()
+
+    def cancel(self) -> None:
+        """Forget the copy; the runner's stream still runs after it, so reusing the lent
+        blocks never races the copy."""
+        self._after_copy()
+        self.model, self.blocks = None, ()
+
+    def _after_copy(self) -> None:
+        event = self._event
+        if event is not None:
+            torch.cuda.current_stream(self.device).wait_event(event)
+        # the runs are views of the runner's KV pool and pinned host weights, which live as
+        # long as the runner: dropping these references frees nothing the copy still reads
+        self._event, self._keep = None, []

@@ -18,6 +18,7 @@ import torch
 from talaria.config import InstanceSpec, PolicyConfig
 from talaria.engine.arch import ModelArch
 from talaria.engine.runner import EngineRunner
+from talaria.engine.staging import BackgroundCopy, StreamCopy
 from talaria.errors import BadRequest
 from talaria.memory.weights import SwitchPlan
 from talaria.policy.baselines import POLICIES
@@ -201,6 +202,15 @@ def test_two_models_share_one_region(
     copy thread while A's steps ran) put in lent KV blocks; every answer is transformers'."""
     hfs = {"A": llama(5), "B": qwen2(6)}
     runner = make_runner(hfs, device_blocks=device_blocks, background_staging=background)
+    assert isinstance(runner._stager, BackgroundCopy) == background
+    switches = alternate_with_staging(runner, hfs)
+    assert tuple(step.link for step in switches[1].steps) == staged_links
+
+
+def alternate_with_staging(runner: EngineRunner, hfs: dict[str, Any]) -> list[SwitchPlan]:
+    """Two rounds of two calls per model, slots alternating A, B, A (B staged while A runs);
+    checks every answer against transformers, the region's fixed address and a clean end,
+    and returns the switches."""
     ptr = runner.region.data_ptr()
     switches: list[SwitchPlan] = []
     schedule = runner.core.schedule
@@ -237,11 +247,11 @@ def test_two_models_share_one_region(
     assert counters.model_switches >= 3
     assert counters.staged_switches >= 1
     assert [s.model for s in switches] == ["A", "B", "A"]
-    assert tuple(step.link for step in switches[1].steps) == staged_links
     for name in hfs:  # every model's parameters are views of the one region
         bound = runner.model(name, 0)
         assert bound.embed.untyped_storage().data_ptr() == ptr
     assert_clean(runner)
+    return switches
 
 
 def test_with_a_region_each_two_models_stay_resident_and_switch_without_copies() -> None:
@@ -315,6 +325,22 @@ def test_cuda_runner_matches_transformers_with_stable_addresses() -> None:
     for name in hfs:
         assert runner.model(name, 0).embed.untyped_storage().data_ptr() == ptr
     assert_clean(runner)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_stages_the_next_model_on_a_side_stream() -> None:
+    """On CUDA the stage is queued on the stager's own stream while A's steps run on the
+    runner's; B's switch copies the staged bytes device -> device after the stage's event,
+    and every answer is transformers'."""
+    hfs = {"A": llama(5), "B": qwen2(6)}
+    runner = make_runner(hfs, device_blocks=160, device="cuda")
+    stager = runner._stager
+    assert isinstance(stager, StreamCopy)
+    assert stager.stream != torch.cuda.current_stream(runner.device)
+    switches = alternate_with_staging(runner, hfs)
+    assert tuple(step.link for step in switches[1].steps) == (Link.DEVICE_TO_DEVICE,)
+    assert not stager.active
 
 
 def test_bad_token_id_is_refused_before_queueing() -> None:

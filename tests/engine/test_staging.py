@@ -1,11 +1,12 @@
-"""``talaria.engine.staging.BackgroundCopy``: exact copies, cancel between chunks, errors."""
+"""``talaria.engine.staging``: ``BackgroundCopy`` (exact copies, cancel between chunks, errors)
+and, on CUDA, ``StreamCopy`` (the same on a side stream)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from talaria.engine.staging import CHUNK_BYTES, BackgroundCopy
+from talaria.engine.staging import CHUNK_BYTES, BackgroundCopy, StreamCopy
 
 
 def _runs(sizes: list[int], seed: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -70,3 +71,40 @@ def test_refuses_runs_it_cannot_copy_and_a_second_start() -> None:
     with pytest.raises(RuntimeError, match="still active"):
         copier.start("n", (1,), _runs([8], seed=5))
     copier.wait()
+
+
+def test_a_stream_copy_needs_a_cuda_device() -> None:
+    with pytest.raises(ValueError, match="needs a CUDA device"):
+        StreamCopy(torch.device("cpu"))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_stream_copy_lands_exactly_and_orders_the_runners_stream_after_it() -> None:
+    device = torch.device("cuda")
+    copier = StreamCopy(device)
+    assert copier.done and not copier.active
+    sizes = [3 * CHUNK_BYTES + 5, 17, CHUNK_BYTES]
+    runs = [(dst.to(device), src.pin_memory()) for dst, src in _runs(sizes, seed=5)]
+    copier.start("m", (2, 3, 7), runs)
+    assert copier.active and copier.model == "m" and copier.blocks == (2, 3, 7)
+    assert copier.copied_bytes == sum(sizes)
+    copier.wait()  # no host wait: the current stream runs after the copy
+    for dst, src in runs:
+        assert torch.equal(dst.cpu(), src)  # .cpu() on the current stream sees the bytes
+    assert not copier.active and copier.done
+    with pytest.raises(ValueError, match="pinned host bytes"):
+        copier.start("m", (0,), [(runs[0][0], runs[0][1].clone())])  # pageable source
+    big = [
+        (
+            torch.zeros(64 * CHUNK_BYTES, dtype=torch.uint8, device=device),
+            torch.full((64 * CHUNK_BYTES,), 7, dtype=torch.uint8).pin_memory(),
+        )
+    ]
+    copier.start("n", (0,), big)
+    with pytest.raises(RuntimeError, match="still active"):
+        copier.start("n", (0,), big)
+    copier.cancel()  # queued copies cannot stop; what follows on the stream waits for them
+    big[0][0].add_(1)
+    assert not copier.active and copier.model is None and copier.blocks == ()
+    assert int(big[0][0].min()) == int(big[0][0].max()) == 8
