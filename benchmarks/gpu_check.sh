@@ -3,7 +3,8 @@
 # machine. Run from the repository root:  bash benchmarks/gpu_check.sh [OUT_DIR]
 #
 # 1. the embedded engine's tests on CUDA (pytest -m gpu: exactness against transformers,
-#    stable weight-region addresses across switches, the pinned host tier);
+#    stable weight-region addresses across switches, the pinned host tier, staging on a
+#    side stream);
 # 2. the vLLM backend with three 7-14B published configurations (random weights) that
 #    cannot all be awake at once: sleep/wake switch times, restore vs recompute of a long
 #    prefix, and a short replay talaria vs round (benchmarks/gpu_vllm.py).
