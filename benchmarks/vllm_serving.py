@@ -422,14 +422,64 @@ def main(argv: Sequence[str] | None = None) -> int:
         "kv_cache_gib_per_engine": KV_GIB,
         "machine": os.uname().nodename,
         "cores": os.cpu_count(),
-        "deployments": rows,
+    }
+    run = {
+        "date": time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime()),
+        "commit": _commit(),
         "command": "python benchmarks/vllm_serving.py " + " ".join(argv or sys.argv[1:]),
+        "deployments": rows,
     }
     _table(rows)
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=1) + "\n")
+        doc = with_run(_read(args.json), report, run)
+        args.json.write_text(json.dumps(doc, indent=1) + "\n")
     return 0
+
+
+def _read(path: Path) -> dict[str, Any] | None:
+    """The report already at ``path`` (None when there is none)."""
+    if not path.exists():
+        return None
+    doc = json.loads(path.read_text())
+    if not isinstance(doc, dict) or doc.get("benchmark") != "vllm_serving":
+        raise SystemExit(f"{path} is not a vllm_serving report; choose another --json path")
+    return doc
+
+
+def with_run(
+    old: Mapping[str, Any] | None, report: Mapping[str, Any], run: Mapping[str, Any]
+) -> dict[str, Any]:
+    """``report`` with every earlier run of ``old`` (a report of the same workload) and then
+    ``run`` under ``runs``: a rerun of a few deployments never drops the others' figures.
+    A report of another workload is not mixed in: ``SystemExit`` says so."""
+    runs: list[Any] = []
+    if old is not None:
+        if old.get("workload") != report["workload"]:
+            raise SystemExit(
+                "the --json file holds runs of another workload "
+                f"({old.get('workload')!r}); choose another path"
+            )
+        runs = list(old.get("runs", ()))
+        if "deployments" in old:  # a single run, written before runs were kept
+            keep = ("date", "commit", "command", "deployments")
+            runs.append({k: old[k] for k in keep if k in old})
+    return {**report, "runs": [*runs, dict(run)]}
+
+
+def _commit() -> str | None:
+    """The checkout's commit (None outside a git checkout)."""
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=Path(__file__).resolve().parent,
+        )
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return out.stdout.strip() or None
 
 
 def _table(rows: Sequence[Mapping[str, Any]]) -> None:
