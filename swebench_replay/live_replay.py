@@ -43,6 +43,7 @@ from talaria.engine.loader import LoadedModel
 from talaria.engine.runner import flatten_weights
 from talaria.engine.sampling import SamplingParams, StopChecker
 from talaria.errors import ConfigError, TalariaError
+from talaria.policy.baselines import TALARIA
 from talaria.runtime.cluster import ClusterCore
 from talaria.runtime.counters import cluster_counters
 from talaria.runtime.instance import Request
@@ -58,6 +59,7 @@ from talaria.swebench_replay.metrics import (
     policy_summary,
     results_document,
 )
+from talaria.swebench_replay.references import add_bound_ratios, reference_entries
 from talaria.swebench_replay.traces import ToolTimeTable
 from talaria.swebench_replay.workload import ReplaySet
 from talaria.types import Call, EventKind, SessionScript, TokenSeq
@@ -186,6 +188,7 @@ def _run(
     policies: dict[str, dict[str, Any]] = {}
     fidelity: dict[str, dict[str, float]] = {}
     step_costs: dict[str, dict[str, dict[str, float]]] = {}
+    references: dict[str, dict[str, Any]] = {}
     for policy in options.policies:
         say(f"replaying under {policy.name} in real time")
         cluster = cluster_from_loaded(
@@ -207,8 +210,12 @@ def _run(
         if options.simulate:
             predicted = _simulate(cluster, policy, scripts)
             fidelity[policy.name] = _fidelity(policies[policy.name], policy_summary(predicted))
+            if not references:
+                references = _references(cluster, scripts)
         del cluster
         gc.collect()
+    policies.update(references)
+    add_bound_ratios(policies)
     add_ratios(policies)
     doc = results_document(
         "embedded",
@@ -412,6 +419,25 @@ def _simulate(
     }
     sim = Simulator(config, policy, estimators, learner=GapPredictor.default)
     return sim.run(scripts)
+
+
+def _references(
+    cluster: PlayedCluster, scripts: Sequence[SessionScript]
+) -> dict[str, dict[str, Any]]:
+    """The schedule references (isolated, model-serial: ``references.py``) of these scripts
+    on this cluster, simulated with the prediction's estimators, since they are schedules no
+    policy runs live; their entries say ``"simulated": true``, and a policy's ratio to them
+    is its measured SCT over the simulated reference's (the fidelity table says how far the
+    simulator is from the measured runs)."""
+    config = cluster.core.cluster
+    estimators: dict[str, Estimator] = {
+        name: inst.estimator for name, inst in cluster.core.instances.items()
+    }
+    alone = Simulator(config, TALARIA, estimators, learner=GapPredictor.default)
+    entries = reference_entries(scripts, alone.run, TALARIA.name)
+    for entry in entries.values():
+        entry["simulated"] = True
+    return entries
 
 
 def step_breakdown(steps: Sequence[StepTiming]) -> dict[str, dict[str, float]]:

@@ -53,7 +53,8 @@ def _ratio(p: Mapping[str, Any], key: str) -> str:
 def policy_table(results: Mapping[str, Any], title: str | None = None) -> Table:
     """Session completion time per policy: percentiles, speedup over ``round``, distance to
     the model-serial reference (SCT over the reference's), TTFT. References come last, in
-    italics, marked "(reference)": yardsticks, not policies."""
+    italics, marked "(ref)" ("(ref, sim)" where they were simulated beside measured runs):
+    yardsticks, not policies."""
     table = _table(
         title or _title(results),
         [
@@ -74,7 +75,7 @@ def policy_table(results: Mapping[str, Any], title: str | None = None) -> Table:
     for name, p in rows:
         ref = bool(p.get("reference"))
         table.add_row(
-            f"{name} (ref)" if ref else name,
+            (f"{name} (ref, sim)" if p.get("simulated") else f"{name} (ref)") if ref else name,
             f"{p['sct_p50_s']:.1f}",
             f"{p['sct_p95_s']:.1f}",
             f"{p['sct_mean_s']:.1f}",
@@ -163,7 +164,9 @@ def plot_sct_cdf(results: Mapping[str, Any], path: Path) -> Path:
         ref = bool(p.get("reference"))
         style = ":" if ref else "--" if name.startswith("talaria-") else "-"
         width = 2.4 if name in ("talaria", "round") else 1.6 if ref else 1.2
-        label = f"{name} (reference)" if ref else name
+        label = (
+            name if not ref else f"{name} (reference{', simulated' if p.get('simulated') else ''})"
+        )
         color = "black" if name == "model-serial" else "grey" if ref else None
         ax.step(xs, ys, where="post", label=label, linestyle=style, linewidth=width, color=color)
     wl = results["workload"]

@@ -99,6 +99,18 @@ def make_runner(
     )
 
 
+def run_until_idle(runner: EngineRunner, now: float, ptr: int) -> float:
+    """Step (0.05 s a step) until the runner is idle, the weight region never moving from
+    ``ptr`` (an idle slot may linger a while for its sessions' returns); returns the clock."""
+    for _ in range(2000):
+        if runner.idle:
+            return now
+        runner.step(now)
+        assert runner.region.data_ptr() == ptr
+        now += 0.05
+    raise AssertionError("the runner never went idle")
+
+
 def call(session: str, index: int, model: str, prompt: Sequence[int], out: int) -> Call:
     return Call(session, index, model, TokenSeq(prompt), out)
 
@@ -233,14 +245,7 @@ def alternate_with_staging(runner: EngineRunner, hfs: dict[str, Any]) -> list[Sw
                 session = f"{model}{i}-{rnd}"
                 runner.submit(call(session, 0, model, prompts[(model, i)], 8), now)
                 expected[(session, 0)] = reference(hfs[model], prompts[(model, i)], 8)
-        for _ in range(2000):  # an idle slot lingers while its sessions may return
-            if runner.idle:
-                break
-            runner.step(now)
-            assert runner.region.data_ptr() == ptr
-            now += 0.05
-        assert runner.idle
-        now += 1.0
+        now = run_until_idle(runner, now, ptr) + 1.0
     for key, want in expected.items():
         assert list(runner.take_output(key)) == want, key
     counters = runner.core.counters
@@ -269,14 +274,7 @@ def test_with_a_region_each_two_models_stay_resident_and_switch_without_copies()
             prompt = prompt_ids(9 + 4 * rnd, seed=40 + 2 * rnd + (model == "B"))
             runner.submit(call(f"{model}-{rnd}", 0, model, prompt, 6), now)
             expected[(f"{model}-{rnd}", 0)] = reference(hfs[model], prompt, 6)
-        for _ in range(2000):
-            if runner.idle:
-                break
-            runner.step(now)
-            assert runner.region.data_ptr() == ptr
-            now += 0.05
-        assert runner.idle
-        now += 1.0
+        now = run_until_idle(runner, now, ptr) + 1.0
         if rnd == 0:  # both models are in their regions: nothing moves from here on
             assert {core.arena.residency(m).value for m in hfs} == {"active", "resident"}
             loaded, switches = core.counters.weight_bytes_moved, core.counters.model_switches
@@ -312,13 +310,7 @@ def test_cuda_runner_matches_transformers_with_stable_addresses() -> None:
             p = prompt_ids(17 + rnd, seed=40 + rnd + (model == "B"))
             runner.submit(call(f"{model}-{rnd}", 0, model, p, 8), now)
             expected[(f"{model}-{rnd}", 0)] = reference(hfs[model], p, 8)
-        for _ in range(2000):
-            if runner.idle:
-                break
-            runner.step(now)
-            assert runner.region.data_ptr() == ptr
-            now += 0.05
-        now += 1.0
+        now = run_until_idle(runner, now, ptr) + 1.0
     for key, want in expected.items():
         assert list(runner.take_output(key)) == want, key
     assert runner.core.counters.model_switches >= 3

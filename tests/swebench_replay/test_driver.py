@@ -225,9 +225,9 @@ def test_references_are_computed_beside_the_policies(
     assert serial["sct_p50_over_model-serial"] == 1.0
 
 
-def test_model_serial_orders_groups_by_makespan(workload: Workload) -> None:
-    from talaria.swebench_replay.references import model_serial
-
+def serial_setup(workload: Workload) -> tuple[list[Any], Any, dict[str, list[Any]]]:
+    """The workload's scripts, a function simulating a part of them alone under talaria on
+    one H200 server, and the scripts grouped by model."""
     scripts = to_scripts(workload.replay, workload.tool_table)
     cluster = cluster_for("h200-tp8", 1)
 
@@ -237,6 +237,13 @@ def test_model_serial_orders_groups_by_makespan(workload: Workload) -> None:
     groups: dict[str, list[Any]] = {}
     for sc in scripts:
         groups.setdefault(sc.model, []).append(sc)
+    return scripts, alone, groups
+
+
+def test_model_serial_orders_groups_by_makespan(workload: Workload) -> None:
+    from talaria.swebench_replay.references import model_serial
+
+    scripts, alone, groups = serial_setup(workload)
     makespans = sorted((alone(g).end_s, m) for m, g in groups.items())
     result = model_serial(scripts, alone)
     ends = {s.session_id: s.end_s for s in result.sessions}
@@ -253,15 +260,7 @@ def test_model_serial_runs_the_groups_in_a_given_order(workload: Workload) -> No
     from talaria.errors import BadRequest
     from talaria.swebench_replay.references import model_serial
 
-    scripts = to_scripts(workload.replay, workload.tool_table)
-    cluster = cluster_for("h200-tp8", 1)
-
-    def alone(part: Any) -> Any:
-        return simulate_scripts(part, cluster)
-
-    groups: dict[str, list[Any]] = {}
-    for sc in scripts:
-        groups.setdefault(sc.model, []).append(sc)
+    scripts, alone, groups = serial_setup(workload)
     order = sorted(groups, reverse=True)
     result = model_serial(scripts, alone, order)
     ends = {s.session_id: s.end_s for s in result.sessions}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import anyio
 
 from talaria.swebench_replay.driver import to_scripts
-from talaria.swebench_replay.live_replay import _play, _simulate, step_breakdown
+from talaria.swebench_replay.live_replay import _play, _references, _simulate, step_breakdown
 from talaria.swebench_replay.metrics import check_conservation, policy_summary
 from talaria.swebench_replay.setup import load_workload
 from tests.helpers import tiny_cluster
@@ -43,3 +43,9 @@ def test_live_replay_answers_every_call_once_and_reuses_prefixes() -> None:
     assert all(row["predicted_s"] > 0 for row in kinds.values() if row["count"])
     predicted = _simulate(cluster, cluster.core.policy, scripts)
     assert len(predicted.calls) == replay.n_calls
+    refs = _references(cluster, scripts)
+    assert sorted(refs) == ["isolated", "model-serial"]
+    for entry in refs.values():
+        assert entry["reference"] is True and entry["simulated"] is True
+        assert entry["calls"] == replay.n_calls and entry["sessions"] == 3
+    assert refs["isolated"]["sct_p50_s"] <= refs["model-serial"]["sct_p50_s"]

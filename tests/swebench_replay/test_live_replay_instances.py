@@ -64,6 +64,14 @@ def test_two_instances_serve_the_replay_side_by_side(
         assert "predicted_sct_p50_s" in doc["fidelity"][name]
     # with one model per instance to be had, the routers use both instances
     assert {r.instance for r in runs["talaria"].calls} == {"cpu-0", "cpu-1"}
+    # the schedule references beside the measured policies, simulated on the same cluster
+    for ref in ("isolated", "model-serial"):
+        entry = doc["policies"][ref]
+        assert entry["reference"] is True and entry["simulated"] is True
+        assert entry["calls"] == workload.replay.n_calls and ref not in runs
+    serial = doc["policies"]["model-serial"]["sct_p50_s"]
+    talaria = doc["policies"]["talaria"]
+    assert talaria["sct_p50_over_model-serial"] == pytest.approx(talaria["sct_p50_s"] / serial)
 
 
 @pytest.mark.parametrize("bad", [0, -1, live_replay.MAX_INSTANCES + 1])

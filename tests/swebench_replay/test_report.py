@@ -11,6 +11,7 @@ from rich.table import Table
 from talaria.policy.baselines import policy
 from talaria.swebench_replay.driver import ReplayOptions, run_replay
 from talaria.swebench_replay.metrics import add_ratios
+from talaria.swebench_replay.references import add_bound_ratios
 from talaria.swebench_replay.report import (
     mechanism_table,
     plot_sct_cdf,
@@ -94,6 +95,25 @@ def test_policy_table_renders_each_policy() -> None:
     assert "1.00" in text  # round over itself
     assert "0.05" in text  # TTFT p50, two decimals
     assert "sim replay on h200-tp8: 3 sessions, 10 calls" in text
+
+
+def test_references_come_last_marked_and_simulated_ones_say_so() -> None:
+    doc = _doc()
+    doc["policies"]["model-serial"] = {
+        **_entry(10.0, 40.0, 18.0, [4.0, 10.0, 40.0]),
+        "reference": True,
+    }
+    doc["policies"]["isolated"] = {
+        **_entry(3.0, 9.0, 5.0, [2.0, 3.0, 9.0]),
+        "reference": True,
+        "simulated": True,
+    }
+    add_bound_ratios(doc["policies"])
+    lines = _text(policy_table(doc)).splitlines()
+    rows = [line for line in lines if "talaria " in line or "(ref" in line]
+    assert "model-serial (ref)" in rows[-2] and "isolated (ref, sim)" in rows[-1]
+    talaria = next(line for line in rows if line.strip("│ ").startswith("talaria "))
+    assert "1.23" in talaria  # 12.345 s over the reference's 10.0 s
 
 
 def test_policy_table_custom_title_and_no_round() -> None:
