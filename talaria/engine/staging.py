@@ -145,6 +145,8 @@ class StreamCopy:
     def __init__(self, device: torch.device) -> None:
         if device.type != "cuda":
             raise ValueError(f"a stream copy needs a CUDA device, got {device}")
+        if device.index is None:  # "cuda" means the current device; tensors say "cuda:N"
+            device = torch.device("cuda", torch.cuda.current_device())
         self.device = device
         self.stream = torch.cuda.Stream(device=device, priority=0)  # type: ignore[no-untyped-call]
         self.model: str | None = None

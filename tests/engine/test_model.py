@@ -213,10 +213,11 @@ def test_cuda_prefill_decode_offload_restore(check: Checker) -> None:
     assert eng.pool.host_pool.is_pinned() and eng.pool.device_pool.is_cuda
     tokens = random_tokens(40, seed=31)
     ref = hf_logits(eng.hf, tokens)
-    table = [7, 3, 5, 1]
+    table = [7, 3, 5, 1, 6]
+    assert n_blocks(40, eng.kv) == len(table)
     (out,) = eng.step(SeqInput(tokens[:25], 0, table, all_logits=True))
     check(out, ref[:25])
-    host_ids, new_table = [0, 1, 2, 3], [9, 10, 2, 4]
+    host_ids, new_table = [0, 1, 2, 3, 4], [9, 10, 2, 4, 11]
     pool = eng.pool
     pool.execute(MovePlan(Link.DEVICE_TO_HOST, tuple(zip(table, host_ids, strict=True))))
     pool.device_pool.zero_()
