@@ -38,6 +38,7 @@ from talaria.backends.embedded import cluster_from_loaded, load_catalog_model
 from talaria.config import InstanceSpec, PolicyConfig
 from talaria.cost.calibration import Calibration, CalibrationMode
 from talaria.cost.estimator import Estimator
+from talaria.cost.hardware import HardwareProfile
 from talaria.engine.catalog import DEFAULT_MODELS
 from talaria.engine.loader import LoadedModel
 from talaria.engine.runner import flatten_weights
@@ -83,7 +84,13 @@ class EmbeddedOptions:
     copy of the weights; they run concurrently, and the replay splits the process's torch
     threads evenly among them for its duration (each instance gets its share of the
     cores, as it would get its own device), so the calibration that prices the routers and
-    the prediction is measured at that per-instance thread count."""
+    the prediction is measured at that per-instance thread count.
+
+    ``device``, ``hardware``, ``host_weight_share`` and ``loader`` let the same replay run
+    elsewhere (``benchmarks/gpu_replay.py``: ``cuda``, the ``h200-tp8`` profile, published
+    7-14B configurations with random weights made by its loader). On a device other than
+    the CPU nothing is calibrated: the routers and the prediction price with the shipped
+    ``hardware`` profile, and host weights are pinned."""
 
     policies: tuple[PolicyConfig, ...]
     instances: int = 1
@@ -98,6 +105,14 @@ class EmbeddedOptions:
     calibration: CalibrationMode = CalibrationMode.AUTO
     calibration_plan: CalibrationPlan | None = None
     cache_dir: Path | None = None
+    device: str = "cpu"
+    hardware: str = "cpu"
+    host_weight_share: float = 0.65
+    loader: Callable[[str, torch.dtype], LoadedModel] = load_catalog_model
+
+    @property
+    def on_cpu(self) -> bool:
+        return torch.device(self.device).type == "cpu"
 
     def __attrs_post_init__(self) -> None:
         if not self.policies:
@@ -114,11 +129,12 @@ class EmbeddedOptions:
         return tuple(
             InstanceSpec(
                 name=f"cpu-{i}",
-                hardware="cpu",
+                hardware=self.hardware,
                 device_memory_bytes=self.device_memory_bytes,
                 host_memory_bytes=self.host_memory_bytes,
                 block_size=self.block_size,
                 memory_utilization=0.9,
+                host_weight_share=self.host_weight_share,
             )
             for i in range(self.instances)
         )
@@ -179,8 +195,11 @@ def _run(
 ) -> dict[str, Any]:
     say(f"loading {', '.join(options.models)} ({options.dtype})")
     bare, host = _load(options)
-    calibration = _calibration(options, bare, host, say)  # models only: before any policy runs
-    hardware = {"cpu": calibration.profile}
+    calibration = None
+    hardware: dict[str, HardwareProfile] = {}
+    if options.on_cpu:  # models only: before any policy runs
+        calibration = _calibration(options, bare, host, say)
+        hardware = {"cpu": calibration.profile}
     scripts = to_scripts(replay, tool_table, options.gap_scale, options.hints)
     tool_s = {s.session_id: sum(c.tool_seconds for c in s.calls) for s in scripts}
     say("warming up every model once")
@@ -196,6 +215,7 @@ def _run(
             bare,
             policy,
             options.dtype,
+            options.device,
             host_weights=host,
             hardware=hardware,
         )
@@ -219,7 +239,7 @@ def _run(
     add_ratios(policies)
     doc = results_document(
         "embedded",
-        "cpu",
+        options.hardware,
         options.instance_specs(),
         replay,
         options.gap_scale,
@@ -232,7 +252,12 @@ def _run(
         "torch_threads_per_instance": torch.get_num_threads(),
     }
     doc["fidelity"] = fidelity
-    doc["calibration"] = calibration.describe()
+    doc["engine"]["device"] = options.device
+    doc["calibration"] = (
+        calibration.describe()
+        if calibration is not None
+        else {"mode": "none", "profile": f"shipped {options.hardware} (not calibrated off CPU)"}
+    )
     doc["step_costs"] = step_costs
     return doc
 
@@ -270,8 +295,8 @@ def _load(options: EmbeddedOptions) -> tuple[dict[str, LoadedModel], dict[str, t
     bare: dict[str, LoadedModel] = {}
     host: dict[str, torch.Tensor] = {}
     for name in options.models:
-        m = load_catalog_model(name, options.dtype)
-        host[name] = flatten_weights(name, m.arch, m.tensors, options.dtype)
+        m = options.loader(name, options.dtype)
+        host[name] = flatten_weights(name, m.arch, m.tensors, options.dtype, not options.on_cpu)
         bare[name] = attrs.evolve(m, tensors={})
         del m
         gc.collect()
@@ -285,7 +310,7 @@ def _warm_up(
     allocations and kernel selection happen here, not inside a timed policy."""
     policy = options.policies[0]
     cluster = cluster_from_loaded(
-        options.instance_specs(), bare, policy, options.dtype, host_weights=host
+        options.instance_specs(), bare, policy, options.dtype, options.device, host_weights=host
     )
     prompt = TokenSeq(range(1, 200))
     for runner in cluster.runners.values():
