@@ -125,10 +125,10 @@ class EmbeddedOptions:
             )
 
     def instance_specs(self) -> tuple[InstanceSpec, ...]:
-        """The replay's instances, ``cpu-0`` to ``cpu-{instances - 1}``, alike."""
+        """The replay's instances, ``cpu-0`` to ``cpu-{instances - 1}`` (``cuda-0``... on CUDA)."""
         return tuple(
             InstanceSpec(
-                name=f"cpu-{i}",
+                name=f"{torch.device(self.device).type}-{i}",
                 hardware=self.hardware,
                 device_memory_bytes=self.device_memory_bytes,
                 host_memory_bytes=self.host_memory_bytes,

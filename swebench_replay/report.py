@@ -92,22 +92,26 @@ def policy_table(results: Mapping[str, Any], title: str | None = None) -> Table:
 
 def calibration_line(results: Mapping[str, Any]) -> str | None:
     """Which ``cpu`` profile priced the prediction ("measured here", cached or just now, or
-    "shipped profile"), when and under which key; None for a document without one."""
+    "shipped profile"), when and under which key; None for a document without one. A
+    replay off the CPU calibrates nothing: its entry names the shipped profile it used."""
     entry = results.get("calibration")
-    return describe_line(entry) if isinstance(entry, Mapping) else None
+    if not isinstance(entry, Mapping):
+        return None
+    return describe_line(entry) if "origin" in entry else str(entry.get("profile"))
 
 
 def fidelity_table(results: Mapping[str, Any]) -> Table:
     """Simulator fidelity: the simulator's predicted SCT against the measured one, per
     policy, with the relative error (predicted - measured) / measured; the caption names
     the calibration that priced the prediction (:func:`calibration_line`)."""
+    hardware = results.get("hardware", "cpu")
     table = _table(
-        "simulator fidelity (cpu profile vs the real engine)",
+        f"simulator fidelity ({hardware} profile vs the real engine)",
         ["policy", "SCT p50 s", "predicted", "error", "SCT p95 s", "predicted", "error"],
     )
     line = calibration_line(results)
     if line is not None:
-        table.caption = f"cpu profile: {line}"
+        table.caption = f"{hardware} profile: {line}"
         table.caption_justify = "left"
     for name, f in results.get("fidelity", {}).items():
         row = [name]

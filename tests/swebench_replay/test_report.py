@@ -13,6 +13,7 @@ from talaria.swebench_replay.driver import ReplayOptions, run_replay
 from talaria.swebench_replay.metrics import add_ratios
 from talaria.swebench_replay.references import add_bound_ratios
 from talaria.swebench_replay.report import (
+    fidelity_table,
     mechanism_table,
     plot_sct_cdf,
     plot_sweep,
@@ -187,3 +188,26 @@ def test_sweep_table_renders() -> None:
     assert "talaria p50" in text and "round p95" in text
     assert "0.5x" in text and "2x" in text
     assert "3.50" in text  # talaria p50 speedup at gap 2
+
+
+def test_fidelity_table_off_cpu_names_the_shipped_profile() -> None:
+    """A replay on CUDA calibrates nothing: the table names its hardware profile and the
+    calibration entry's profile line, not a CPU calibration."""
+    results = {
+        "hardware": "h200-tp8",
+        "calibration": {"mode": "none", "profile": "shipped h200-tp8 (not calibrated off CPU)"},
+        "fidelity": {
+            "talaria": {
+                "measured_sct_p50_s": 60.0,
+                "predicted_sct_p50_s": 12.0,
+                "error_sct_p50_s": -0.8,
+                "measured_sct_p95_s": 90.0,
+                "predicted_sct_p95_s": 22.5,
+                "error_sct_p95_s": -0.75,
+            }
+        },
+    }
+    text = _text(fidelity_table(results))
+    assert "simulator fidelity (h200-tp8 profile vs the real engine)" in text
+    assert "h200-tp8 profile: shipped h200-tp8 (not calibrated off CPU)" in text
+    assert "-80%" in text and "-75%" in text
