@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from talaria.config import InstanceSpec, ModelSpec
@@ -155,3 +158,21 @@ def tiny_cluster(
     ]
     pol = attrs.evolve(POLICIES[policy], slot_max_s=0.5, slot_linger_s=0.05)
     return cluster_from_loaded(specs, loaded, pol, torch.float32)
+
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_benchmark(
+    script: str, *args: str, timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
+    """Run ``benchmarks/<script>`` with this Python from the repository root, capturing its
+    output as text (the exit status is the caller's to check)."""
+    return subprocess.run(
+        [sys.executable, str(REPO_ROOT / "benchmarks" / script), *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        timeout=timeout,
+        check=False,
+    )

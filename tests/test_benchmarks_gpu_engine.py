@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,8 +12,7 @@ import torch
 
 from benchmarks.gpu_engine import TINY, RandomWeights
 from talaria.engine.arch import ModelArch
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.helpers import run_benchmark
 
 
 def test_random_weights_are_seeded_and_shaped() -> None:
@@ -34,14 +31,7 @@ def test_random_weights_are_seeded_and_shaped() -> None:
 
 def test_tiny_run_writes_every_figure(tmp_path: Path) -> None:
     out = tmp_path / "gpu_engine.json"
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "gpu_engine.py"), "--tiny", "--out", str(out)],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=300,
-        check=False,
-    )
+    done = run_benchmark("gpu_engine.py", "--tiny", "--out", str(out))
     assert done.returncode == 0, done.stderr[-3000:]
     figures = json.loads(out.read_text())
     assert figures["stager"] == "BackgroundCopy"
@@ -69,13 +59,6 @@ def test_tiny_run_writes_every_figure(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("bad", [["--prefix-tokens", "5"], ["--reps", "0"]])
 def test_bad_arguments_are_refused(bad: list[str]) -> None:
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "gpu_engine.py"), "--tiny", *bad],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=60,
-        check=False,
-    )
+    done = run_benchmark("gpu_engine.py", "--tiny", *bad, timeout=60)
     assert done.returncode == 2
     assert "must be at least" in done.stderr

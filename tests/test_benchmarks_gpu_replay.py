@@ -4,15 +4,12 @@ three tiny random-weight models, so it is known to work before a GPU is lent."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import torch
 
 from benchmarks.gpu_replay import TINY, random_loader
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.helpers import run_benchmark
 
 
 def test_random_loader_describes_the_model_without_a_tokenizer() -> None:
@@ -24,15 +21,10 @@ def test_random_loader_describes_the_model_without_a_tokenizer() -> None:
 
 
 def test_tiny_replay_writes_results(tmp_path: Path) -> None:
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "gpu_replay.py"), "--tiny"]
-    cmd += ["--sessions", "3", "--calls", "15", "--token-scale", "0.05", "--gap-scale", "0.1"]
-    done = subprocess.run(
-        [*cmd, "--out", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=300,
-        check=False,
+    done = run_benchmark(
+        "gpu_replay.py",
+        *("--tiny", "--sessions", "3", "--calls", "15", "--token-scale", "0.05"),
+        *("--gap-scale", "0.1", "--out", str(tmp_path)),
     )
     assert done.returncode == 0, done.stderr[-3000:]
     doc = json.loads((tmp_path / "results.json").read_text())
