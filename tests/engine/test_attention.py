@@ -8,9 +8,17 @@ import random
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from talaria.engine.arch import ModelArch
-from talaria.engine.attention import PagedGroup, Scratch, attend_decode, attend_prefill
+from talaria.engine.attention import (
+    PagedGroup,
+    Scratch,
+    attend_decode,
+    attend_prefill,
+    sdpa_gqa,
+)
 from talaria.engine.batch import BatchInput, SeqInput
 from talaria.engine.kv_pool import KVPool
 from talaria.engine.model import LlamaModel
@@ -144,3 +152,69 @@ def test_chunked_and_reordered_decodes_match_transformers() -> None:
         for out, t in zip(outs, tokens, strict=True):
             ref = hf(torch.tensor([t])).logits[0, -1:]
             torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    b=st.integers(1, 3),
+    kvh=st.integers(1, 3),
+    group=st.integers(1, 4),
+    m=st.integers(1, 6),
+    extra=st.integers(0, 9),
+    seed=st.integers(0, 2**16),
+    per_row=st.booleans(),
+)
+def test_folded_groups_equal_enable_gqa(
+    b: int, kvh: int, group: int, m: int, extra: int, seed: int, per_row: bool
+) -> None:
+    """``sdpa_gqa(fold=True)`` (the CUDA layout with a mask: query groups folded into the
+    query length) computes what ``enable_gqa`` computes, for a decode-style padding mask
+    ``[b, 1, 1, ctx]`` and a prefill-style causal mask ``[m, ctx]`` continuing a prefix."""
+    gen = torch.Generator().manual_seed(seed)
+    hd, ctx = 8, m + extra
+    q = torch.randn(b, kvh * group, m, hd, generator=gen)
+    k = torch.randn(b, kvh, ctx, hd, generator=gen)
+    v = torch.randn(b, kvh, ctx, hd, generator=gen)
+    if per_row:  # prefill continuing `extra` cached tokens: token t sees positions <= extra + t
+        mask = torch.arange(ctx).unsqueeze(0) <= (extra + torch.arange(m)).unsqueeze(1)
+    else:  # decode-style padding: sequence i sees its first lengths[i] positions
+        lengths = torch.randint(1, ctx + 1, (b,), generator=gen)
+        mask = (torch.arange(ctx).unsqueeze(0) < lengths.unsqueeze(1)).view(b, 1, 1, ctx)
+    want = sdpa_gqa(q, k, v, mask, fold=False)
+    got = sdpa_gqa(q, k, v, mask, fold=True)
+    assert got.shape == want.shape == (b, kvh * group, m, hd)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_fold_refuses_is_causal_and_defaults_off_on_cpu() -> None:
+    q = torch.randn(1, 4, 3, 8)
+    kv = torch.randn(1, 2, 3, 8)
+    with pytest.raises(ValueError, match="explicit mask"):
+        sdpa_gqa(q, kv, kv, None, is_causal=True, fold=True)
+    mask = torch.ones(3, 3, dtype=torch.bool).tril()
+    ref = F.scaled_dot_product_attention(q, kv, kv, attn_mask=mask, enable_gqa=True)
+    torch.testing.assert_close(sdpa_gqa(q, kv, kv, mask), ref, rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_folded_groups_run_on_the_memory_efficient_kernel() -> None:
+    """On CUDA the folded layout with a padding mask runs on the memory-efficient kernel
+    (forced: ``No available kernel`` otherwise) and matches the math kernel's enable_gqa."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    b, kvh, group, ctx, hd = 4, 8, 5, 700, 128
+    q, k, v = (
+        torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=gen)
+        for shape in ((b, kvh * group, 1, hd), (b, kvh, ctx, hd), (b, kvh, ctx, hd))
+    )
+    lengths = torch.tensor([700, 512, 9, 300], device="cuda")
+    pad = torch.arange(ctx, device="cuda").unsqueeze(0) >= lengths.unsqueeze(1)
+    mask = torch.zeros(b, 1, 1, ctx, device="cuda", dtype=torch.bfloat16)
+    mask.masked_fill_(pad.view(b, 1, 1, ctx), float("-inf"))
+    with sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION):
+        got = sdpa_gqa(q, k, v, mask)  # folds: CUDA with a mask
+    with sdpa_kernel(SDPBackend.MATH):
+        want = sdpa_gqa(q, k, v, mask, fold=False)
+    torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)
