@@ -37,7 +37,8 @@ fi
 #    other engine tests need the GGUF model and its loader, which a bare GPU image lacks)
 if "$PY" -c "import pytest, transformers" 2>/dev/null; then
     timeout 300 "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/engine/test_model.py \
-        tests/engine/test_runner.py tests/engine/test_staging.py > "$OUT/pytest_gpu.txt" 2>&1
+        tests/engine/test_runner.py tests/engine/test_staging.py tests/engine/test_attention.py \
+        > "$OUT/pytest_gpu.txt" 2>&1
     say "pytest -m gpu: exit $? ($(tail -1 "$OUT/pytest_gpu.txt"))"
 else
     say "pytest -m gpu: skipped (pytest or transformers missing in $PY)"
