@@ -219,7 +219,7 @@ class Admitter:
             self.admission.continuum.observe_wait(now - req.queued_s)  # it lost its KV
         req.blocks = alloc.device_blocks
         req.computed = have
-        if req.computed >= req.prompt_len:  # whole prompt cached: recompute the last token
+        if req.computed >= req.prompt_len:  # a guard: a KV match never holds the last token
             req.computed = req.prompt_len - 1
         req.sp_admitted = bool(slot and not slot.opening and req.queued_s > slot.opened_s)
         self.counters.sp_admissions += req.sp_admitted

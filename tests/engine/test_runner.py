@@ -340,3 +340,21 @@ def test_bad_token_id_is_refused_before_queueing() -> None:
     with pytest.raises(BadRequest, match="vocabulary"):
         runner.submit(call("s", 0, "A", [1, 2, 500], 4), 0.0)
     assert runner.idle and not runner.outputs
+
+
+def test_calls_with_a_whole_cached_prompt_share_a_batch() -> None:
+    """Three calls whose prompt a finished call left cached whole, to a block boundary (an
+    ``n`` = 3 request after a first answer): each recomputes the last block in a block of its
+    own, so they run in one batch (they used to write the same KV slot and fail the step),
+    and every answer is transformers'."""
+    hfs = {"A": llama(5)}
+    runner = make_runner(hfs, device_blocks=48)
+    tpb = runner.paged["A"].tokens_per_block
+    p = prompt_ids(2 * tpb, seed=61)
+    want = reference(hfs["A"], p, 4)
+    assert runner.generate([call("s0", 0, "A", p, 4)]) == {("s0", 0): tuple(want)}
+    got = runner.generate([call(f"s{i}", 0, "A", p, 4) for i in (1, 2, 3)], now=10.0)
+    assert got == {(f"s{i}", 0): tuple(want) for i in (1, 2, 3)}
+    for i in (1, 2, 3):
+        assert finished(runner, f"s{i}", 0).reused_tokens == tpb
+    assert_clean(runner)

@@ -41,6 +41,13 @@ def seq(n: int, start: int = 0) -> TokenSeq:
     return TokenSeq(range(start, start + n))
 
 
+def cached(kv: KVManager, model: str, tenant: str, tokens: TokenSeq) -> PrefixMatch:
+    """What of ``tokens`` is cached, whole: the match of a call that extends ``tokens`` by
+    one token (a call of exactly ``tokens`` never reuses the block holding its last token)."""
+    m = kv.match(model, tenant, tokens.extend([10**6]))
+    return PrefixMatch(len(tokens), m.device_tokens, m.host_tokens, m.tokens_per_block)
+
+
 def run_call(
     kv: KVManager,
     session: str,
@@ -173,15 +180,15 @@ def test_models_use_their_own_block_size_and_never_share() -> None:
     run_call(kv, "a", 0, prompt, extra=0, now=1.0, model="w")
     assert kv.session_kv("a") == SessionKV(16, 0, 16)
     assert kv.session_device_blocks("a") == 2
-    assert kv.match("w", "t", prompt) == PrefixMatch(16, 16, 0, 8)
-    assert kv.match("m", "t", prompt) == PrefixMatch(16, 0, 0, 4)
+    assert cached(kv, "w", "t", prompt) == PrefixMatch(16, 16, 0, 8)
+    assert cached(kv, "m", "t", prompt) == PrefixMatch(16, 0, 0, 4)
 
 
 def test_tenants_never_share_blocks() -> None:
     kv = make(device=16, host=0)
     prompt = seq(12)
     run_call(kv, "a", 0, prompt, extra=0, now=1.0, tenant="alice")
-    assert kv.match("m", "alice", prompt).device_tokens == 12
+    assert cached(kv, "m", "alice", prompt).device_tokens == 12
     assert kv.match("m", "bob", prompt).device_tokens == 0
     alloc = kv.allocate(("b", 0), "m", "bob", prompt, 0, now=2.0)
     assert alloc.reused_tokens == 0 and alloc.computed_tokens == 12
@@ -228,7 +235,7 @@ def test_eviction_demotes_to_host_and_allocate_restores_with_exact_plans() -> No
     assert alloc_b.evicted.dropped_blocks == 0
     assert alloc_b.device_blocks == (2, 3, 4, 5, 6, 7)
     assert kv.session_kv("a") == SessionKV(8, 8, 16)
-    assert kv.match("m", "t", history_a) == PrefixMatch(16, 8, 8, 4)
+    assert cached(kv, "m", "t", history_a) == PrefixMatch(16, 8, 8, 4)
     kv.finish(("b", 0), b0, now=2.0)
 
     a1 = history_a.extend([7, 7])  # 18 tokens: 2 on device, 2 on host, 2 new
@@ -309,7 +316,7 @@ def test_eviction_is_tail_first_so_what_stays_is_a_prefix() -> None:
         kv.abort(("x", n_needed))
         kv.end_session("x")
         kv.check_integrity()
-        assert kv.match("m", "t", history_a) == PrefixMatch(24, on_device, 24 - on_device, 4)
+        assert cached(kv, "m", "t", history_a) == PrefixMatch(24, on_device, 24 - on_device, 4)
 
 
 # ---------------------------------------------------------------------------- sessions
@@ -372,7 +379,7 @@ def test_restore_prefetches_the_host_run() -> None:
     assert len(evicted.demoted) == 0
     assert kv.session_kv("a") == SessionKV(16, 0, 16)
     assert kv.restore_blocks_needed("a") == 0
-    assert kv.match("m", "t", history_a).device_tokens == 16
+    assert cached(kv, "m", "t", history_a).device_tokens == 16
     assert kv.device_evictable == 4 and kv.host_free == 8
     kv.check_integrity()
 
@@ -416,7 +423,7 @@ def test_abort_frees_uncomputed_blocks_and_keeps_the_table() -> None:
     kv.allocate(("a", 2), "m", "t", a1, 0, now=3.0)
     kv.mark_computed(("a", 2))
     kv.abort(("a", 2))
-    assert kv.match("m", "t", a1).device_tokens == 24
+    assert cached(kv, "m", "t", a1).device_tokens == 24
     assert kv.session_kv("a") == SessionKV(16, 0, 16)
     alloc = kv.allocate(("z", 0), "m", "t", seq(8, start=5000), 0, now=4.0)
     assert alloc.evicted.dropped_blocks == 0  # two blocks were still free
@@ -850,11 +857,14 @@ class KVMachine(RuleBasedStateMachine):
         for s, history in self.history.items():
             tenant, model = SESSIONS[s]
             m = self.kv.match(model, tenant, history)
-            assert 0 <= m.device_tokens + m.host_tokens <= len(history)
+            reusable = max(0, len(history) - 1) // TPB[model] * TPB[model]
+            assert 0 <= m.device_tokens + m.host_tokens <= reusable  # never the last block
             assert m.device_tokens % TPB[model] == m.host_tokens % TPB[model] == 0
+            whole = cached(self.kv, model, tenant, history)
+            assert m.device_tokens == min(whole.device_tokens, reusable)
             skv = self.kv.session_kv(s)
             assert skv.device_tokens + skv.host_tokens <= skv.table_tokens <= len(history)
-            assert m.device_tokens >= skv.device_tokens
+            assert whole.device_tokens >= skv.device_tokens
 
     @invariant()
     def tokens_are_conserved(self) -> None:
@@ -883,3 +893,28 @@ KVMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 TestKVMachine = KVMachine.TestCase
+
+
+def test_a_whole_cached_prompt_recomputes_its_last_block_in_a_private_block() -> None:
+    """Calls whose prompt is cached whole (n > 1 choices, a retry) reuse all but the block
+    holding the last token, and each computes that block in a block of its own: none writes
+    the shared block, so two of them in one batch never write the same KV slot."""
+    kv = make(device=16, host=0)
+    prompt = seq(8)  # two full blocks
+    _, first = run_call(kv, "a", 0, prompt, extra=0, now=1.0, output=0)
+    assert cached(kv, "m", "t", prompt).device_tokens == 8
+    assert kv.match("m", "t", prompt) == PrefixMatch(8, 4, 0, 4)
+    assert kv.blocks_needed("m", "t", prompt, 2) == 2  # the last prompt block + an output one
+    b = kv.allocate(("b", 0), "m", "t", prompt, 2, now=2.0)
+    c = kv.allocate(("c", 0), "m", "t", prompt, 2, now=2.0)
+    for alloc in (b, c):
+        assert (alloc.reused_tokens, alloc.restored_tokens, alloc.computed_tokens) == (4, 0, 4)
+        assert alloc.device_blocks[0] == first.device_blocks[0]  # the shared first block
+    last = {first.device_blocks[1], b.device_blocks[1], c.device_blocks[1]}
+    assert len(last) == 3  # three different blocks hold the last four tokens
+    kv.check_integrity()
+    for key in (("b", 0), ("c", 0)):
+        kv.mark_computed(key)
+        kv.finish(key, prompt.extend([7, 7]), now=3.0)
+    kv.check_integrity()
+    assert cached(kv, "m", "t", prompt).device_tokens == 8

@@ -126,20 +126,30 @@ class KVManager:
         return tokens.block_hashes(self.tpb(model), salt_for(tenant, model))
 
     def match(self, model: str, tenant: str, tokens: TokenSeq) -> PrefixMatch:
-        """Prefix of ``tokens`` with KV: leading device run, then host run. Pure."""
+        """Prefix of ``tokens`` with KV: leading device run, then host run (see
+        :meth:`_prompt_runs`: never the block holding the last token). Pure."""
         tpb = self.tpb(model)
-        dev, host = self._index.runs(self.hashes(model, tenant, tokens))
+        dev, host = self._prompt_runs(tpb, self.hashes(model, tenant, tokens), len(tokens))
         return PrefixMatch(len(tokens), dev * tpb, host * tpb, tpb)
+
+    def _prompt_runs(self, tpb: int, hashes: tuple[int, ...], n_tokens: int) -> tuple[int, int]:
+        """The cached runs (device blocks, then host blocks) a call of ``n_tokens`` prompt
+        tokens may reuse: at most the full blocks before the one holding its last token. A
+        call computes at least its last token (for its logits), and that token's KV must go
+        to a block of its own: when a whole prompt is cached its last block is recomputed in
+        a private block (as vLLM does), never rewritten in the shared one, where calls with
+        the same prompt in one batch (``n`` > 1) would all write the same slot."""
+        return self._index.runs(hashes[: max(0, n_tokens - 1) // tpb])
 
     def blocks_needed(self, model: str, tenant: str, tokens: TokenSeq, extra_tokens: int) -> int:
         """New device blocks an ``allocate`` of this call would take (device prefix reused)."""
         tpb = self.tpb(model)
-        dev, _ = self._index.runs(self.hashes(model, tenant, tokens))
+        dev, _ = self._prompt_runs(tpb, self.hashes(model, tenant, tokens), len(tokens))
         return math.ceil((len(tokens) + extra_tokens) / tpb) - dev
 
     def can_allocate(self, model: str, tenant: str, tokens: TokenSeq, extra_tokens: int) -> bool:
         hashes = self.hashes(model, tenant, tokens)
-        dev, _ = self._index.runs(hashes)
+        dev, _ = self._prompt_runs(self.tpb(model), hashes, len(tokens))
         n_total = math.ceil((len(tokens) + extra_tokens) / self.tpb(model))
         return n_total - dev <= self._available_besides(hashes[:dev])
 
@@ -187,7 +197,7 @@ class KVManager:
         st = self._check_new_call(key, model, tenant, extra_tokens)
         tpb = self.tpb(model)
         hashes = self.hashes(model, tenant, tokens)
-        dev, host = self._index.runs(hashes)
+        dev, host = self._prompt_runs(tpb, hashes, len(tokens))
         n_total = math.ceil((len(tokens) + extra_tokens) / tpb)
         available = self._available_besides(hashes[:dev])
         if n_total - dev > available:
