@@ -62,7 +62,7 @@ class Scratch:
 
     def get(self, name: str, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         """A flat tensor of ``numel`` elements of ``dtype`` on ``device`` (contents undefined)."""
-        if numel * torch.empty((), dtype=dtype).element_size() > self.limit:
+        if numel * dtype.itemsize > self.limit:
             return torch.empty(numel, dtype=dtype, device=device)
         buf = self._bufs.get(name)
         if buf is None or buf.numel() < numel or buf.dtype != dtype or buf.device != device:
