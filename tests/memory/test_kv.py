@@ -25,6 +25,7 @@ from talaria.config import Eviction
 from talaria.errors import BadRequest, OutOfBlocks
 from talaria.memory.kv import KVManager, PrefixMatch, SessionKV
 from talaria.types import Link, TokenSeq
+from tests.helpers import examples
 
 BLOCK_BYTES = 100
 TPB = {"m": 4, "w": 8}
@@ -682,7 +683,13 @@ class KVMachine(RuleBasedStateMachine):
         assert alloc.reused_tokens == match.device_tokens
         assert alloc.restored_tokens == match.host_tokens == len(alloc.restore) * tpb
         assert alloc.computed_tokens == match.gone_tokens
-        assert alloc.reused_tokens + alloc.restored_tokens >= own.device_tokens + own.host_tokens
+        # The session's own KV is reused up to the block holding the prompt's last token: a
+        # call always computes that token (for its logits) in a block of its own, so a prompt
+        # that adds nothing to the history recomputes its last block (vLLM's rule too: its
+        # prefix-cache hit is capped at the prompt's length minus one, in whole blocks).
+        reusable = max(0, len(prompt) - 1) // tpb * tpb
+        own_reusable = min(own.device_tokens + own.host_tokens, reusable)
+        assert alloc.reused_tokens + alloc.restored_tokens >= own_reusable
         assert len(alloc.device_blocks) == n_blocks == len(set(alloc.device_blocks))
         assert all(0 <= b < kv.device_blocks for b in alloc.device_blocks)
         restored_to = [dst for _, dst in alloc.restore.moves]
@@ -887,7 +894,7 @@ class KVMachine(RuleBasedStateMachine):
 
 
 KVMachine.TestCase.settings = settings(
-    max_examples=200,
+    max_examples=examples(200),
     stateful_step_count=40,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
@@ -918,3 +925,20 @@ def test_a_whole_cached_prompt_recomputes_its_last_block_in_a_private_block() ->
         kv.finish(key, prompt.extend([7, 7]), now=3.0)
     kv.check_integrity()
     assert cached(kv, "m", "t", prompt).device_tokens == 8
+
+
+def test_a_session_resending_its_history_reuses_all_but_the_last_block() -> None:
+    """The sequence hypothesis found: a session sends its whole history again, adding
+    nothing, three times. Each call reuses the session's KV up to the block holding its last
+    token and recomputes that block privately (as vLLM caps a prefix hit at the prompt's
+    length minus one), and the session keeps its whole table after each call."""
+    kv = make(device=12, host=0)
+    history = TokenSeq([9, 9, 9, 9, 8, 8, 8, 8])  # two full blocks
+    expected_reuse = [0, 4, 4]  # nothing cached yet, then all but the last block
+    for index, reuse in enumerate(expected_reuse):
+        alloc = kv.allocate(("s0", index), "m", "t1", history, 0, now=float(index))
+        assert (alloc.reused_tokens, alloc.restored_tokens) == (reuse, 0)
+        assert alloc.computed_tokens == 8 - reuse
+        kv.finish(("s0", index), history, now=float(index) + 0.5)
+        kv.check_integrity()
+        assert kv.session_kv("s0") == SessionKV(8, 0, 8)
