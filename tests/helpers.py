@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from hypothesis import settings
+
 from talaria.config import InstanceSpec, ModelSpec
 from talaria.types import Link
 
@@ -15,6 +17,12 @@ if TYPE_CHECKING:
     from talaria.backends.embedded import EmbeddedCluster
 
 MB = 10**6
+
+
+def examples(n: int) -> int:
+    """A property test's example count ``n`` under the loaded hypothesis profile: ``n`` in
+    the deterministic ``ci`` profile, ten times ``n`` in ``search`` (tests/conftest.py)."""
+    return max(1, n * settings.default.max_examples // 100)
 
 
 class RoundNumberEstimator:

@@ -19,6 +19,7 @@ from talaria.api.tool_parsers import (
     parse,
     render_calls,
 )
+from tests.helpers import examples
 
 NAMES = ("get_weather", "run_shell")
 H = ToolFormat.HERMES
@@ -180,7 +181,7 @@ _ANSWERS = st.sampled_from(
 )
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(text=_ANSWERS, cuts=st.lists(st.integers(min_value=0, max_value=200), max_size=8))
 def test_any_split_of_the_stream_reads_the_same(text: str, cuts: list[int]) -> None:
     points = sorted({min(c, len(text)) for c in cuts})
@@ -193,7 +194,7 @@ def test_any_split_of_the_stream_reads_the_same(text: str, cuts: list[int]) -> N
     ]
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(text=st.text(max_size=60), fmt=st.sampled_from(list(ToolFormat)))
 def test_arbitrary_text_never_raises_and_loses_nothing(text: str, fmt: ToolFormat) -> None:
     piece = parse(fmt, text, NAMES)

@@ -23,7 +23,7 @@ from talaria.engine.batch import BatchInput, SeqInput
 from talaria.engine.kv_pool import KVPool
 from talaria.engine.model import LlamaModel
 from talaria.engine.weight_layout import bind_weights
-from tests.helpers import hf_model, llama_config
+from tests.helpers import examples, hf_model, llama_config
 
 transformers = pytest.importorskip("transformers")
 
@@ -154,7 +154,7 @@ def test_chunked_and_reordered_decodes_match_transformers() -> None:
             torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(
     b=st.integers(1, 3),
     kvh=st.integers(1, 3),

@@ -19,6 +19,7 @@ from talaria.engine.kernels import DecodeKernel, KernelUnavailable, build_decode
 from talaria.engine.kv_pool import KVPool
 from talaria.engine.model import LlamaModel
 from talaria.engine.weight_layout import bind_weights
+from tests.helpers import examples
 
 BF16 = torch.bfloat16
 
@@ -117,7 +118,7 @@ def test_block_sizes_other_than_sixteen(kernel: DecodeKernel, tpb: int) -> None:
     _check(kernel, 9, 3, 64, tpb, [1, 7, 47, 200], seed=tpb)
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=examples(25), deadline=None)
 @given(
     kv_heads=st.integers(1, 4),
     group=st.integers(1, 8),

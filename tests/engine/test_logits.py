@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from talaria.engine.logits import LogitsProcessor, token_logprob
 from talaria.generation import SamplingParams
+from tests.helpers import examples
 
 INF = float("inf")
 
@@ -126,7 +127,7 @@ def reference(
     return res
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(
     logits=LOGITS,
     prompt=IDS,
@@ -159,7 +160,7 @@ def test_processing_matches_a_plain_python_reference(
     assert got == pytest.approx(want, rel=1e-5, abs=1e-4)
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(logits=LOGITS, prompt=IDS, rp=st.floats(1.0, 10.0))
 def test_a_repetition_penalty_above_one_never_raises_a_seen_token(
     logits: list[float], prompt: list[int], rp: float
@@ -174,7 +175,7 @@ def test_a_repetition_penalty_above_one_never_raises_a_seen_token(
             assert after[i] == before[i]
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(logits=LOGITS, top=st.integers(0, VOCAB), token=st.integers(0, VOCAB - 1))
 def test_logprobs_are_a_distribution_and_the_top_is_sorted(
     logits: list[float], top: int, token: int

@@ -21,7 +21,7 @@ from talaria.memory.weights import (
     WeightArena,
 )
 from talaria.types import Link, Residency
-from tests.helpers import tiny_spec
+from tests.helpers import examples, tiny_spec
 
 D2H, H2D, D2D = Link.DISK_TO_HOST, Link.HOST_TO_DEVICE, Link.DEVICE_TO_DEVICE
 
@@ -413,7 +413,9 @@ class ArenaMachine(RuleBasedStateMachine):
                 assert w.plan_switch(m).total_bytes >= 0
 
 
-ArenaMachine.TestCase.settings = settings(max_examples=200, stateful_step_count=40, deadline=None)
+ArenaMachine.TestCase.settings = settings(
+    max_examples=examples(200), stateful_step_count=40, deadline=None
+)
 TestArenaMachine = ArenaMachine.TestCase
 
 

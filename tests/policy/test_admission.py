@@ -14,6 +14,7 @@ import pytest
 
 from talaria.config import PolicyConfig
 from talaria.policy.admission import Admission
+from tests.helpers import examples
 
 P_MEDIAN_1S = 0.5 * (1 + math.erf(math.log(10) / math.sqrt(2)))  # 0.98935
 P_MEDIAN_100S = 0.5 * (1 + math.erf(math.log(0.1) / math.sqrt(2)))  # 0.01065
@@ -186,7 +187,7 @@ _ops = st.lists(
 )
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(
     ops=_ops,
     ttl=st.sampled_from([0.0, 5.0]),

@@ -16,6 +16,7 @@ from talaria.policy.continuum import (
     best_ttl,
     prior_ttl,
 )
+from tests.helpers import examples
 
 
 def test_best_ttl_on_a_small_empirical_cdf() -> None:
@@ -35,7 +36,7 @@ def test_cold_start_prior_closed_form() -> None:
     assert prior_ttl(10.0, mean_s=2.0) == pytest.approx(2.0 * math.log(5.0))
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(benefit=st.floats(1.0001, 1e6))
 def test_the_prior_ttl_maximizes_the_exponential_utility(benefit: float) -> None:
     tau = prior_ttl(benefit)

@@ -27,6 +27,7 @@ from talaria.policy.gaps import (
     inverse_log_q,
     log_q,
 )
+from tests.helpers import examples
 
 Q1 = 0.5 * math.erfc(1 / math.sqrt(2))  # P(Z > 1) = 0.15865525393145707
 
@@ -83,7 +84,7 @@ def test_log_q_matches_erfc_and_its_inverse() -> None:
         inverse_log_q(-0.1)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(z=st.floats(min_value=-1e6, max_value=1e6, allow_nan=False), dz=st.floats(0.0, 1e3))
 def test_log_q_is_finite_non_positive_and_decreasing(z: float, dz: float) -> None:
     a, b = log_q(z), log_q(z + dz)
@@ -91,13 +92,13 @@ def test_log_q_is_finite_non_positive_and_decreasing(z: float, dz: float) -> Non
     assert b <= a + 1e-12 * abs(a)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(z=st.floats(min_value=0.0, max_value=1e6, allow_nan=False))
 def test_inverse_log_q_round_trips(z: float) -> None:
     assert inverse_log_q(log_q(z)) == pytest.approx(z, rel=1e-9, abs=1e-9)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(sigma=sigmas, m=expected, t=elapsed, dt=st.floats(0.0, 1e9))
 def test_survival_and_cdf_are_probabilities_and_monotone(
     sigma: float, m: float | None, t: float, dt: float
@@ -112,7 +113,7 @@ def test_survival_and_cdf_are_probabilities_and_monotone(
     assert g.log_survival(t, m) <= 0.0 and not math.isnan(g.log_survival(t, m))
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(sigma=sigmas, m=expected, e=elapsed, h=horizons, dh=horizons)
 def test_prob_back_within_is_a_probability_non_decreasing_in_the_horizon(
     sigma: float, m: float | None, e: float, h: float, dh: float
@@ -123,7 +124,7 @@ def test_prob_back_within_is_a_probability_non_decreasing_in_the_horizon(
     assert wider >= p - 1e-12
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(sigma=sigmas, m=expected, e=elapsed, de=st.floats(0.0, 1e9))
 def test_expected_remaining_is_finite_and_the_conditional_median_grows(
     sigma: float, m: float | None, e: float, de: float
@@ -136,7 +137,7 @@ def test_expected_remaining_is_finite_and_the_conditional_median_grows(
     assert (e + de) + left_later >= (e + left) * (1 - 1e-9)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(sigma=sigmas, m=expected, p_min=probabilities, h=horizons)
 def test_decays_below_is_finite_and_the_probability_stays_below_after_it(
     sigma: float, m: float | None, p_min: float, h: float

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from talaria.errors import ConfigError
 from talaria.policy.remaining import MIN_ENDED, CallCost, SessionLengths
+from tests.helpers import examples
 
 
 def test_prior_is_one_call_left_until_enough_sessions_ended() -> None:
@@ -28,7 +29,7 @@ def test_prior_is_one_call_left_until_enough_sessions_ended() -> None:
         SessionLengths(min_ended=0)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(ended=st.lists(st.integers(1, 500), max_size=60), done=st.integers(0, 600))
 def test_expected_left_is_at_least_one_and_finite(ended: list[int], done: int) -> None:
     lengths = SessionLengths()
@@ -69,7 +70,7 @@ def test_a_windowed_cost_is_the_plain_mean_of_the_last_calls() -> None:
         CallCost({"a": 1.0}, window=0)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(
     st.lists(st.floats(min_value=0.0, max_value=1e6), min_size=1, max_size=60),
     st.integers(min_value=1, max_value=20),

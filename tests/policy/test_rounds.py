@@ -7,6 +7,7 @@ import pytest
 from talaria.config import PolicyConfig
 from talaria.errors import ConfigError, UnknownModel
 from talaria.policy.rounds import RoundScheduler, SlotDemand
+from tests.helpers import examples
 
 SP = PolicyConfig(name="sp", slot_max_s=30.0, slot_linger_s=2.0)
 NO_SP = PolicyConfig(name="no-sp", session_prefill=False, slot_max_s=30.0, slot_linger_s=2.0)
@@ -177,7 +178,7 @@ _demand = st.builds(
 _demands = st.dictionaries(st.sampled_from("abc"), _demand)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     demands=st.lists(_demands, min_size=1, max_size=20),
     opened=st.sampled_from("abc"),

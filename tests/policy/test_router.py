@@ -16,6 +16,7 @@ from talaria.errors import Overloaded
 from talaria.memory.kv import PrefixMatch
 from talaria.policy.router import InstanceView, estimate, route
 from talaria.types import Residency
+from tests.helpers import examples
 
 PROMPT = 10_000  # tokens of the call's prompt in every view below
 
@@ -235,7 +236,7 @@ def _views(draw: st.DrawFn, name: str) -> InstanceView:
     )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(v=_views("a"), known=st.integers(0, 10**6), out=st.integers(0, 10**5))
 def test_estimates_are_finite_non_negative_and_account_for_every_token(
     v: InstanceView, known: int, out: int
@@ -248,7 +249,7 @@ def test_estimates_are_finite_non_negative_and_account_for_every_token(
     assert min(tokens) >= 0 and sum(tokens) == v.match.total_tokens
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(v=_views("a"), known=st.integers(0, 10**6), out=st.integers(0, 10**5), k=st.integers(0))
 def test_more_kv_on_device_is_never_slower(v: InstanceView, known: int, out: int, k: int) -> None:
     """Turning ``k`` tokens that must be computed into device-cached ones cannot raise the
@@ -259,7 +260,7 @@ def test_more_kv_on_device_is_never_slower(v: InstanceView, known: int, out: int
     assert estimate(better, known, out).total_s <= estimate(v, known, out).total_s * (1 + 1e-12)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(
     vs=st.lists(st.sampled_from("abcdef"), min_size=1, max_size=6, unique=True).flatmap(
         lambda names: st.tuples(*[_views(n) for n in names])
@@ -311,7 +312,7 @@ class _Candidate:
         return attrs.evolve(self.exact, served_last=served_last)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(
     vs=st.lists(st.sampled_from("abcdef"), min_size=1, max_size=6, unique=True).flatmap(
         lambda names: st.tuples(*[_views(n) for n in names])

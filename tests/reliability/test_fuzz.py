@@ -36,6 +36,7 @@ from hypothesis import HealthCheck, Phase, example, find, given, note, settings
 from hypothesis import strategies as st
 
 from talaria.server import schemas
+from tests.helpers import examples
 from tests.reliability.inprocess import (
     AUTH,
     CHAT,
@@ -700,7 +701,7 @@ def test_valid_field_values_pass_the_schema(
     valid bodies reach the engine; no server needed."""
     base = {n: draw_example(f.valid) for n, f in spec.items() if f.required}
 
-    @settings(max_examples=100, deadline=None, database=None)
+    @settings(max_examples=examples(100), deadline=None, database=None)
     @given(st.sampled_from(sorted(spec)).flatmap(lambda n: st.tuples(st.just(n), spec[n].valid)))
     def one(named: tuple[str, Any]) -> None:
         body = _consistent_for(spec)(base | {named[0]: named[1]})

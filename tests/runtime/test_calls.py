@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from talaria.runtime.calls import CallTable
 from talaria.schedule import Request
 from talaria.types import Call, TokenSeq
+from tests.helpers import examples
 
 MODELS = ("A", "B")
 
@@ -62,7 +63,7 @@ _ops = st.lists(
 )
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(ops=_ops)
 def test_any_sequence_of_moves_keeps_every_total(ops: list[tuple[str, str, int, int]]) -> None:
     t = CallTable(MODELS, recent=4)

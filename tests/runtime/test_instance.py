@@ -22,7 +22,7 @@ from talaria.runtime.cluster import ClusterCore
 from talaria.runtime.instance import InstanceCore, Request, Schedule
 from talaria.types import Call, EventKind, Link, TokenSeq
 from tests.helpers import RoundNumberEstimator as FakeEstimator
-from tests.helpers import tiny_spec
+from tests.helpers import examples, tiny_spec
 
 WEIGHT_BYTES = 1000
 BLOCK_BYTES = 128  # 4 tokens x 32 bytes
@@ -515,7 +515,7 @@ from hypothesis import strategies as st  # noqa: E402
 from talaria.policy.router import estimate  # noqa: E402
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(
     calls=st.lists(
         st.tuples(st.sampled_from("AB"), st.integers(1, 8), st.integers(1, 6), st.integers(0, 3)),

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from talaria.errors import BadRequest, ConfigError, TooManyRequests
 from talaria.runtime.quota import TenantQuotas, TokenBucket
+from tests.helpers import examples
 
 
 def test_a_bucket_refills_per_second_up_to_a_minute() -> None:
@@ -44,7 +45,7 @@ def test_quotas_check_then_charge_per_tenant() -> None:
             TenantQuotas(bad)  # type: ignore[arg-type]
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     per_minute=st.integers(1, 10**7),
     ops=st.lists(st.tuples(st.floats(0.0, 1e5), st.integers(0, 10**7)), max_size=40),

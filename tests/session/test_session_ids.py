@@ -20,6 +20,7 @@ from talaria.session import (
     session_id_from_langchain,
     session_id_from_litellm,
 )
+from tests.helpers import examples
 
 
 def test_new_session_id_is_prefixed_uuid4_hex_and_unique() -> None:
@@ -158,7 +159,7 @@ json_values = st.recursive(
 )
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(
     st.dictionaries(
         st.sampled_from(
