@@ -1,11 +1,11 @@
 """Tool-gap prediction error of ``talaria.session`` on the real agent traces.
 
-Replays every session of the traces (``talaria-trace/1`` files, ``shared/traces``) in order:
-for each call with a measured ``tool_seconds``, the predictor predicts the tool time from the
-call's tool kind *before* seeing it, then learns it (calls without a measurement are
-skipped). Learning predictors run in two modes: ``shared`` (one predictor for all sessions,
-in file order, as a long-running client would keep it) and ``session`` (a fresh predictor per
-session, starting from the priors).
+Replays every session of the traces (``talaria-trace/1`` files; by default the bundled
+``swebench_replay/data``) in order: for each call with a measured ``tool_seconds``, the
+predictor predicts the tool time from the call's tool kind *before* seeing it, then learns
+it (calls without a measurement are skipped). Learning predictors run in two modes:
+``shared`` (one predictor for all sessions, in file order, as a long-running client would
+keep it) and ``session`` (a fresh predictor per session, starting from the priors).
 
 Predictors:
 
@@ -44,7 +44,7 @@ from talaria.session import GapModelConfig, GapPredictor, ToolKind, ToolPriors, 
 from talaria.swebench_replay.traces import TraceSession, load_trace
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_TRACES = ROOT.parent / "shared" / "traces"
+DEFAULT_TRACES = ROOT / "swebench_replay" / "data"
 ALPHAS = (0.05, 0.1, 0.2, 0.3, 0.5)
 CLIPS: tuple[float | None, ...] = (1.5, 2.0, 3.0, 4.0, None)
 
@@ -174,7 +174,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.traces.exists():
         print(
             f"error: no traces at {args.traces}; pass --traces DIR, a directory of "
-            "talaria-trace/1 *.jsonl files (see shared/traces/README.md)",
+            "talaria-trace/1 *.jsonl files (see swebench_replay/data/README.md)",
             file=sys.stderr,
         )
         return 2

@@ -11,7 +11,7 @@ bounds the run (SWE-agent's ``per_instance_call_limit``), whatever the model wri
 One command, from a checkout, SWE-agent installed or not::
 
     .venv/bin/python examples/swe_agent_hook_example.py --serve \\
-        --sweagent-src ../shared/vendor/SWE-agent-1.1.0-src.tar.gz
+        --sweagent-src third_party/SWE-agent-1.1.0-src.tar.gz
 
 ``--serve`` starts ``talaria serve`` for ``--model`` on a free port and stops it afterwards
 (without it, ``--base-url`` names a running server). Without ``sweagent`` importable,
@@ -149,7 +149,7 @@ def reexec_with_sweagent(args: argparse.Namespace, argv: Sequence[str]) -> int:
         print(
             "error: SWE-agent is not installed here. Pass --sweagent-src "
             "SWE-agent-1.1.0-src.tar.gz to install it into a throwaway environment, "
-            "or install it from its source (see ../shared/vendor/README.md).",
+            "or install it from its source (see third_party/README.md).",
             file=sys.stderr,
         )
         return 2

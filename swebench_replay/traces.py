@@ -1,7 +1,7 @@
 """Agent-session traces (schema ``talaria-trace/1``): load, validate, locate, fill tool times.
 
 A trace file holds one JSON object per line, one agent session each (see
-``shared/traces/README.md``). :func:`load_trace` validates every field and raises
+``swebench_replay/data/README.md``). :func:`load_trace` validates every field and raises
 :class:`~talaria.errors.TraceError` naming the file, the 1-based line and the field path at
 fault, e.g. ``traces.jsonl:12: calls[3].output_tokens: expected a non-negative integer, got
 "x"``. Units: token counts in tokens, times in seconds.
@@ -31,6 +31,8 @@ from talaria.errors import TraceError
 
 SCHEMA = "talaria-trace/1"
 TRACES_ENV = "TALARIA_TRACES"
+# The real traces that ship with the package (data/README.md says where they come from).
+BUNDLED_TRACES = Path(__file__).resolve().parent / "data"
 # Durations down to this many seconds below zero are clock skew, read as "not measured".
 CLOCK_SKEW_TOLERANCE_S = 10.0
 
@@ -289,11 +291,11 @@ def _has_traces(path: Path) -> bool:
 def find_traces(explicit: Path | str | None = None) -> Path | None:
     """The trace directory (or file) to use, or ``None`` when there is none.
 
-    Order: ``explicit``; else the ``TALARIA_TRACES`` environment variable; else
-    ``shared/traces`` beside the checkout (``<repo>/../shared/traces``, found from this file's
-    location, then ``<repo>/shared/traces``), then the same two relative to the working
-    directory. An explicit path or a set variable that does not exist raises
-    :class:`TraceError` (it is never silently replaced by a default).
+    Order: ``explicit``; else the ``TALARIA_TRACES`` environment variable; else the real
+    traces bundled with the package (:data:`BUNDLED_TRACES`, ``swebench_replay/data``), so a
+    bare clone or install replays real sessions. An explicit path or a set variable that
+    does not exist raises :class:`TraceError` (it is never silently replaced by a default);
+    ``None`` only when the bundled folder is missing too (a stripped install).
     """
     if explicit is not None:
         path = Path(explicit)
@@ -306,18 +308,7 @@ def find_traces(explicit: Path | str | None = None) -> Path | None:
         if not path.exists():
             raise TraceError(f"{TRACES_ENV}={env}: no such trace file or directory")
         return path
-    repo = Path(__file__).resolve().parent.parent
-    cwd = Path.cwd()
-    candidates = (
-        repo.parent / "shared" / "traces",
-        repo / "shared" / "traces",
-        cwd.parent / "shared" / "traces",
-        cwd / "shared" / "traces",
-    )
-    for candidate in candidates:
-        if _has_traces(candidate):
-            return candidate
-    return None
+    return BUNDLED_TRACES if _has_traces(BUNDLED_TRACES) else None
 
 
 # --------------------------------------------------------------------------- tool times

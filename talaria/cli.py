@@ -40,7 +40,7 @@ def _common_workload_args(p: argparse.ArgumentParser) -> None:
         type=Path,
         default=None,
         help="a talaria-trace/1 file or a folder of them (default: $TALARIA_TRACES, else "
-        "../shared/traces beside the checkout; with none, sessions are synthesized)",
+        "the real traces bundled with talaria, swebench_replay/data)",
     )
     p.add_argument(
         "--synthetic",

@@ -5,7 +5,7 @@
 model ``talaria/smollm2-135m`` through the LiteLLM provider, ``TalariaAgentHook`` on the
 agent) in its own process, against a uvicorn server in this process whose backend records
 what arrives: each call's session id and usage, each hint event. SWE-agent comes from the
-current interpreter when it imports, else from ``../shared/vendor/SWE-agent-1.1.0-src.tar.gz``
+current interpreter when it imports, else from ``third_party/SWE-agent-1.1.0-src.tar.gz``
 (``$TALARIA_SWE_AGENT_SRC``) installed into a throwaway virtual environment that sees this
 environment's packages and changes nothing in it (``$TALARIA_SWE_AGENT_VENV`` keeps it
 between runs). About 20 s to install, 15 s to load the model, 15 s for the run.
@@ -50,7 +50,7 @@ from tests.integrations.live_server import TINY, Recorder, serve_in_thread
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "swe_agent_hook_example.py"
-VENDORED = ROOT.parent / "shared" / "vendor" / "SWE-agent-1.1.0-src.tar.gz"
+VENDORED = ROOT / "third_party" / "SWE-agent-1.1.0-src.tar.gz"
 CALLS = 3  # SWE-agent's per_instance_call_limit: the run ends on call CALLS + 1
 
 

@@ -25,9 +25,7 @@ from talaria.session import (
     load_tool_priors,
 )
 from talaria.swebench_replay.traces import TraceCall, TraceSession, session_to_json
-
-SHARED_PRIORS = Path(__file__).resolve().parents[3] / "shared" / "traces" / "tool_time_by_kind.json"
-
+from tests.helpers import examples
 
 # --------------------------------------------------------------------------- kinds
 
@@ -68,7 +66,7 @@ def test_gap_key() -> None:
     assert gap_key("other") == "other"
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(st.text(max_size=40), st.none() | st.text(max_size=80))
 def test_classify_never_raises(tool: str, command: str | None) -> None:
     assert isinstance(classify_tool(tool, command), ToolKind)
@@ -86,12 +84,6 @@ def test_packaged_priors() -> None:
     assert priors.median_s(ToolKind.INSTALL) == 2.246
     assert priors.median_s(ToolKind.OTHER) == 0.266
     assert priors.overall == KindPrior(n=10295, mean_s=0.529, p50_s=0.264)
-
-
-@pytest.mark.skipif(not SHARED_PRIORS.exists(), reason="shared/traces not present")
-def test_packaged_priors_match_shared_file() -> None:
-    shared = ToolPriors.from_json(json.loads(SHARED_PRIORS.read_text()))
-    assert shared == load_tool_priors()
 
 
 @pytest.mark.parametrize(
@@ -201,7 +193,7 @@ def test_prediction_capped_for_the_wire() -> None:
     assert p.predict("install") == MAX_EXPECTED_S
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(
     st.sampled_from(
         [

@@ -6,8 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from talaria.errors import TraceError
-from talaria.swebench_replay.traces import find_traces
+from talaria.swebench_replay.traces import BUNDLED_TRACES
 
 DATA = Path(__file__).parent / "data"
 
@@ -19,11 +18,5 @@ def data_dir() -> Path:
 
 @pytest.fixture
 def real_traces() -> Path:
-    """The published trace directory; the test is skipped where there is none."""
-    try:
-        path = find_traces()
-    except TraceError as e:
-        pytest.skip(f"published traces unavailable: {e}")
-    if path is None or not path.is_dir():
-        pytest.skip("published traces (shared/traces) not found")
-    return path
+    """The real traces bundled with the package."""
+    return BUNDLED_TRACES

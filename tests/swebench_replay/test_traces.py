@@ -6,6 +6,7 @@ import json
 import random
 import shutil
 import statistics
+from importlib import resources
 from pathlib import Path
 
 import attrs
@@ -13,6 +14,7 @@ import pytest
 
 from talaria.errors import TraceError
 from talaria.swebench_replay.traces import (
+    BUNDLED_TRACES,
     SCHEMA,
     TRACES_ENV,
     ToolKind,
@@ -178,21 +180,13 @@ def test_find_traces_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
         find_traces()
 
 
-def test_find_traces_default_locations(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_find_traces_defaults_to_the_bundled_traces(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.delenv(TRACES_ENV, raising=False)
-    repo = Path(__file__).resolve().parents[2]
-    beside_checkout = repo.parent / "shared" / "traces"
-    work = tmp_path / "checkout"
-    work.mkdir()
-    cwd_relative = tmp_path / "shared" / "traces"
-    cwd_relative.mkdir(parents=True)
-    (cwd_relative / "t.jsonl").write_text("")
-    monkeypatch.chdir(work)
-    found = find_traces()
-    if beside_checkout.is_dir() and any(beside_checkout.glob("*.jsonl")):
-        assert found == beside_checkout
-    elif not any((repo / "shared" / "traces").glob("*.jsonl")):
-        assert found == cwd_relative
+    monkeypatch.chdir(tmp_path)  # wherever it runs from
+    assert find_traces() == BUNDLED_TRACES
+    assert len(load_trace(BUNDLED_TRACES)) == 132
 
 
 # --------------------------------------------------------------------------- tool times
@@ -203,11 +197,12 @@ def table() -> ToolTimeTable:
     return ToolTimeTable.published()
 
 
-def test_published_table_matches_the_shared_file(real_traces: Path) -> None:
-    path = real_traces / "tool_time_by_kind.json"
-    if not path.exists():
-        pytest.skip("tool_time_by_kind.json not found")
-    assert ToolTimeTable.load(path).dists == ToolTimeTable.published().dists
+def test_published_table_matches_the_packaged_priors() -> None:
+    """The built-in table and the server's packaged priors are the same measurement."""
+    packaged = resources.files("talaria.session") / "tool_priors.json"
+    assert ToolTimeTable.from_json(json.loads(packaged.read_text())).dists == (
+        ToolTimeTable.published().dists
+    )
 
 
 def test_quantile_knots(table: ToolTimeTable) -> None:
