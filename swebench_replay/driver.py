@@ -10,7 +10,7 @@ virtual time against the real policy and memory code.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -100,10 +100,13 @@ def simulate(
     scripts: Sequence[SessionScript],
     policy: PolicyConfig,
     cluster: ClusterConfig,
+    estimators: Mapping[str, Estimator] | None = None,
     on_call_done: Callable[[int], None] | None = None,
 ) -> SimResult:
-    """One policy through the simulator, with the conservation checks of the issue."""
-    sim = Simulator(cluster, policy, estimators_for(cluster), learner=GapPredictor.default)
+    """One policy through the simulator (priced by ``estimators``, default the shipped
+    profiles'), with the conservation checks of the replay."""
+    prices = estimators if estimators is not None else estimators_for(cluster)
+    sim = Simulator(cluster, policy, prices, learner=GapPredictor.default)
     result = sim.run(scripts, on_call_done)
     tool_s = {s.session_id: sum(c.tool_seconds for c in s.calls) for s in scripts}
     check_conservation(result, replay.n_calls, tool_s)
@@ -130,7 +133,7 @@ def run_replay(
             if on_progress is not None:
                 on_progress(name, n)
 
-        result = simulate(replay, scripts, policy, cluster, tick)
+        result = simulate(replay, scripts, policy, cluster, on_call_done=tick)
         policies[policy.name] = policy_summary(result)
         if on_result is not None:
             on_result(policy.name, result)

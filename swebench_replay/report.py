@@ -50,42 +50,115 @@ def _ratio(p: Mapping[str, Any], key: str) -> str:
     return "" if value is None else f"{value:.2f}"
 
 
+def _with_interval(p: Mapping[str, Any], key: str) -> str:
+    """``p[key]``, with the half-width of its 95% interval when the entry has one (a
+    comparison over seeds: a t-interval, symmetric)."""
+    value = f"{p[key]:.1f}"
+    low, high = p.get(f"{key}_ci95") or (None, None)
+    return value if low is None or high is None else f"{value} ±{(high - low) / 2:.0f}"
+
+
+def _vs_talaria(p: Mapping[str, Any], q: str) -> str:
+    """The paired ratio of a policy's SCT to talaria's over the seeds, with its interval."""
+    ratio = (p.get("vs_talaria") or {}).get(q)
+    if not ratio:
+        return ""
+    low, high = ratio["ci95"]
+    interval = "" if low is None or high is None else f" [{low:.2f},{high:.2f}]"
+    return f"{ratio['value']:.2f}{interval}"
+
+
 def policy_table(results: Mapping[str, Any], title: str | None = None) -> Table:
-    """Session completion time per policy: percentiles, speedup over ``round``, distance to
-    the model-serial reference (SCT over the reference's), TTFT. References come last, in
-    italics, marked "(ref)" ("(ref, sim)" where they were simulated beside measured runs):
-    yardsticks, not policies."""
+    """Session completion time per policy: percentiles (over seeds: the mean and its 95%
+    interval), the paired ratio to talaria (this policy's SCT over talaria's, seed by seed:
+    above 1, talaria is faster), distance to the model-serial reference (SCT over the
+    reference's), TTFT p95. References come last, in italics, marked
+    "(ref)" ("(ref, sim)" where they were simulated beside measured runs): yardsticks, not
+    policies."""
+    seeds = results.get("seeds")
+    caption = (
+        f"{len(seeds)} seeds: mean ±half the 95% interval; ratios: geometric mean (interval)"
+        if seeds and len(seeds) > 1
+        else None
+    )
     table = _table(
         title or _title(results),
         [
             "policy",
             "SCT p50 s",
             "SCT p95 s",
-            "mean s",
-            "x round p50",
-            "x round p95",
+            "/talaria p50",
+            "/talaria p95",
             "/serial p50",
-            "/serial p95",
-            "TTFT p50 s",
             "TTFT p95 s",
         ],
     )
-    table.columns[0].no_wrap = True
+    if caption:
+        table.caption, table.caption_justify = caption, "left"
+    for column in table.columns:
+        column.no_wrap = True
     rows = sorted(results["policies"].items(), key=lambda kv: bool(kv[1].get("reference")))
     for name, p in rows:
         ref = bool(p.get("reference"))
         table.add_row(
             (f"{name} (ref, sim)" if p.get("simulated") else f"{name} (ref)") if ref else name,
-            f"{p['sct_p50_s']:.1f}",
-            f"{p['sct_p95_s']:.1f}",
-            f"{p['sct_mean_s']:.1f}",
-            f"{p.get('speedup_p50_vs_round', 0):.2f}",
-            f"{p.get('speedup_p95_vs_round', 0):.2f}",
+            _with_interval(p, "sct_p50_s"),
+            _with_interval(p, "sct_p95_s"),
+            _vs_talaria(p, "p50"),
+            _vs_talaria(p, "p95"),
             _ratio(p, "sct_p50_over_model-serial"),
-            _ratio(p, "sct_p95_over_model-serial"),
-            f"{p['ttft_p50_s']:.2f}",
             f"{p['ttft_p95_s']:.2f}",
             style="italic dim" if ref else None,
+        )
+    return table
+
+
+def comparison_table(results: Mapping[str, Any]) -> Table:
+    """The headline: talaria against the best tuned per-request baseline, ``round`` and
+    the model-serial reference, at p50 and p95, as paired ratios over the seeds (the other
+    side's SCT over talaria's: above 1, talaria is faster; the interval says how sure)."""
+    table = _table(
+        f"talaria against the tuned baselines ({results['workload'].get('part', 'all')} part)",
+        ["against", "p50: their SCT / talaria's", "p95: their SCT / talaria's"],
+    )
+    comp = results.get("comparison", {})
+
+    def cell(key: str) -> str:
+        entry = comp.get(key)
+        if not entry:
+            return ""
+        r = entry["ratio"]
+        low, high = r["ci95"]
+        interval = "" if low is None else f" [{low:.2f},{high:.2f}]"
+        who = f"{entry['policy']}: " if "policy" in entry else ""
+        return f"{who}{r['value']:.2f}{interval}"
+
+    for label, key in (
+        ("best per-request baseline", "best_per_request"),
+        ("round (paper baseline)", "round"),
+        ("model-serial (reference)", "model-serial"),
+    ):
+        table.add_row(label, cell(f"{key}_p50"), cell(f"{key}_p95"))
+    return table
+
+
+def tuning_table(doc: Mapping[str, Any]) -> Table:
+    """Each policy's tuned knobs and their tune-part scores (mean over the tune seeds), with
+    the spread over the settings tried (how much the knobs matter)."""
+    table = _table(
+        f"tuned on the tune part, seeds {doc.get('seeds')}",
+        ["policy", "knobs", "SCT p50 s", "SCT p95 s", "p50 over the grid s"],
+    )
+    for name, t in doc["policies"].items():
+        chosen = next(x for x in t["trials"] if x["knobs"] == t["knobs"])
+        p50s = [x["mean_sct_p50_s"] for x in t["trials"]]
+        knobs = ", ".join(f"{k}={v:g}" for k, v in t["knobs"].items())
+        table.add_row(
+            name,
+            knobs,
+            f"{chosen['mean_sct_p50_s']:.1f}",
+            f"{chosen['mean_sct_p95_s']:.1f}",
+            f"{min(p50s):.0f}-{max(p50s):.0f} ({len(p50s)} settings)",
         )
     return table
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import attrs
 
 from talaria.sim.catalog import PAPER_MODELS
+from talaria.swebench_replay.split import PARTS, Part, select_part
 from talaria.swebench_replay.synth import synthesize
 from talaria.swebench_replay.traces import ToolTimeTable, TraceSession, find_traces, load_trace
 from talaria.swebench_replay.workload import (
@@ -56,18 +57,23 @@ def load_workload(
     max_context: int | None = None,
     token_scale: float = 1.0,
     vocab_size: int = 32000,
+    part: Part = Part.ALL,
 ) -> Workload:
-    """The replay set for a run (deterministic in its arguments)."""
+    """The replay set for a run (deterministic in its arguments), drawn from ``part`` of the
+    sessions (:mod:`talaria.swebench_replay.split`; synthetic sessions are split alike)."""
     names = tuple(models) if models else tuple(m.name for m in PAPER_MODELS)
     limit = max_context or min(m.max_context for m in PAPER_MODELS)
     path = None if synthetic else find_traces(trace)
     table = _tool_table(path)
     if path is not None:
-        sessions = load_trace(path)
+        sessions = select_part(load_trace(path), part)
         source = f"traces: {path}"
     else:
-        sessions = synthesize(max(2 * n_sessions, n_sessions + 10), seed, tool_table=table)
+        wanted = max(2 * n_sessions, n_sessions + 10) * (1 if part is Part.ALL else PARTS)
+        sessions = select_part(synthesize(wanted, seed, tool_table=table), part)
         source = "synthetic (published trace statistics)"
+    if part is not Part.ALL:
+        source += f", {part.value} part"
     fitting = [s for s in sessions if _fits(s, limit, token_scale)]
     chosen = select_sessions(fitting, n_sessions, target_calls, seed)
     dropped = len(sessions) - len(fitting)

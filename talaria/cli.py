@@ -144,6 +144,8 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument(
         "--out", type=Path, default=None, help="output folder (default runs/replay-SUBSTRATE)"
     )
+    _add_comparison_args(rp)
+    _add_tune_parser(sub)
 
     sw = sub.add_parser(
         "sweep",
@@ -172,6 +174,53 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_serve_parser(sub)
     return parser
+
+
+def _add_comparison_args(rp: argparse.ArgumentParser) -> None:
+    """``replay``'s tuning-protocol options (talaria.cli_compare)."""
+    from talaria.cli_compare import TEST_SEEDS_DEFAULT, add_protocol_args
+
+    add_protocol_args(rp, TEST_SEEDS_DEFAULT)
+    rp.add_argument(
+        "--part",
+        choices=["test", "tune", "all"],
+        default=None,
+        help="which part of the traces to replay (default: test for the bundled traces, all "
+        "of --trace's: traces you bring are held out)",
+    )
+    rp.add_argument(
+        "--tuned",
+        type=Path,
+        default=None,
+        help="a tuned.json from `talaria tune` to use (default: the cached tuning of this "
+        "setting, made first if there is none)",
+    )
+    rp.add_argument("--retune", action="store_true", help="tune again even if a tuning is cached")
+
+
+def _add_tune_parser(sub: Any) -> None:
+    """``talaria tune``: every policy's knobs on the tune part (talaria.cli_compare)."""
+    from talaria.cli_compare import TUNE_SEEDS_DEFAULT, add_protocol_args
+
+    tp = sub.add_parser(
+        "tune",
+        help="choose every policy's knobs on the tune part of the traces",
+        description="Sweep each policy's own knobs (round-based quanta and linger, the "
+        "cache-affinity load cap, talaria's starvation bound and preemption ratio) on the tune "
+        "part of the traces in the simulator, pick each policy's best (lowest mean SCT p50 "
+        "over the seeds; within 1%, lowest p95), cache it and write tuned.json. `talaria "
+        "replay` uses it; nothing is ever chosen on the test part.",
+    )
+    _common_workload_args(tp)
+    add_protocol_args(tp, TUNE_SEEDS_DEFAULT)
+    tp.add_argument("--policies", default=None, help="comma-separated policies (default all)")
+    tp.add_argument("--sessions", type=int, default=None, help="sessions per seed (default 30)")
+    tp.add_argument("--calls", type=int, default=None, help="calls in all, about (default 960)")
+    tp.add_argument("--token-scale", type=float, default=None, help="token count multiplier")
+    tp.add_argument("--gap-scale", type=float, default=1.0, help="tool-gap multiplier")
+    tp.add_argument("--no-hints", action="store_true", help="clients send no tool-gap hints")
+    tp.add_argument("--retune", action="store_true", help="tune again even if cached")
+    tp.add_argument("--out", type=Path, default=DEFAULT_OUT / "tune", help="output folder")
 
 
 def _add_serve_parser(sub: Any) -> None:
@@ -270,65 +319,44 @@ def _plots(results: dict[str, Any], runs: dict[str, SimResult], out: Path) -> li
 
 
 def _cmd_replay(args: argparse.Namespace, console: Console) -> int:
-    from talaria.swebench_replay.driver import ReplayOptions, run_replay
-    from talaria.swebench_replay.report import mechanism_table, policy_table
-    from talaria.swebench_replay.setup import load_workload
+    if args.substrate == "sim":
+        if args.calibration != "auto":
+            raise ConfigError(
+                "--calibration applies to --substrate embedded (the simulated replay prices "
+                f"with the {args.hardware} profile)"
+            )
+        from talaria.cli_compare import cmd_replay_sim
 
-    embedded = args.substrate in ("embedded", "vllm")  # the live replays, on this machine
+        return cmd_replay_sim(args, console, _plots)
+    return _cmd_replay_live(args, console)
+
+
+def _cmd_replay_live(args: argparse.Namespace, console: Console) -> int:
+    """The real-time replays (embedded engine, vLLM) of one seed's sessions."""
     from talaria.engine.catalog import DEFAULT_MODELS
+    from talaria.swebench_replay.setup import load_workload
+    from talaria.swebench_replay.split import Part
 
-    policies = parse_policies(args.policies or ("talaria,round" if embedded else "all"))
+    policies = parse_policies(args.policies or "talaria,round")
     if args.slot_max_s is not None:
         policies = tuple(attrs.evolve(p, slot_max_s=args.slot_max_s) for p in policies)
+    part = Part(args.part) if args.part else Part.ALL if args.trace else Part.TEST
     workload = load_workload(
         trace=args.trace,
         synthetic=args.synthetic,
-        n_sessions=args.sessions or (EMBEDDED_SESSIONS if embedded else 30),
-        target_calls=args.calls or (EMBEDDED_CALLS if embedded else 960),
+        n_sessions=args.sessions or EMBEDDED_SESSIONS,
+        target_calls=args.calls or EMBEDDED_CALLS,
         seed=args.seed,
         arrival=args.arrival,
-        models=DEFAULT_MODELS if embedded else None,
-        max_context=EMBEDDED_CONTEXT if embedded else None,
-        token_scale=args.token_scale or (EMBEDDED_TOKEN_SCALE if embedded else 1.0),
+        models=DEFAULT_MODELS,
+        max_context=EMBEDDED_CONTEXT,
+        token_scale=args.token_scale or EMBEDDED_TOKEN_SCALE,
+        part=part,
     )
     console.print(f"[bold]workload[/]: {workload.replay.trace}")
     if args.substrate == "vllm":
         return _replay_vllm(args, console, workload, policies)
-    if embedded:
-        return _replay_embedded(args, console, workload, policies)
-    if args.calibration != "auto":
-        raise ConfigError(
-            "--calibration applies to --substrate embedded (the simulated replay prices with "
-            f"the {args.hardware} profile)"
-        )
-    options = ReplayOptions(
-        policies,
-        hardware=args.hardware,
-        n_instances=args.instances,
-        gap_scale=args.gap_scale,
-        hints=not args.no_hints,
-    )
-    out = args.out or DEFAULT_OUT / f"replay-{args.substrate}"
-    runs: dict[str, SimResult] = {}  # each policy's calls and slots, for the timeline
-    started = time.perf_counter()
-    with _progress(console) as progress:
-        tasks = {p.name: progress.add_task(p.name, total=workload.replay.n_calls) for p in policies}
-
-        def on_progress(name: str, n: int) -> None:
-            progress.update(tasks[name], completed=n)
-
-        results = run_replay(
-            workload.replay, options, workload.tool_table, on_progress, runs.__setitem__
-        )
-    results["workload"]["source"] = workload.source
-    results["wall_s"] = time.perf_counter() - started
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
-    plots = _plots(results, runs, out)
-    console.print(policy_table(results))
-    console.print(mechanism_table(results))
-    console.print(f"wrote {', '.join(map(str, [out / 'results.json', *plots]))}")
-    return 0
+    return _replay_embedded(args, console, workload, policies)
 
 
 def _replay_embedded(
@@ -507,8 +535,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     console = Console(width=None if sys.stdout.isatty() else 120)
+    from talaria.cli_compare import cmd_tune
+
     commands = {
         "replay": _cmd_replay,
+        "tune": cmd_tune,
         "sweep": _cmd_sweep,
         "models": _cmd_models,
         "serve": _cmd_serve,

@@ -12,7 +12,7 @@ import math
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import attrs
 
@@ -47,6 +47,24 @@ def _fraction(_inst: Any, attr: attrs.Attribute[Any], value: float) -> None:
 def _name(_inst: Any, attr: attrs.Attribute[Any], value: str) -> None:
     if not isinstance(value, str) or not value or value != value.strip():
         raise ConfigError(f"{attr.name} must be a non-empty string without surrounding spaces")
+
+
+_E = TypeVar("_E", bound=enum.Enum)
+
+
+def _to_enum(kind: type[_E], name: str, value: object) -> _E:
+    """A member of ``kind`` from a member or its value (a TOML config or a tuned knob
+    writes ``slot_order = "round-robin"``); anything else raises ``ConfigError`` listing
+    the values."""
+    if isinstance(value, kind):
+        return value
+    if isinstance(value, str):
+        try:
+            return kind(value)
+        except ValueError:
+            pass
+    allowed = ", ".join(repr(m.value) for m in kind)
+    raise ConfigError(f"{name} must be one of {allowed}, got {value!r}")
 
 
 def _str_tuple(values: Iterable[str]) -> tuple[str, ...]:
@@ -189,6 +207,22 @@ class Eviction(enum.Enum):
     LRU = "lru"  # least recently used
 
 
+def _routing(value: object) -> Routing:
+    return _to_enum(Routing, "routing", value)
+
+
+def _eviction(value: object) -> Eviction:
+    return _to_enum(Eviction, "eviction", value)
+
+
+def _slot_order(value: object) -> SlotOrder:
+    return _to_enum(SlotOrder, "slot_order", value)
+
+
+def _queue_order(value: object) -> QueueOrder:
+    return _to_enum(QueueOrder, "queue_order", value)
+
+
 @attrs.frozen
 class PolicyConfig:
     """Every knob of the mechanisms. Baselines are instances of this class (``baselines.py``).
@@ -209,12 +243,12 @@ class PolicyConfig:
     """
 
     name: str = attrs.field(validator=_name)
-    routing: Routing = Routing.EXPECTED_COMPLETION
+    routing: Routing = attrs.field(default=Routing.EXPECTED_COMPLETION, converter=_routing)
     session_prefill: bool = True
     host_kv: bool = True
     weight_staging: bool = True
     soft_reservations: bool = True
-    eviction: Eviction = Eviction.VALUE
+    eviction: Eviction = attrs.field(default=Eviction.VALUE, converter=_eviction)
     kv_pin_ttl_s: float = attrs.field(default=0.0, validator=_non_negative)
     reservation_horizon_s: float = attrs.field(default=2.0, validator=_positive)
     reservation_min_probability: float = attrs.field(default=0.05, validator=_fraction)
@@ -222,8 +256,8 @@ class PolicyConfig:
     reclaim_after_wait_s: float = attrs.field(default=0.5, validator=_non_negative)
     slot_max_s: float = attrs.field(default=30.0, validator=_positive)
     slot_linger_s: float = attrs.field(default=2.0, validator=_non_negative)
-    slot_order: SlotOrder = SlotOrder.ROUND_ROBIN
-    queue_order: QueueOrder = QueueOrder.FCFS
+    slot_order: SlotOrder = attrs.field(default=SlotOrder.ROUND_ROBIN, converter=_slot_order)
+    queue_order: QueueOrder = attrs.field(default=QueueOrder.FCFS, converter=_queue_order)
     continuum_ttl: bool = False  # TTL pins sized per call by Continuum's rule, not kv_pin_ttl_s
     slot_starvation_s: float = attrs.field(default=300.0, validator=_positive)
     slot_preempt_ratio: float = attrs.field(default=2.0, validator=_positive)
@@ -245,14 +279,6 @@ class PolicyConfig:
     stage_min_share: float = attrs.field(default=0.1, validator=_fraction)
 
     def __attrs_post_init__(self) -> None:
-        if not isinstance(self.routing, Routing):
-            raise ConfigError(f"routing must be a Routing, got {self.routing!r}")
-        if not isinstance(self.eviction, Eviction):
-            raise ConfigError(f"eviction must be an Eviction, got {self.eviction!r}")
-        if not isinstance(self.slot_order, SlotOrder):
-            raise ConfigError(f"slot_order must be a SlotOrder, got {self.slot_order!r}")
-        if not isinstance(self.queue_order, QueueOrder):
-            raise ConfigError(f"queue_order must be a QueueOrder, got {self.queue_order!r}")
         if self.slot_preempt_ratio < 1.0:
             raise ConfigError(
                 f"slot_preempt_ratio must be >= 1 (1: preempt on any win), "

@@ -28,6 +28,12 @@ DESIGN_POLICY_KEYS = (
 )
 
 
+@pytest.fixture(autouse=True)
+def _own_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tunings are cached under the test's own folder, never the user's."""
+    monkeypatch.setenv("TALARIA_CACHE_DIR", str(tmp_path / "cache"))
+
+
 def _flat(text: str) -> str:
     """Output with line wrapping undone."""
     return " ".join(text.split())
@@ -41,10 +47,19 @@ def _assert_png(path: Path) -> None:
 
 def test_replay_writes_results_and_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "run"
-    argv = ["replay", "--synthetic", "--sessions", "4", "--calls", "40"]
-    rc = main([*argv, "--policies", "talaria,round", "--out", str(out)])
+    argv = ["replay", "--synthetic", "--sessions", "4", "--calls", "40", "--jobs", "1"]
+    rc = main([*argv, "--policies", "talaria,round", "--seeds", "2", "--out", str(out)])
     assert rc == 0
     doc = json.loads((out / "results.json").read_text())
+    assert doc["seeds"] == [0, 1] and doc["workload"]["part"] == "test"
+    # both policies were tuned on the tune part first, and run at their tuned knobs
+    assert doc["tuning"]["part"] == "tune" and doc["tuning"]["seeds"] == [0, 1, 2]
+    for name in ("talaria", "round"):
+        assert doc["policies"][name]["knobs"] == doc["tuning"]["policies"][name]["knobs"]
+        assert len(doc["policies"][name]["per_seed"]) == 2
+        low, high = doc["policies"][name]["sct_p50_s_ci95"]
+        assert low <= doc["policies"][name]["sct_p50_s"] <= high
+    assert doc["comparison"]["round_p50"]["ratio"]["n"] == 2
     assert doc["substrate"] == "sim"
     assert doc["hardware"] == "h200-tp8"
     wl = doc["workload"]
@@ -94,6 +109,10 @@ def test_replay_options_reach_the_results(
             "--no-hints",
             "--slot-max-s",
             "10",
+            "--seeds",
+            "1",
+            "--jobs",
+            "1",
             "--out",
             str(out),
         ]
@@ -105,15 +124,16 @@ def test_replay_options_reach_the_results(
     assert wl["gap_scale"] == 0.5
     assert wl["hints"] is False
     # the quantum took effect (on a round-robin policy whose slots run their quantum out):
-    # 6 switches with 10 s, 3 with the default 30 s on the same replay
+    # 5 switches with 10 s, 3 with 30 s on the same replay (the test part of the sessions)
     name = "talaria-no-slot-order"
     quantum_10 = json.loads((out / "results.json").read_text())["policies"][name]
     default = tmp_path / "default"
     argv = ["replay", "--synthetic", "--sessions", "4", "--calls", "40", "--policies", name]
     argv += ["--seed", "5", "--arrival", "staggered:2", "--gap-scale", "0.5", "--no-hints"]
+    argv += ["--seeds", "1", "--jobs", "1", "--slot-max-s", "30"]
     assert main([*argv, "--out", str(default)]) == 0
     quantum_30 = json.loads((default / "results.json").read_text())["policies"][name]
-    assert (quantum_10["model_switches"], quantum_30["model_switches"]) == (6, 3)
+    assert (quantum_10["model_switches"], quantum_30["model_switches"]) == (5, 3)
 
 
 def test_replay_unknown_policy(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

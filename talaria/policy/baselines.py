@@ -1,37 +1,43 @@
-"""Every policy named in DESIGN.md, as a ``PolicyConfig``.
+"""Every policy named in DESIGN.md, as a ``PolicyConfig``, and the real system each stands for.
 
-Each baseline is an honest version of its idea, configured as its authors would run it:
+Each baseline is an honest version of its idea, with the substrate features its real
+counterpart has, so what separates it from ``talaria`` is session awareness. Every one is
+run at its tuned best: its own knobs (:mod:`talaria.policy.knobs`) are swept on the tune
+part of the traces before any comparison (``talaria tune``); the values here are defaults.
 
 * ``talaria``: everything on: expected-completion routing, soft reservations weighted by
-  return probability, session-prefill, host-tier KV with value-based eviction, weight staging.
-* ``round``: the paper baseline: the same round scheduler with SP, host-KV restoration and
-  weight staging off. A continuation that arrives after its slot's opening admission waits
-  for the next round; evicted KV is recomputed; a switch loads weights from host. It keeps
-  sessions where their KV is (sticky placement) and LRU prefix caching, like a per-request
-  server with a prefix cache.
-* ``talaria``'s slot order is session-aware (``SlotOrder.SHORTEST_REMAINING``); every other
-  policy keeps a quantum-based order.
+  return probability, session-prefill, host-tier KV with value-based eviction, weight
+  staging, and the session-aware slot order (``SlotOrder.SHORTEST_REMAINING``).
+* ``round``: the paper's baseline, "an otherwise identical round scheduler with SP,
+  host-KV restoration and D2D staging disabled": ``talaria`` with those three off and a
+  round-robin slot order with a quantum (its routing, reservations, lingering and
+  value-based eviction are talaria's). Nothing else differs.
 * ``talaria-no-sp`` / ``-no-hostkv`` / ``-no-staging`` / ``-no-reserve`` / ``-no-slot-order``:
-  one mechanism off (the last: round-robin slots with a 30 s quantum, as before).
-* ``least-loaded``: load-only routing per request (fewest queued+running tokens), prefix
-  caching with LRU eviction, continuous batching within the open slot, no host tier.
-* ``sticky``: session affinity only (the instance that served the session last).
-* ``ttl-pin``: Continuum as published (``talaria/policy/continuum.py``): sticky, a session's
-  KV pinned after each call for the TTL that maximizes P(back within TTL) x (queueing delay
-  x eta + reload) - TTL over the learned tool-duration CDF (an exponential 1 s prior at cold
-  start), pins kept while the program's next call waits, released latest-program-first when
-  nothing runs and a call cannot be admitted, and program-level first-come-first-served
-  queues (sessions holding a pin first, then by their first arrival).
-* ``cache-affinity``: prefix-affinity routing with a load cap (SGLang-router style), LRU
-  prefix caching.
-* ``oldest-first``: a serverless per-request scheduler's slot order: the next slot goes to the
-  model of the oldest waiting call (first come, first served across models, the queue a
-  per-request serverless platform keeps; longest-queue-first would let a busy model starve
-  a quiet one), with the same quantum; otherwise as ``least-loaded``.
+  one mechanism off (the last: round-robin slots with a quantum).
+* The per-request baselines keep no session state beyond what their systems keep: LRU
+  prefix caching with a host KV tier (evicted prefix blocks are offloaded to host memory and
+  restored on a hit, as vLLM's CPU offloading connector or LMCache do), weights switched in
+  from host memory at the link's rate (the fast loading ServerlessLLM gets from keeping
+  checkpoints in host memory), continuous batching within the open slot, a quantum-based
+  slot order, and work-conserving slots (a slot closes as soon as its batch drains and
+  another model waits: lingering for returning sessions is Talaria's idea). No weight
+  staging (none of them overlaps the next model's load with the current one's run).
 
-The per-request baselines run on the same time-sliced instances (they must: the models do
-not fit together) with work-conserving slots: a slot closes as soon as its batch drains and
-another model waits (no lingering for returning sessions, which is Talaria's idea).
+  - ``least-loaded``: per-request load balancing (fewest queued + running tokens), as a
+    production router in front of vLLM engines does.
+  - ``sticky``: session affinity (the instance that served the session last), as
+    vLLM production-stack's session router or a consistent-hash router keyed by session.
+  - ``ttl-pin``: Continuum as published (``talaria/policy/continuum.py``): sticky, a
+    session's KV pinned after each call for the TTL that maximizes P(back within TTL) x
+    (queueing delay x eta + reload) - TTL over the learned tool-duration CDF (an exponential
+    1 s prior at cold start), pins kept while the program's next call waits, released
+    latest-program-first when nothing runs and a call cannot be admitted, and program-level
+    first-come-first-served queues. Its constants are the paper's; its quantum is tuned.
+  - ``cache-affinity``: prefix-affinity routing with a load cap (SGLang router's cache-aware
+    policy with its balance thresholds), with a host tier as SGLang's HiCache keeps.
+  - ``oldest-first``: a serverless per-request scheduler (ServerlessLLM-style: weights
+    loaded fast from host memory, FCFS across models): the next slot goes to the model of
+    the oldest waiting call (longest-queue-first would let a busy model starve a quiet one).
 """
 
 from __future__ import annotations
@@ -48,7 +54,7 @@ TALARIA = PolicyConfig(name="talaria", slot_order=SlotOrder.SHORTEST_REMAINING)
 
 _PER_REQUEST = {
     "routing": Routing.LEAST_LOADED,
-    "host_kv": False,
+    "host_kv": True,
     "weight_staging": False,
     "soft_reservations": False,
     "eviction": Eviction.LRU,
@@ -59,15 +65,13 @@ _PER_REQUEST = {
 def _build() -> Mapping[str, PolicyConfig]:
     policies = [
         TALARIA,
-        PolicyConfig(
+        attrs.evolve(
+            TALARIA,
             name="round",
-            routing=Routing.STICKY,
             session_prefill=False,
             host_kv=False,
             weight_staging=False,
-            soft_reservations=False,
-            eviction=Eviction.LRU,
-            slot_linger_s=0.0,
+            slot_order=SlotOrder.ROUND_ROBIN,
         ),
         attrs.evolve(TALARIA, name="talaria-no-sp", session_prefill=False),
         attrs.evolve(TALARIA, name="talaria-no-hostkv", host_kv=False),

@@ -1,0 +1,216 @@
+"""``talaria tune`` and the simulated ``talaria replay``: the tuning protocol, then an honest
+comparison over seeds (:mod:`talaria.swebench_replay.tuning`, :mod:`.compare`).
+
+Both take the workload options of ``replay`` plus:
+
+* ``--seeds N``: seeds 0..N-1 (tune: 3 by default; replay: 5, the headline setting);
+* ``--jobs N``: worker processes (default: every CPU this process may use);
+* ``replay --tuned FILE``: use a tuning ``talaria tune`` wrote instead of the cached one;
+  ``--retune``: tune again even if a tuning is cached.
+
+The tuning always reads the tune part of ``--tune-trace`` (default: the bundled traces); the
+comparison replays the test part of the bundled traces, or all of ``--trace`` when given
+(traces a user brings are held out: never tuned on), or ``--part``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import attrs
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from talaria.config import PolicyConfig
+from talaria.errors import ConfigError
+from talaria.policy.baselines import parse_policies
+
+TUNE_SEEDS_DEFAULT = 3
+TEST_SEEDS_DEFAULT = 5
+
+
+def add_protocol_args(p: argparse.ArgumentParser, seeds: int) -> None:
+    """The options both commands take (see the module docstring)."""
+    from talaria.swebench_replay.runs import default_jobs
+
+    p.add_argument(
+        "--seeds",
+        type=int,
+        default=None,
+        help=f"how many seeds to run (default {seeds}; replay: from --seed on, tune: from 0; "
+        "a seed draws another sample of sessions, model assignment and tool-time fills)",
+    )
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=default_jobs(),
+        help=f"simulations run side by side in worker processes (default {default_jobs()}, "
+        "the CPUs here)",
+    )
+    p.add_argument(
+        "--tune-trace",
+        type=Path,
+        default=None,
+        help="traces whose tune part the knobs are chosen on (default: the bundled traces)",
+    )
+    p.add_argument(
+        "--kv-fraction",
+        type=float,
+        default=None,
+        help="simulated memory pressure: each instance's device KV pool as this fraction of "
+        "the KV the workload's sessions would hold at their longest (default: what the "
+        "hardware leaves after the weights)",
+    )
+
+
+def progress_bar(console: Console) -> Progress:
+    return Progress(
+        TextColumn("[bold]{task.description:<28}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=False,
+    )
+
+
+def _setting(args: argparse.Namespace, tune_spec: Any) -> Any:
+    """The simulated setting; a ``--kv-fraction`` is sized on the tune part's sessions."""
+    from talaria.swebench_replay.driver import cluster_for
+    from talaria.swebench_replay.pressure import with_kv_fraction
+    from talaria.swebench_replay.runs import Setting
+
+    cluster = cluster_for(args.hardware, args.instances)
+    if args.kv_fraction is not None:
+        cluster = with_kv_fraction(cluster, tune_spec, args.kv_fraction)
+    return Setting(cluster, gap_scale=args.gap_scale, hints=not args.no_hints)
+
+
+def _workloads(args: argparse.Namespace) -> tuple[Any, Any]:
+    """(tune part spec, comparison spec) of the options."""
+    from talaria.swebench_replay.runs import WorkloadSpec
+    from talaria.swebench_replay.split import Part
+
+    common = {
+        "synthetic": args.synthetic,
+        "sessions": args.sessions or 30,
+        "calls": args.calls or 960,
+        "arrival": args.arrival,
+        "token_scale": args.token_scale or 1.0,
+    }
+    tune = WorkloadSpec(trace=args.tune_trace, part=Part.TUNE, **common)
+    part = Part(args.part) if getattr(args, "part", None) else None
+    if part is None:
+        part = Part.ALL if args.trace is not None else Part.TEST
+    return tune, WorkloadSpec(trace=args.trace, part=part, **common)
+
+
+@contextmanager
+def _bar(console: Console, label: str, total: int) -> Iterator[Callable[[Any], None]]:
+    with progress_bar(console) as progress:
+        task = progress.add_task(label, total=total)
+        yield lambda _outcome: progress.advance(task)
+
+
+def tuning_for(
+    args: argparse.Namespace,
+    console: Console,
+    policies: tuple[PolicyConfig, ...],
+    tune_spec: Any,
+    setting: Any,
+) -> dict[str, Any]:
+    """The tuning document for ``policies``: ``--tuned FILE``, else the cache, else tuned
+    now (and cached)."""
+    from talaria.swebench_replay import tuning
+
+    given = getattr(args, "tuned", None)
+    if given is not None:
+        try:
+            doc = json.loads(Path(given).read_text())
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"--tuned {given}: cannot read it ({exc})") from None
+        tuning.tuned_policies(policies, tuning.from_document(doc))  # all there?
+        doc["origin"] = f"given: {given}"
+        return dict(doc)
+    n = args.seeds if args.command == "tune" and args.seeds else TUNE_SEEDS_DEFAULT
+    seeds = tuple(range(n))
+    key = tuning.cache_key(tune_spec, setting, policies, seeds)
+    cached = None if getattr(args, "retune", False) else tuning.read_cached(key)
+    if cached is not None:
+        cached["origin"] = f"cached: {tuning.cache_file(key)}"
+        return cached
+    runs = tuning.tuning_runs(tune_spec, setting, policies, seeds)
+    console.print(
+        f"tuning {len(policies)} policies on the tune part: {len(runs)} simulations "
+        f"({len(seeds)} seeds), {args.jobs} at a time"
+    )
+    from talaria.swebench_replay.runs import execute_all
+
+    with _bar(console, "tuning (tune part)", len(runs)) as tick:
+        outcomes = execute_all(runs, args.jobs, tick)
+    doc = tuning.to_document(tuning.choose(policies, seeds, outcomes), key, seeds)
+    doc["workload"] = tune_spec.to_json()
+    path = tuning.write_cached(doc)
+    doc["origin"] = f"tuned now, cached: {path}"
+    return doc
+
+
+def cmd_tune(args: argparse.Namespace, console: Console) -> int:
+    from talaria.swebench_replay.report import tuning_table
+
+    policies = parse_policies(args.policies or "all")
+    tune_spec, _ = _workloads(args)
+    setting = _setting(args, tune_spec)
+    started = time.perf_counter()
+    doc = tuning_for(args, console, policies, tune_spec, setting)
+    doc["wall_s"] = time.perf_counter() - started
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / "tuned.json"
+    path.write_text(json.dumps(doc, indent=1) + "\n")
+    console.print(tuning_table(doc))
+    console.print(f"{doc['origin']}; wrote {path}")
+    return 0
+
+
+def cmd_replay_sim(args: argparse.Namespace, console: Console, plots: Any) -> int:
+    """The simulated replay: tuned policies on the comparison part over ``--seeds`` seeds."""
+    from talaria.swebench_replay import tuning
+    from talaria.swebench_replay.compare import comparison_document, comparison_runs, summarize
+    from talaria.swebench_replay.report import comparison_table, mechanism_table, policy_table
+    from talaria.swebench_replay.runs import execute_all, workload
+
+    policies = parse_policies(args.policies or "all")
+    tune_spec, spec = _workloads(args)
+    seeds = tuple(range(args.seed, args.seed + (args.seeds or TEST_SEEDS_DEFAULT)))
+    console.print(f"[bold]workload[/]: {workload(spec, seeds[0]).replay.trace}")  # bad input
+    setting = _setting(args, tune_spec)  # fails here, before a tuning runs
+    started = time.perf_counter()
+    if args.slot_max_s is not None:
+        console.print("--slot-max-s given: every policy runs at that quantum, untuned")
+        policies = tuple(attrs.evolve(p, slot_max_s=args.slot_max_s) for p in policies)
+        doc_tuning: dict[str, Any] | None = None
+    else:
+        doc_tuning = tuning_for(args, console, policies, tune_spec, setting)
+        policies = tuning.tuned_policies(policies, tuning.from_document(doc_tuning))
+    runs = comparison_runs(spec, setting, policies, seeds, keep=[p.name for p in policies])
+    kept: dict[str, Any] = {}
+    with _bar(console, f"comparison ({spec.part.value} part)", len(runs)) as tick:
+        outcomes = execute_all(runs, args.jobs, tick)
+    entries = summarize(seeds, outcomes, kept.__setitem__)
+    results = comparison_document("sim", args.hardware, spec, setting, seeds, entries, doc_tuning)
+    results["wall_s"] = time.perf_counter() - started
+    out = args.out or Path("runs") / "replay-sim"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    made = plots(results, kept, out)
+    console.print(policy_table(results))
+    console.print(comparison_table(results))
+    console.print(mechanism_table(results))
+    console.print(f"wrote {', '.join(map(str, [out / 'results.json', *made]))}")
+    return 0
