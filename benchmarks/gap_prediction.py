@@ -41,6 +41,7 @@ from rich.table import Table
 
 from talaria.errors import TraceError
 from talaria.session import GapModelConfig, GapPredictor, ToolKind, ToolPriors, load_tool_priors
+from talaria.swebench_replay.split import Part, select_part
 from talaria.swebench_replay.traces import TraceSession, load_trace
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -169,6 +170,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=DEFAULT_TRACES,
         help="trace directory or file (talaria-trace/1 *.jsonl; default: %(default)s)",
     )
+    p.add_argument(
+        "--part",
+        choices=["tune", "test", "all"],
+        default="tune",
+        help="which part of the sessions (talaria.swebench_replay.split; default tune: the "
+        "predictor's alpha and clip are chosen on it, never on the test part)",
+    )
     p.add_argument("--json", type=Path, default=None, help="write the figures here")
     args = p.parse_args(argv)
     if not args.traces.exists():
@@ -179,11 +187,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return 2
     try:
-        sessions = load_trace(args.traces)
+        sessions = select_part(load_trace(args.traces), Part(args.part))
     except TraceError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    result = {"traces": args.traces.name, **measure(sessions, load_tool_priors())}
+    result = {
+        "traces": args.traces.name,
+        "part": args.part,
+        **measure(sessions, load_tool_priors()),
+    }
     console = Console()
     console.print(table(result))
     console.print(grid_table(result))

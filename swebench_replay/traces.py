@@ -22,10 +22,12 @@ import math
 import os
 import random
 from collections.abc import Iterable, Mapping, Sequence
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import attrs
+import numpy as np
 
 from talaria.errors import TraceError
 
@@ -324,17 +326,42 @@ _QUANTILE_KEYS: tuple[tuple[float, str], ...] = (
     (1.00, "max"),
 )
 
-# The published percentiles of shared/traces/tool_time_by_kind.json (mini-swe-agent 2.2.7,
-# SWE-bench Lite, 10,295 steps), so synthetic workloads need no file. Order: n, then the
-# values of _QUANTILE_KEYS.
-_PUBLISHED_SOURCE = "mini-swe-agent v2.2.7 deepseek runs (shared/traces/tool_time_by_kind.json)"
-_PUBLISHED: tuple[tuple[str, int, tuple[float, ...]], ...] = (
-    ("shell_read_edit", 7321, (0.186, 0.214, 0.249, 0.283, 0.35, 0.46, 1.771, 4.551)),
-    ("python_script", 2262, (0.234, 0.274, 0.338, 0.403, 0.491, 0.573, 0.984, 60.029)),
-    ("tests", 316, (0.227, 0.264, 0.355, 0.571, 3.447, 4.601, 53.824, 64.62)),
-    ("install", 289, (1.388, 1.717, 2.246, 5.035, 11.134, 24.141, 60.061, 64.717)),
-    ("other", 107, (0.183, 0.227, 0.266, 0.419, 0.553, 0.634, 1.873, 60.058)),
+# The per-kind percentiles every replay and server starts from live in one file, the
+# package data talaria/session/tool_priors.json, measured on the tune part of the bundled
+# traces by benchmarks/tool_priors.py (tool_time_document).
+PRIORS_PACKAGE = "talaria.session"
+PRIORS_FILE = (
+    "tool_priors.json"  # = talaria.session.priors.PRIORS_FILE (talaria.session imports us)
 )
+
+
+def tool_time_document(sessions: Iterable[TraceSession], source: str) -> dict[str, Any]:
+    """Tool-time percentiles per kind and over all kinds (``ALL``) of ``sessions``, in the
+    ``tool_priors.json`` format: ``n``, ``mean``, ``p10`` .. ``p99`` (numpy's linear
+    percentiles) and ``max``, in seconds rounded to the millisecond. Every measured tool time
+    counts but a session's last (no call follows it). ``TraceError`` for a kind with none."""
+    times: dict[str, list[float]] = {k.value: [] for k in ToolKind}
+    for s in sessions:
+        for c in s.calls[:-1]:
+            if c.tool_seconds is not None:
+                times[c.tool_kind.value].append(c.tool_seconds)
+    times["ALL"] = [t for k in ToolKind for t in times[k.value]]
+    kinds: dict[str, dict[str, float | int]] = {}
+    for kind, values in times.items():
+        if not values:
+            raise TraceError(f"no measured tool time of kind {kind!r} to take percentiles of")
+        xs = np.asarray(values, dtype=float)
+        entry: dict[str, float | int] = {"n": len(values), "mean": round(float(xs.mean()), 3)}
+        for q, key in _QUANTILE_KEYS[:-1]:
+            entry[key] = round(float(np.percentile(xs, 100 * q)), 3)
+        entry["max"] = round(float(xs.max()), 3)
+        kinds[kind] = entry
+    return {
+        "source": source,
+        "definition": "seconds from an LLM response received to the next request's tool "
+        "output recorded (every command of the step); a session's last call excluded",
+        "kinds": kinds,
+    }
 
 
 @attrs.frozen
@@ -383,12 +410,10 @@ class ToolTimeTable:
 
     @classmethod
     def published(cls) -> ToolTimeTable:
-        """The percentiles published with the shared traces (built in; no file needed)."""
-        dists = tuple(
-            (ToolKind(name), _dist_from(values, n, f"published.{name}"))
-            for name, n, values in _PUBLISHED
-        )
-        return cls(dists=dists, source=_PUBLISHED_SOURCE)
+        """The packaged percentiles (``talaria/session/tool_priors.json``: the tune part of
+        the bundled traces), the same the server's gap priors start from."""
+        text = resources.files(PRIORS_PACKAGE).joinpath(PRIORS_FILE).read_text("utf-8")
+        return cls.from_json(json.loads(text), where=f"{PRIORS_PACKAGE}/{PRIORS_FILE}")
 
     @classmethod
     def from_json(cls, data: object, where: str = "tool times") -> ToolTimeTable:

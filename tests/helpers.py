@@ -46,6 +46,9 @@ class RoundNumberEstimator:
     def decode_step_s(self, model: str, batch: int, context_tokens: int) -> float:
         return 0.01
 
+    def stage_contention(self) -> None:
+        return None
+
 
 def tiny_spec(name: str, weight_bytes: int = 1000, max_context: int = 131072) -> ModelSpec:
     """``weight_bytes`` of weights (one byte per parameter) and 32 bytes of KV per token."""

@@ -119,3 +119,72 @@ def test_cpu_profile_takes_attention_rates_from_the_fit() -> None:
     doc["engine"]["fit"]["decode_kv_B_s"] = -1.0
     with pytest.raises(ConfigError, match="decode_kv_B_s"):
         cpu_profile_from_dict(doc, "test")
+
+
+def test_fit_measures_a_stage_against_the_steps_beside_it() -> None:
+    def stage(alone: float, beside: float, idle: float, busy: float) -> dict[str, float]:
+        return {
+            "stage_decode_step_s_alone": alone,
+            "stage_decode_step_s_beside": beside,
+            "stage_B_s_idle": idle,
+            "stage_B_s_beside_decode": busy,
+        }
+
+    models = {
+        "a": {**_model(1e8, 2e8, 0.01), **stage(0.010, 0.012, 10e9, 1e9)},
+        "b": {**_model(1e9, 2e9, 0.01), **stage(0.020, 0.026, 10e9, 2e9)},
+        "c": {**_model(2.5e9, 5e9, 0.01), **stage(0.040, 0.036, 10e9, 5e9)},
+    }
+    got = fit(models)
+    assert got["stage_step_slowdown"] == pytest.approx(1.2)  # median of 1.2, 1.3, 0.9
+    assert got["stage_share_beside_steps"] == pytest.approx(0.2)
+    for m in models.values():  # a stage that sped the steps up is noise: never below 1
+        m["stage_decode_step_s_beside"] = m["stage_decode_step_s_alone"] * 0.9
+    assert fit(models)["stage_step_slowdown"] == 1.0
+    bare = {name: _model(1e8 * (i + 1), 2e8, 0.01) for i, name in enumerate("abc")}
+    assert "stage_step_slowdown" not in fit(bare)
+
+
+def test_cpu_profile_takes_stage_contention_from_the_fit() -> None:
+    shipped = json.loads(
+        (Path(__file__).resolve().parents[1] / "talaria" / "cost" / "cpu_profile.json").read_text()
+    )
+    doc = dict(shipped)
+    fitted = {"prefill_flop_s": 5e11, "decode_weight_B_s": 2e10, "step_overhead_s": 0.02}
+    doc["engine"] = {"measured_at": "test", "fit": fitted}
+    assert cpu_profile_from_dict(doc, "test").stage_step_slowdown is None
+    doc["engine"] = {
+        "measured_at": "test",
+        "fit": {**fitted, "stage_step_slowdown": 1.25, "stage_share_beside_steps": 0.05},
+    }
+    prof = cpu_profile_from_dict(doc, "test")
+    assert (prof.stage_step_slowdown, prof.stage_share_beside_steps) == (1.25, 0.05)
+    assert prof.source_of("stage_step_slowdown") and prof.source_of("stage_share_beside_steps")
+    doc["engine"]["fit"]["stage_share_beside_steps"] = 1.5
+    with pytest.raises(ConfigError, match="stage_share_beside_steps"):
+        cpu_profile_from_dict(doc, "test")
+
+
+def test_a_model_is_measured_alone_and_beside_a_stage_copy() -> None:
+    import torch
+
+    from talaria.backends.calibration_plan import EngineBench
+    from talaria.backends.embedded import load_catalog_model
+    from talaria.backends.engine_calibration import measure_model
+
+    tiny = load_catalog_model("smollm2-tiny-dummy", torch.float32)
+    bench = EngineBench(
+        prefill_tokens=32,
+        decode_steps=6,
+        reps=1,
+        short_ctx=16,
+        long_ctx=48,
+        chunk=16,
+        attention_batch=2,
+        device_memory_bytes=200 * 10**6,
+        host_memory_bytes=200 * 10**6,
+    )
+    out = measure_model("smollm2-tiny-dummy", tiny, bench, torch.float32)
+    for key in ("stage_decode_step_s_alone", "stage_decode_step_s_beside"):
+        assert 0 < out[key] < 1.0
+    assert out["stage_B_s_idle"] > 1e8 and out["stage_B_s_beside_decode"] > 0

@@ -11,6 +11,8 @@ commit on an event loop, ``EngineRunner.execute`` on a worker thread), on each m
   ``overhead + weight_bytes / bandwidth`` (least squares over the models);
 - prefill: a ``prefill_tokens``-token prefill per model, fitted as ``overhead + FLOPs /
   flop rate`` with the overhead from the decode fit;
+- stage contention: decode steps alone and beside the runner's background stage copy, and
+  the copy's rate idle and beside them (:func:`_stage_contention`);
 - attention: decode steps of ``attention_batch`` sequences at short and long contexts give
   the KV read rate (extra time per extra context byte); a ``chunk``-token prefill chunk
   from an empty cache and after a ``long_ctx``-token cached prefix gives the attention FLOP
@@ -43,6 +45,7 @@ from talaria.backends.embedded import cluster_from_loaded
 from talaria.config import InstanceSpec
 from talaria.engine.loader import LoadedModel
 from talaria.engine.runner import EngineRunner
+from talaria.engine.staging import BackgroundCopy
 from talaria.errors import ConfigError
 from talaria.policy.baselines import POLICIES
 from talaria.types import Call, TokenSeq
@@ -141,7 +144,74 @@ async def _timings(probe: _Probe, b: EngineBench) -> dict[str, float]:
         after.append(await probe.timed(Call(f"c{r}", 1, name, longer, 1)))
     out["chunk_s_fresh"] = statistics.median(fresh)
     out["chunk_s_after_prefix"] = statistics.median(after)
-    return out
+    return out | await _stage_contention(probe, b)
+
+
+STAGE_ROUNDS = 3  # alternations of decode steps alone and beside a stage copy
+
+
+async def _stage_contention(probe: _Probe, b: EngineBench) -> dict[str, float]:
+    """Decode steps alone and beside the runner's background stage copy (``BackgroundCopy``:
+    the model's own host weights into free KV blocks lent for it, restarted as it ends),
+    alternating ``STAGE_ROUNDS`` times on one batch so that drift hits both alike; and the
+    copy's rate idle and beside the steps (bytes per second)."""
+    runner, core = probe.runner, probe.runner.core
+    src = runner.host_weights[probe.name]
+    lent = core.kv.lend(min(core.kv.device_free // 2, -(-src.numel() // core.kv.block_bytes)))
+    try:
+        nbytes = min(src.numel(), len(lent) * core.kv.block_bytes)
+        runs = [
+            (rows.flatten()[: hi - lo], src[lo:hi])
+            for rows, lo, hi in runner._lent_runs(nbytes, lent)
+        ]
+        copier = BackgroundCopy()
+        t0 = time.perf_counter()
+        copier.start(probe.name, lent, runs)
+        copier.wait()
+        idle_s = time.perf_counter() - t0
+        per = max(2, b.decode_steps // 3)
+        calls = [
+            Call(f"stage-{i}", 0, probe.name, probe.ids(b.short_ctx), 2 * STAGE_ROUNDS * per + 2)
+            for i in range(b.attention_batch)
+        ]
+        for c in calls:
+            runner.submit(c, probe.now)
+        while any(r.prefilling for r in core.running.values()) or any(core.waiting.values()):
+            await probe._tick()
+        alone: list[float] = []
+        beside: list[float] = []
+        moved, beside_s = 0, 0.0
+        for _ in range(STAGE_ROUNDS):
+            alone += [await _timed_tick(probe) for _ in range(per)]
+            copier.start(probe.name, lent, runs)
+            started = time.perf_counter()
+            for _ in range(per):
+                beside.append(await _timed_tick(probe))
+                if copier.done:
+                    copier.wait()
+                    moved += nbytes
+                    copier.start(probe.name, lent, runs)
+            moved += copier.copied_bytes
+            copier.cancel()
+            beside_s += time.perf_counter() - started
+        while not runner.idle:
+            await probe._tick()
+        for c in calls:
+            runner.take_output(c.key)
+    finally:
+        core.kv.return_lent()
+    return {
+        "stage_decode_step_s_alone": statistics.median(alone),
+        "stage_decode_step_s_beside": statistics.median(beside),
+        "stage_B_s_idle": nbytes / idle_s,
+        "stage_B_s_beside_decode": moved / beside_s,
+    }
+
+
+async def _timed_tick(probe: _Probe) -> float:
+    t0 = time.perf_counter()
+    await probe._tick()
+    return time.perf_counter() - t0
 
 
 def measure_model(
@@ -186,6 +256,7 @@ def measure_model(
         "chunk_s_fresh": timings["chunk_s_fresh"],
         "chunk_s_after_prefix": timings["chunk_s_after_prefix"],
         "attention_flops_chunk_extra": spec.attention_flops(b.chunk * b.long_ctx),
+        **{k: v for k, v in timings.items() if k.startswith("stage_")},
     }
 
 
@@ -248,6 +319,7 @@ def fit(models: Mapping[str, Mapping[str, Any]]) -> dict[str, float]:
         "step_overhead_s": overhead,
         "prefill_flop_s": float(statistics.median(rates)),
     }
+    out |= _fit_stage(models)
     if kv_rates:
         attn_rates = []
         for m in long:
@@ -258,6 +330,22 @@ def fit(models: Mapping[str, Mapping[str, Any]]) -> dict[str, float]:
         if attn_rates:
             out["attention_flop_s"] = float(statistics.median(attn_rates))
     return out
+
+
+def _fit_stage(models: Mapping[str, Mapping[str, Any]]) -> dict[str, float]:
+    """A weight stage's contention with the steps beside it, the median over the models that
+    measured it: how many times longer a decode step takes beside the stage copy (at least
+    1: a copy cannot speed a step up; the measurement's noise can), and the share of its
+    idle rate the copy keeps beside the steps (at most 1)."""
+    measured = [m for m in models.values() if "stage_decode_step_s_beside" in m]
+    if not measured:
+        return {}
+    slow = [m["stage_decode_step_s_beside"] / m["stage_decode_step_s_alone"] for m in measured]
+    share = [m["stage_B_s_beside_decode"] / m["stage_B_s_idle"] for m in measured]
+    return {
+        "stage_step_slowdown": max(1.0, float(statistics.median(slow))),
+        "stage_share_beside_steps": min(1.0, max(1e-6, float(statistics.median(share)))),
+    }
 
 
 ModelSource = Callable[[], Iterator[tuple[str, LoadedModel, torch.Tensor | None]]]

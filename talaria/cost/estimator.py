@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
+import attrs
+
 from talaria.config import ModelSpec
 from talaria.cost.cost_model import CostModel
 from talaria.errors import UnknownModel
@@ -44,6 +46,21 @@ class Estimator(Protocol):
     def restore_tok_s(self, model: str) -> float: ...
 
     def decode_step_s(self, model: str, batch: int, context_tokens: int) -> float: ...
+
+    def stage_contention(self) -> StageContention | None:
+        """How a weight stage contends with the steps beside it; None: it does not."""
+        ...
+
+
+@attrs.frozen
+class StageContention:
+    """A weight stage beside steps (measured, see the hardware profile): each step takes
+    ``step_slowdown`` times longer while the stage copies, the stage copies at ``share`` of
+    its idle rate while steps run, and it shares the host link half and half with
+    host-to-device KV moves."""
+
+    step_slowdown: float
+    share: float
 
 
 class CostModelEstimator:
@@ -95,6 +112,12 @@ class CostModelEstimator:
 
     def restore_tok_s(self, model: str) -> float:
         return self._restore_rate[self.spec(model).name]
+
+    def stage_contention(self) -> StageContention | None:
+        hw = self.cost.hw
+        if hw.stage_step_slowdown is None or hw.stage_share_beside_steps is None:
+            return None
+        return StageContention(hw.stage_step_slowdown, hw.stage_share_beside_steps)
 
     def decode_step_s(self, model: str, batch: int, context_tokens: int) -> float:
         """One decode step (memoized with the context rounded up to 1,024 tokens: this is a

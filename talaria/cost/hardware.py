@@ -60,7 +60,13 @@ NUMERIC_FIELDS: Final = (
     "allreduce_latency_s",
     "copy_latency_s",
 )
-OPTIONAL_FIELDS: Final = ("kv_read_Bps", "attention_flops_per_s", "decode_seq_overhead_s")
+OPTIONAL_FIELDS: Final = (
+    "kv_read_Bps",
+    "attention_flops_per_s",
+    "decode_seq_overhead_s",
+    "stage_step_slowdown",
+    "stage_share_beside_steps",
+)
 """Numbers a profile may leave None; cited in ``sources`` when set."""
 
 
@@ -146,6 +152,13 @@ class HardwareProfile:
     under the step). The embedded CPU engine's attention runs far below its matmul and
     weight-read rates and each decoding sequence adds host work, so its calibration sets
     all three; the GPU profiles leave them None.
+
+    A weight stage (the next model's copy into lent KV blocks while the current one runs)
+    contends with the steps beside it: ``stage_step_slowdown`` (>= 1) is how many times
+    longer a step takes while a stage copies, and ``stage_share_beside_steps`` (in (0, 1])
+    the share of its idle copy rate the stage keeps while steps run; both measured (None:
+    no contention, a stage delays nothing). A stage and host-to-device KV moves share the
+    host link half and half (:mod:`talaria.sim.simulator`).
     """
 
     name: str = attrs.field(validator=_name)
@@ -171,6 +184,8 @@ class HardwareProfile:
     kv_read_Bps: float | None = attrs.field(default=None, validator=_opt_positive)
     attention_flops_per_s: float | None = attrs.field(default=None, validator=_opt_positive)
     decode_seq_overhead_s: float | None = attrs.field(default=None, validator=_opt_positive)
+    stage_step_slowdown: float | None = attrs.field(default=None, validator=_opt_positive)
+    stage_share_beside_steps: float | None = attrs.field(default=None, validator=_opt_positive)
 
     def __attrs_post_init__(self) -> None:
         if not isinstance(self.description, str):
@@ -180,6 +195,11 @@ class HardwareProfile:
         cited = {s.split(":", 1)[0].strip() for s in self.sources if ":" in s}
         optional = [f for f in OPTIONAL_FIELDS if getattr(self, f) is not None]
         missing = [f for f in (*NUMERIC_FIELDS, *optional) if f not in cited]
+        slowdown, share = self.stage_step_slowdown, self.stage_share_beside_steps
+        if slowdown is not None and slowdown < 1:
+            raise ConfigError(f"profile {self.name}: stage_step_slowdown must be >= 1")
+        if share is not None and share > 1:
+            raise ConfigError(f"profile {self.name}: stage_share_beside_steps must be <= 1")
         if missing:
             raise ConfigError(
                 f"profile {self.name}: every number needs a source; add a "
@@ -252,6 +272,8 @@ def _h200_tp8() -> HardwareProfile:
         allreduce_latency_s=10e-6,
         copy_latency_s=10e-6,
         sources=_H200_SOURCES,
+        stage_step_slowdown=1.18,
+        stage_share_beside_steps=0.946,
     )
 
 
@@ -294,6 +316,11 @@ _H200_SOURCES: Final = (
     "allreduce_latency_s: assumption 10 us per small-message allreduce across 8 GPUs on "
     "NVSwitch (NCCL low-latency protocols / vLLM custom all-reduce regime)",
     "copy_latency_s: assumption 10 us per cudaMemcpyAsync (launch + completion)",
+    "stage_step_slowdown: measured on one H200 (2026-12-04, benchmarks/gpu_engine.py, "
+    "benchmarks/results/gpu_check/gpu_engine.json): Llama-3.1-8B decode steps of batch 32 "
+    "took 1.18x as long beside a side-stream stage of Qwen2.5-7B's weights",
+    "stage_share_beside_steps: the same run: the stage copied at 52.0 GB/s beside those "
+    "decode steps and 55.0 GB/s idle, 0.946 of its idle rate",
 )
 
 
@@ -337,6 +364,7 @@ def cpu_profile_from_dict(
     ram = int(m["ram_bytes"])
     flops, bandwidth, overhead, engine_note = _engine_fit(doc, m, origin)
     kv_rate, attn_rate, seq_s, attn_sources = _attention_fit(doc, origin)
+    slowdown, share, stage_sources = _stage_fit(doc, origin)
     return HardwareProfile(
         name="cpu",
         description=f"this machine: {machine.get('cpu', 'CPU')}, RAM as both tiers",
@@ -357,10 +385,14 @@ def cpu_profile_from_dict(
         step_overhead_s=overhead,
         allreduce_latency_s=0.0,
         copy_latency_s=float(m["torch_op_overhead_s"]),
-        sources=_cpu_sources(where, float(m["matmul_fp32_flop_s"]), engine_note) + attn_sources,
+        sources=_cpu_sources(where, float(m["matmul_fp32_flop_s"]), engine_note)
+        + attn_sources
+        + stage_sources,
         kv_read_Bps=kv_rate,
         attention_flops_per_s=attn_rate,
         decode_seq_overhead_s=seq_s,
+        stage_step_slowdown=slowdown,
+        stage_share_beside_steps=share,
     )
 
 
@@ -422,6 +454,36 @@ def _attention_fit(
             f"{measured_at}): {what}, {float(value):.3e}"
         )
     return out[0], out[1], out[2], tuple(sources)
+
+
+def _stage_fit(
+    doc: Mapping[str, Any], origin: str
+) -> tuple[float | None, float | None, tuple[str, ...]]:
+    """(step slowdown beside a stage, the stage's share of its idle rate beside steps, their
+    source lines) from the engine fit, when it measured them (None otherwise)."""
+    engine = doc.get("engine")
+    if not isinstance(engine, Mapping) or not isinstance(engine.get("fit"), Mapping):
+        return None, None, ()
+    fitted = engine["fit"]
+    slowdown, share = fitted.get("stage_step_slowdown"), fitted.get("stage_share_beside_steps")
+    if slowdown is None or share is None:
+        return None, None, ()
+    if not (_is_number(slowdown) and slowdown >= 1 and _is_number(share) and 0 < share <= 1):
+        raise ConfigError(
+            f"{origin}: engine.fit.stage_step_slowdown must be >= 1 and "
+            "stage_share_beside_steps in (0, 1]"
+        )
+    where = f"engine microbenchmarks ({_engine_by(engine)}, {engine.get('measured_at', '?')})"
+    return (
+        float(slowdown),
+        float(share),
+        (
+            f"stage_step_slowdown: {where}: decode steps beside the runner's background stage "
+            f"copy over steps alone, {float(slowdown):.3f}",
+            f"stage_share_beside_steps: {where}: the background stage copy's rate beside "
+            f"decode steps over its rate idle, {float(share):.4f}",
+        ),
+    )
 
 
 def _engine_by(engine: Mapping[str, Any]) -> str:

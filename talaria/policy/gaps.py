@@ -1,11 +1,12 @@
 """Tool-gap model: how likely a session in a tool gap is back within a horizon.
 
 A gap is modelled as log-normal around the expected duration (the client's hint, or the
-server's own prediction). The spread ``sigma`` is fixed from the published SWE-bench tool
-times in ``shared/traces/tool_time_by_kind.json``: for all steps p50 = 0.264 s and
-p90 = 0.473 s, so ln(p90/p50)/1.2816 = 0.455 for the body; the tail (p99 = 4.5 s) is much
-heavier, ln(p99/p50)/2.326 = 1.22. We use sigma = 1.0 between the two: conservative on
-the body (returns are predicted less sharply than they are) and not blind to the tail.
+server's own prediction). The spread ``sigma`` is fixed from the SWE-bench tool times of
+the tune part of the bundled traces (``talaria/session/tool_priors.json``): for all steps
+p50 = 0.257 s and p90 = 0.483 s, so ln(p90/p50)/1.2816 = 0.49 for the body; the tail (p99 =
+7.0 s) is much heavier, ln(p99/p50)/2.326 = 1.42. We use sigma = 1.0 between the two:
+conservative on the body (returns are predicted less sharply than they are) and not blind
+to the tail.
 
 Numerics. Every function is total over its domain (elapsed 0 to 1e9 s and beyond, any
 expected gap, sigma in ``[SIGMA_MIN, SIGMA_MAX]``) and returns a finite, non-negative value.
@@ -35,7 +36,7 @@ _Z_ASYMPTOTIC = 30.0  # past this, Q(z) < 5e-198: the series is exact to ~1e-12 
 _LOG_P_DIRECT = -700.0  # log-probabilities above this invert through inv_cdf directly
 
 DEFAULT_SIGMA = 1.0
-DEFAULT_GAP_S = 0.264  # all-kinds median tool time in the SWE-bench traces
+DEFAULT_GAP_S = 0.257  # all-kinds median tool time (tune part, talaria/session/tool_priors.json)
 SIGMA_MIN = 1e-3
 SIGMA_MAX = 10.0
 # The medians the model reasons about; an expected gap outside is clamped to the range

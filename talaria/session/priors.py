@@ -1,8 +1,9 @@
 """Tool-time priors per tool kind: the numbers a gap predictor starts from.
 
-``tool_priors.json`` (package data) is a copy of ``shared/traces/tool_time_by_kind.json``:
-percentiles of the measured tool time of 10,295 mini-swe-agent steps per kind, plus ``ALL``
-(every kind together). Only ``n``, ``mean`` and ``p50`` are used. Units: seconds.
+``tool_priors.json`` (package data) holds percentiles of the measured tool time of the
+3,365 mini-swe-agent steps of the tune part of the bundled traces, per kind, plus ``ALL``
+(every kind together); ``benchmarks/tool_priors.py`` writes it. Only ``n``, ``mean`` and
+``p50`` are used here. Units: seconds.
 """
 
 from __future__ import annotations

@@ -9,7 +9,13 @@ prices each engine step, block move and weight copy.
 Decode-only stretches are fast-forwarded: when a step has no prefill and nothing could join
 the batch, up to ``StepPlan.repeat`` identical steps run as one event, cut short at the next
 event on the heap so that arrivals are seen within one step of when they would be.
-Staging copies run alongside steps (their link contention with KV restores is ignored).
+
+A weight stage copies alongside steps. Where the instance's estimator measures the
+contention (``Estimator.stage_contention``), it is priced: a step beside the stage takes
+``step_slowdown`` times longer for as long as they overlap, the stage copies at ``share`` of
+its idle rate while steps run (at its idle rate otherwise), and host-to-device KV moves
+share the host link with it half and half (both slowed while both copy). Without a
+measurement a stage delays nothing.
 
 Deterministic: same scripts and config, byte-identical results.
 """
@@ -25,13 +31,14 @@ import attrs
 
 from talaria.config import ClusterConfig, PolicyConfig
 from talaria.cost.estimator import Estimator
-from talaria.cost.pricing import price, step_s
+from talaria.cost.pricing import moves_s, price, step_s
 from talaria.errors import TalariaError
+from talaria.memory.kv import MovePlan
 from talaria.policy.gaps import GapModel
 from talaria.runtime.cluster import ClusterCore, GapLearner
 from talaria.runtime.counters import cluster_counters
 from talaria.runtime.instance import InstanceCore, Request, StepPlan
-from talaria.types import EventKind, SessionScript
+from talaria.types import EventKind, Link, SessionScript
 
 IDLE_POLL_S = 0.05  # re-check an idle instance whose decision may change with time
 MAX_EVENTS = 50_000_000
@@ -153,6 +160,28 @@ class _SessionRun:
 
 
 @attrs.define
+class _StageCopy:
+    """A weight stage in progress on an instance: ``left_s`` seconds of copying at its idle
+    rate remain as of ``since_s``, from when it copies at ``rate`` of that rate. ``version``
+    invalidates STAGE_DONE events scheduled before a change."""
+
+    model: str
+    left_s: float
+    since_s: float
+    rate: float = 1.0
+    version: int = 0
+
+    def advance(self, now: float) -> None:
+        if now > self.since_s:
+            self.left_s = max(0.0, self.left_s - (now - self.since_s) * self.rate)
+            self.since_s = now
+
+    @property
+    def done_s(self) -> float:
+        return self.since_s + self.left_s / self.rate
+
+
+@attrs.define
 class _Busy:
     step: StepPlan | None = None
     switch_model: str | None = None
@@ -205,6 +234,8 @@ class _Run:
         self.records: list[CallRecord] = []
         self.slot_log = SlotLog()
         self.kv_moved = 0
+        self.stages: dict[str, _StageCopy] = {}
+        self.stage_versions = 0
 
     def push(self, t: float, kind: _Ev, name: str = "", idx: int = 0) -> None:
         self.seq += 1
@@ -241,9 +272,12 @@ class _Run:
         elif kind is _Ev.READY:
             self._ready(name, on_call_done)
         elif kind is _Ev.STAGE_DONE:
-            model = self.core.instances[name].arena.staging_in_progress
-            if model is not None:
-                self.core.instances[name].stage_done(model)
+            stage = self.stages.get(name)
+            if stage is None or stage.version != idx:
+                return  # superseded: the stage was re-timed, replaced or abandoned
+            del self.stages[name]
+            if self.core.instances[name].arena.staging_in_progress == stage.model:
+                self.core.instances[name].stage_done(stage.model)
             self._kick(name)
         else:
             self.polling.discard(name)
@@ -291,24 +325,75 @@ class _Run:
         step = sched.step
         repeat = self._repeat(inst, step) if step is not None else 1
         cost = price(est, sched, repeat)
-        self.kv_moved += sum(m.nbytes for m in sched.kv_moves)
+        moves = list(sched.kv_moves)
         if step is not None:
-            self.kv_moved += sum(m.nbytes for m in step.kv_moves)
+            moves += step.kv_moves
+        self.kv_moved += sum(m.nbytes for m in moves)
         if sched.stage is not None:
-            self.push(self.now + cost.background_s, _Ev.STAGE_DONE, name)
+            self._start_stage(name, sched.stage.model, cost.background_s)
+        serial = cost.serial_s
+        if sched.switch is None and (step is not None or cost.kv_s > 0):
+            serial = self._beside_stage(name, inst, cost.kv_s, cost.step_s, moves)
         if sched.switch is not None:
             self.slot_log.switch(name, sched.switch.model, self.now)
             self.busy[name] = _Busy(switch_model=sched.switch.model)
-            self.push(self.now + cost.serial_s, _Ev.READY, name)
+            self.push(self.now + serial, _Ev.READY, name)
         elif step is not None:
             self.busy[name] = _Busy(step=step, repeat=repeat)
-            self.push(self.now + cost.serial_s, _Ev.READY, name)
+            self.push(self.now + serial, _Ev.READY, name)
         elif cost.kv_s > 0:
             self.busy[name] = _Busy()
-            self.push(self.now + cost.kv_s, _Ev.READY, name)
+            self.push(self.now + serial, _Ev.READY, name)
         elif self._has_work(inst) and name not in self.polling and not sched.waiting_for_stage:
             self.polling.add(name)
             self.push(self.now + IDLE_POLL_S, _Ev.WAKE, name)
+
+    # ------------------------------------------------------------------ stages
+    def _start_stage(self, name: str, model: str, copy_s: float) -> None:
+        self.stages[name] = _StageCopy(model, copy_s, self.now)
+        self._retime(name)
+
+    def _retime(self, name: str) -> None:
+        """Schedule the stage's end as things stand (earlier events become stale)."""
+        stage = self.stages[name]
+        self.stage_versions += 1
+        stage.version = self.stage_versions
+        self.push(stage.done_s, _Ev.STAGE_DONE, name, stage.version)
+
+    def _beside_stage(
+        self, name: str, inst: InstanceCore, kv_s: float, step_s: float, moves: list[MovePlan]
+    ) -> float:
+        """Seconds the instance is held by ``kv_s`` of KV moves then ``step_s`` of step
+        beside the stage in progress (module docstring); the stage is re-timed."""
+        stage = self.stages.get(name)
+        contention = inst.estimator.stage_contention()
+        if stage is not None and inst.arena.staging_in_progress != stage.model:
+            del self.stages[name]  # abandoned by the core
+            stage = None
+        if stage is None or contention is None:
+            return kv_s + step_s
+        stage.advance(self.now)
+        h2d = moves_s(inst.estimator, [m for m in moves if m.link is Link.HOST_TO_DEVICE])
+        shared = min(h2d, stage.left_s)  # both copy at half rate for twice this long
+        stage.left_s -= shared
+        kv_s += shared
+        if step_s > 0:
+            beside = stage.left_s / contention.share  # wall seconds the stage still copies
+            slow = contention.step_slowdown
+            overlap = min(step_s * slow, beside)
+            step_s += overlap * (1.0 - 1.0 / slow)
+            stage.rate = contention.share
+        stage.since_s = self.now + kv_s
+        self._retime(name)
+        return kv_s + step_s
+
+    def _idle_stage(self, name: str) -> None:
+        """The instance stopped stepping: a stage in progress copies at its idle rate."""
+        stage = self.stages.get(name)
+        if stage is not None and stage.rate != 1.0:
+            stage.advance(self.now)
+            stage.rate = 1.0
+            self._retime(name)
 
     @staticmethod
     def _has_work(inst: InstanceCore) -> bool:
@@ -326,6 +411,7 @@ class _Run:
     def _ready(self, name: str, on_call_done: Callable[[int], None] | None) -> None:
         busy = self.busy[name]
         self.busy[name] = None
+        self._idle_stage(name)
         inst = self.core.instances[name]
         if busy is not None and busy.switch_model is not None:
             inst.switch_done(busy.switch_model, self.now)

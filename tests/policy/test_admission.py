@@ -110,7 +110,7 @@ def test_expire_when_the_return_probability_decays() -> None:
 def test_update_hint_changes_probability_and_a_long_tool_expires_the_reservation() -> None:
     adm = admission()
     res = adm.offer("s", "m", 8, now=0.0, expected_gap_s=None)
-    assert res is not None and res.probability > 0.99  # default median gap 0.264 s
+    assert res is not None and res.probability > 0.99  # default median gap 0.257 s
     adm.update_hint("s", 100.0, now=0.0)
     assert res.expected_gap_s == 100.0
     assert res.probability == pytest.approx(P_MEDIAN_100S)

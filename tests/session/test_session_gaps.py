@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import threading
+from importlib import resources
 from pathlib import Path
 
 import pytest
@@ -78,12 +79,23 @@ def test_classify_never_raises(tool: str, command: str | None) -> None:
 
 def test_packaged_priors() -> None:
     priors = load_tool_priors()
-    assert priors.median_s(ToolKind.SHELL_READ_EDIT) == 0.249
-    assert priors.median_s(ToolKind.PYTHON_SCRIPT) == 0.338
-    assert priors.median_s(ToolKind.TESTS) == 0.355
-    assert priors.median_s(ToolKind.INSTALL) == 2.246
-    assert priors.median_s(ToolKind.OTHER) == 0.266
-    assert priors.overall == KindPrior(n=10295, mean_s=0.529, p50_s=0.264)
+    assert priors.median_s(ToolKind.SHELL_READ_EDIT) == 0.241
+    assert priors.median_s(ToolKind.PYTHON_SCRIPT) == 0.344
+    assert priors.median_s(ToolKind.TESTS) == 0.406
+    assert priors.median_s(ToolKind.INSTALL) == 2.555
+    assert priors.median_s(ToolKind.OTHER) == 0.261
+    assert priors.overall == KindPrior(n=3365, mean_s=0.625, p50_s=0.257)
+
+
+def test_packaged_priors_are_the_tune_part_measured_again() -> None:
+    """The shipped priors are exactly what benchmarks/tool_priors.py measures on the tune
+    part of the bundled traces (never the test part)."""
+    from talaria.swebench_replay.split import Part, select_part
+    from talaria.swebench_replay.traces import BUNDLED_TRACES, load_trace, tool_time_document
+
+    packaged = json.loads((resources.files("talaria.session") / "tool_priors.json").read_text())
+    tune = select_part(load_trace(BUNDLED_TRACES), Part.TUNE)
+    assert tool_time_document(tune, packaged["source"]) == packaged
 
 
 @pytest.mark.parametrize(
@@ -147,21 +159,21 @@ def test_log_space_clipped_arithmetic() -> None:
 
 def test_predictor_seeds_from_priors_and_learns() -> None:
     p = GapPredictor.default()
-    assert p.predict("tests") == 0.355
-    assert p.predict("other:web_search") == 0.266  # unknown tools start from "other"
-    after = p.observe("tests", 0.71)
-    assert after == pytest.approx(0.355 * 2**0.2)
+    assert p.predict("tests") == 0.406
+    assert p.predict("other:web_search") == 0.261  # unknown tools start from "other"
+    after = p.observe("tests", 0.812)
+    assert after == pytest.approx(0.406 * 2**0.2)
     assert p.predict("tests") == after
     assert p.observations("tests") == 1
-    assert p.predict("python_script") == 0.338  # other keys untouched
+    assert p.predict("python_script") == 0.344  # other keys untouched
     assert p.estimates() == {"tests": after}
 
 
 def test_predictor_learns_unknown_tool_by_name() -> None:
     p = GapPredictor(load_tool_priors(), GapModelConfig.plain_ewma(alpha=0.5))
-    p.observe("other:web_search", 2.266)
-    assert p.predict("other:web_search") == pytest.approx(1.266)
-    assert p.predict("other") == 0.266
+    p.observe("other:web_search", 2.261)
+    assert p.predict("other:web_search") == pytest.approx(1.261)  # (0.261 + 2.261) / 2
+    assert p.predict("other") == 0.261
 
 
 def test_predictor_caps_keys() -> None:
@@ -248,21 +260,21 @@ def _session(sid: str, kinds_times: list[tuple[ToolKind, float | None]]) -> Trac
 
 def test_benchmark_on_a_tiny_trace(tmp_path: Path) -> None:
     sessions = [
-        _session("a", [(ToolKind.TESTS, 0.355), (ToolKind.TESTS, 1.355), (ToolKind.OTHER, None)]),
-        _session("b", [(ToolKind.INSTALL, 2.246), (ToolKind.TESTS, None)]),
+        _session("a", [(ToolKind.TESTS, 0.406), (ToolKind.TESTS, 1.406), (ToolKind.OTHER, None)]),
+        _session("b", [(ToolKind.INSTALL, 2.555), (ToolKind.TESTS, None)]),
     ]
     traces = tmp_path / "t.jsonl"
     traces.write_text("".join(json.dumps(session_to_json(s)) + "\n" for s in sessions))
     out = tmp_path / "r" / "gap.json"
-    assert gap_prediction.main(["--traces", str(traces), "--json", str(out)]) == 0
+    assert gap_prediction.main(["--traces", str(traces), "--part", "all", "--json", str(out)]) == 0
     result = json.loads(out.read_text())
     assert result["sessions"] == 2
     assert result["calls_measured"] == 3
-    # const predicts 0.264: errors 0.091, 1.091, 1.982
-    assert result["mae_s_const"] == pytest.approx((0.091 + 1.091 + 1.982) / 3)
+    # const predicts 0.257: errors 0.149, 1.149, 2.298
+    assert result["mae_s_const"] == pytest.approx((0.149 + 1.149 + 2.298) / 3)
     # prior: errors 0, 1.0, 0
     assert result["mae_s_prior"] == pytest.approx(1 / 3)
-    # plain EWMA: the second tests call predicts 0.355 (learned 0.355 exactly)
+    # plain EWMA: the second tests call predicts 0.406 (learned 0.406 exactly)
     assert result["mae_s_ewma_shared"] == pytest.approx(1 / 3)
     assert len(result["grid_mae_s_shared"]) == len(gap_prediction.ALPHAS) * len(
         gap_prediction.CLIPS

@@ -141,14 +141,14 @@ def test_http_sink_urls() -> None:
 def test_http_delivery_in_order_with_bearer_key(server: _Recorder) -> None:
     sender = HintSender.http(server.base_url + "/v1", api_key="k-123", timeout_s=TIMEOUT_S)
     with SessionTracker("sess/1", hints=sender) as tracker:
-        assert tracker.tool_started("bash", command="pytest -q") == 0.355
+        assert tracker.tool_started("bash", command="pytest -q") == 0.406
         tracker.tool_ended()
     assert sender.flush(2.0)
     assert sender.close(1.0)
     paths = {p for p, _, _ in server.requests}
     assert paths == {"/v1/sessions/sess%2F1/events"}
     bodies = [b for _, _, b in server.requests]
-    assert bodies[0] == {"event": "tool_start", "tool": "bash", "expected_s": 0.355}
+    assert bodies[0] == {"event": "tool_start", "tool": "bash", "expected_s": 0.406}
     assert bodies[1]["event"] == "tool_end" and bodies[1]["measured_s"] >= 0
     assert bodies[2] == {"event": "end"}
     assert all(h["Authorization"] == "Bearer k-123" for _, h, _ in server.requests)
@@ -413,7 +413,7 @@ def test_in_process_matches_talaria_event_signature() -> None:
         tracker.tool_ended()
         tracker.end()
         assert sender.flush(1.0)
-    assert got[0] == ("s9", "tool_start", "t" * MAX_TOOL_NAME_LEN, 0.266, None)
+    assert got[0] == ("s9", "tool_start", "t" * MAX_TOOL_NAME_LEN, 0.261, None)
     assert got[1][:3] == ("s9", "tool_end", None) and got[1][4] is not None
     assert got[2] == ("s9", "end", None, None, None)
     assert sender.stats() == HintStats(sent=3)

@@ -45,20 +45,20 @@ def _bodies(sender: HintSender, seen: Recorder) -> list[dict[str, Any]]:
 def test_one_tool_gap_exact_values() -> None:
     predictor = GapPredictor(load_tool_priors(), GapModelConfig.plain_ewma(alpha=0.5))
     tracker, seen, sender, clock = _tracker(session_id="s1", predictor=predictor)
-    assert tracker.tool_started("bash", command="pytest -x") == 0.355
+    assert tracker.tool_started("bash", command="pytest -x") == 0.406
     assert tracker.running == ("bash",)
-    clock.advance_to(1.355)
-    assert tracker.tool_ended() == 1.355
-    assert predictor.predict("tests") == pytest.approx(0.855)  # 0.355 + 0.5 * (1.355 - 0.355)
-    assert tracker.tool_started("bash", command="pytest -x") == pytest.approx(0.855)
+    clock.advance_to(1.406)
+    assert tracker.tool_ended() == 1.406
+    assert predictor.predict("tests") == pytest.approx(0.906)  # 0.406 + 0.5 * (1.406 - 0.406)
+    assert tracker.tool_started("bash", command="pytest -x") == pytest.approx(0.906)
     clock.advance_to(2.0)
     tracker.tool_ended("bash")
     tracker.end()
     assert _bodies(sender, seen) == [
-        {"event": "tool_start", "tool": "bash", "expected_s": 0.355},
-        {"event": "tool_end", "measured_s": 1.355},
-        {"event": "tool_start", "tool": "bash", "expected_s": 0.855},
-        {"event": "tool_end", "measured_s": 0.645},
+        {"event": "tool_start", "tool": "bash", "expected_s": 0.406},
+        {"event": "tool_end", "measured_s": 1.406},
+        {"event": "tool_start", "tool": "bash", "expected_s": 0.906},
+        {"event": "tool_end", "measured_s": 0.594},
         {"event": "end"},
     ]
     assert {sid for sid, _ in seen.calls} == {"s1"}
@@ -67,9 +67,9 @@ def test_one_tool_gap_exact_values() -> None:
 
 def test_parallel_tools_form_one_gap() -> None:
     tracker, seen, sender, clock = _tracker()
-    tracker.tool_started("pip", command="pip install numpy")  # install: 2.246 s expected
+    tracker.tool_started("pip", command="pip install numpy")  # install: 2.555 s expected
     clock.advance_to(1.0)
-    tracker.tool_started("bash", command="ls")  # 0.249 s, but the gap has 1.246 s left
+    tracker.tool_started("bash", command="ls")  # 0.241 s, but the gap has 1.555 s left
     clock.advance_to(1.5)
     assert tracker.tool_ended("bash") == 0.5  # install still running: no tool_end yet
     assert tracker.running == ("pip",)
@@ -77,8 +77,8 @@ def test_parallel_tools_form_one_gap() -> None:
     assert tracker.tool_ended() == 4.0
     assert not tracker.running
     assert _bodies(sender, seen) == [
-        {"event": "tool_start", "tool": "pip", "expected_s": 2.246},
-        {"event": "tool_start", "tool": "bash", "expected_s": 1.246},
+        {"event": "tool_start", "tool": "pip", "expected_s": 2.555},
+        {"event": "tool_start", "tool": "bash", "expected_s": 1.555},
         {"event": "tool_end", "measured_s": 4.0},
     ]
     assert tracker.predictor.observations("install") == 1
@@ -92,7 +92,7 @@ def test_end_is_idempotent_and_context_manager_ends() -> None:
     assert tracker.ended
     tracker.end()
     assert _bodies(sender, seen) == [
-        {"event": "tool_start", "tool": "bash", "expected_s": 0.266},
+        {"event": "tool_start", "tool": "bash", "expected_s": 0.261},
         {"event": "end"},
     ]
     assert tracker.running == ()
@@ -140,10 +140,10 @@ def test_bad_session_id() -> None:
 def test_without_hints_predicts_and_learns() -> None:
     clock = VirtualClock()
     tracker = SessionTracker(clock=clock)
-    assert tracker.tool_started("run_tests") == 0.355
-    clock.advance_to(0.71)
-    assert tracker.tool_ended() == 0.71
-    assert tracker.predictor.predict("tests") == pytest.approx(0.355 * 2**0.2)
+    assert tracker.tool_started("run_tests") == 0.406
+    clock.advance_to(0.812)
+    assert tracker.tool_ended() == 0.812
+    assert tracker.predictor.predict("tests") == pytest.approx(0.406 * 2**0.2)
     tracker.end()
     assert tracker.stats() == HintStats()
 
@@ -156,7 +156,7 @@ def test_shared_predictor_learns_across_sessions() -> None:
     a.tool_started("web_search")
     clock.advance_to(10.0)
     a.tool_ended()
-    assert b.tool_started("web_search") == pytest.approx(0.266 * 2**0.2)
+    assert b.tool_started("web_search") == pytest.approx(0.261 * 2**0.2)
 
 
 def test_threads_share_one_tracker() -> None:

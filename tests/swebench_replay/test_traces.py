@@ -207,14 +207,14 @@ def test_published_table_matches_the_packaged_priors() -> None:
 
 def test_quantile_knots(table: ToolTimeTable) -> None:
     tests = table.dist(ToolKind.TESTS)
-    assert tests.quantile(0.0) == pytest.approx(0.5 * 0.227)
-    assert tests.quantile(0.10) == pytest.approx(0.227)
-    assert tests.quantile(0.5) == pytest.approx(0.355)
-    assert table.median(ToolKind.TESTS) == pytest.approx(0.355)
-    assert tests.quantile(0.99) == pytest.approx(53.824)
+    assert tests.quantile(0.0) == pytest.approx(0.5 * 0.237)
+    assert tests.quantile(0.10) == pytest.approx(0.237)
+    assert tests.quantile(0.5) == pytest.approx(0.406)
+    assert table.median(ToolKind.TESTS) == pytest.approx(0.406)
+    assert tests.quantile(0.99) == pytest.approx(61.292)
     assert tests.quantile(1.0) == pytest.approx(64.62)
     # piecewise linear between the knots: halfway from p95 to p99 by probability
-    assert tests.quantile(0.97) == pytest.approx((4.601 + 53.824) / 2)
+    assert tests.quantile(0.97) == pytest.approx((8.899 + 61.292) / 2)
     values = [tests.quantile(u / 1000) for u in range(1001)]
     assert values == sorted(values)
 
@@ -253,7 +253,7 @@ def test_load_table_from_file(table: ToolTimeTable, tmp_path: Path) -> None:
     loaded = ToolTimeTable.load(path)
     assert loaded.dists == table.dists
     assert loaded.source == "test"
-    assert dict(loaded.counts())[ToolKind.SHELL_READ_EDIT] == 7321
+    assert dict(loaded.counts())[ToolKind.SHELL_READ_EDIT] == 2425
 
 
 def test_broken_tables(table: ToolTimeTable, tmp_path: Path) -> None:
