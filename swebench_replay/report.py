@@ -303,3 +303,78 @@ def plot_sweep(rows: Sequence[Mapping[str, Any]], policies: Sequence[str], path:
     fig.savefig(path)
     plt.close(fig)
     return path
+
+
+def _effect(entry: Mapping[str, Any] | None) -> str:
+    """A paired ratio as ``value [low,high]``; '' when absent."""
+    if not entry:
+        return ""
+    low, high = entry["ci95"]
+    interval = "" if low is None or high is None else f" [{low:.2f},{high:.2f}]"
+    return f"{entry['value']:.2f}{interval}"
+
+
+def map_table(rows: Sequence[Mapping[str, Any]], q: str = "p50") -> Table:
+    """The mechanism map: for each point, each mechanism's effect (its ablation's SCT over
+    talaria's, over seeds) and talaria against the best tuned per-request baseline."""
+    mechs = list(rows[0]["mechanisms"]) if rows else []
+    table = _table(
+        f"where each mechanism pays (SCT {q}: without it / with it; above 1 it pays)",
+        ["setting", *mechs, "best per-request / talaria"],
+    )
+    for row in rows:
+        best = row["comparison"].get(f"best_per_request_{q}", {})
+        cells = [_effect(row["mechanisms"][m].get(q)) for m in mechs]
+        who = f"{best['policy']}: " if best else ""
+        table.add_row(row["point"]["label"], *cells, who + _effect(best.get("ratio")))
+    return table
+
+
+def map_markdown(rows: Sequence[Mapping[str, Any]], q: str = "p50") -> str:
+    """The map as a Markdown table (the same cells as :func:`map_table`)."""
+    mechs = list(rows[0]["mechanisms"]) if rows else []
+    head = ["setting", *mechs, "best per-request / talaria"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for row in rows:
+        best = row["comparison"].get(f"best_per_request_{q}", {})
+        cells = [_effect(row["mechanisms"][m].get(q)) for m in mechs]
+        who = f"{best['policy']}: " if best else ""
+        lines.append(
+            "| "
+            + " | ".join([row["point"]["label"], *cells, who + _effect(best.get("ratio"))])
+            + " |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def plot_map(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
+    """A heatmap of each mechanism's effect at each point (SCT p50 and p95 side by side);
+    cells whose interval lies above 1 are bold, below 1 italic."""
+    mechs = list(rows[0]["mechanisms"]) if rows else []
+    fig, axes = plt.subplots(1, 2, figsize=(12, 0.45 * len(rows) + 2.2), dpi=120)
+    for ax, q in zip(axes, ("p50", "p95"), strict=True):
+        grid = [[row["mechanisms"][m][q]["value"] for m in mechs] for row in rows]
+        image = ax.imshow(grid, cmap="RdBu", vmin=0.5, vmax=1.5, aspect="auto")
+        for i, row in enumerate(rows):
+            for j, m in enumerate(mechs):
+                effect = row["mechanisms"][m][q]
+                low, high = effect["ci95"]
+                weight = "bold" if low is not None and low > 1 else "normal"
+                style = "italic" if high is not None and high < 1 else "normal"
+                ax.text(
+                    j,
+                    i,
+                    f"{effect['value']:.2f}",
+                    ha="center",
+                    va="center",
+                    fontsize=7,
+                    fontweight=weight,
+                    fontstyle=style,
+                )
+        ax.set_xticks(range(len(mechs)), mechs, rotation=30, ha="right", fontsize=8)
+        ax.set_yticks(range(len(rows)), [r["point"]["label"] for r in rows], fontsize=8)
+        ax.set_title(f"SCT {q}: without the mechanism / with it", fontsize=9)
+    fig.colorbar(image, ax=axes, shrink=0.6)
+    fig.savefig(path, bbox_inches="tight")
+    plt.close(fig)
+    return path

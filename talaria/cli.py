@@ -146,6 +146,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_comparison_args(rp)
     _add_tune_parser(sub)
+    from talaria.cli_compare import add_map_parser
+
+    add_map_parser(sub)
 
     sw = sub.add_parser(
         "sweep",
@@ -535,11 +538,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     console = Console(width=None if sys.stdout.isatty() else 120)
-    from talaria.cli_compare import cmd_tune
+    from talaria.cli_compare import cmd_map, cmd_tune
 
     commands = {
         "replay": _cmd_replay,
         "tune": cmd_tune,
+        "map": cmd_map,
         "sweep": _cmd_sweep,
         "models": _cmd_models,
         "serve": _cmd_serve,

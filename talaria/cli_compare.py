@@ -214,3 +214,67 @@ def cmd_replay_sim(args: argparse.Namespace, console: Console, plots: Any) -> in
     console.print(mechanism_table(results))
     console.print(f"wrote {', '.join(map(str, [out / 'results.json', *made]))}")
     return 0
+
+
+def add_map_parser(sub: Any) -> None:
+    """``talaria map``: every tuned policy and ablation over a map of settings."""
+    from talaria.swebench_replay.runs import default_jobs
+
+    mp = sub.add_parser(
+        "map",
+        help="where each mechanism pays: tuned policies and ablations over many settings",
+        description="For each setting of the map (memory pressure, load, instances, tool-gap "
+        "length; see talaria.swebench_replay.mechanism_map.POINTS), tune every policy on the "
+        "tune part, compare on the test part over seeds, and report each mechanism's effect "
+        "(its ablation's SCT over talaria's) and talaria against the best tuned per-request "
+        "baseline. Writes map.json, map.md and map.png. Tunings are cached.",
+    )
+    mp.add_argument(
+        "--points", choices=["all", "quick"], default="all", help="the whole map or 4 points"
+    )
+    mp.add_argument("--seeds", type=int, default=3, help="test seeds per point (default 3)")
+    mp.add_argument("--tune-seeds", type=int, default=2, help="tune seeds (default 2)")
+    mp.add_argument("--jobs", type=int, default=default_jobs(), help="worker processes")
+    mp.add_argument("--synthetic", action="store_true", help="synthetic sessions, not traces")
+    mp.add_argument("--out", type=Path, default=Path("runs") / "map", help="output folder")
+
+
+def cmd_map(args: argparse.Namespace, console: Console) -> int:
+    from talaria.policy.baselines import POLICIES
+    from talaria.swebench_replay import mechanism_map as mm
+    from talaria.swebench_replay.report import map_markdown, map_table, plot_map
+
+    if args.seeds < 1 or args.tune_seeds < 1:
+        raise ConfigError("--seeds and --tune-seeds must be at least 1")
+    points = mm.POINTS if args.points == "all" else mm.QUICK
+    policies = tuple(POLICIES.values())
+    seeds, tune_seeds = tuple(range(args.seeds)), tuple(range(args.tune_seeds))
+    per_point = mm.runs_per_point(policies, args.seeds, args.tune_seeds)
+    args.out.mkdir(parents=True, exist_ok=True)
+    rows: list[dict[str, Any]] = []
+    started = time.perf_counter()
+    with progress_bar(console) as progress:
+        for point in points:
+            task = progress.add_task(point.label[:28], total=per_point)
+
+            def tick(_outcome: Any, task: Any = task) -> None:
+                progress.advance(task)
+
+            row = mm.run_point(point, policies, seeds, tune_seeds, args.jobs, args.synthetic, tick)
+            progress.update(task, completed=per_point)
+            rows.append(row)
+            doc = {
+                "seeds": list(seeds),
+                "tune_seeds": list(tune_seeds),
+                "rows": rows,
+                "wall_s": time.perf_counter() - started,
+            }
+            (args.out / "map.json").write_text(json.dumps(doc, indent=1) + "\n")
+    (args.out / "map.md").write_text(
+        "SCT p50\n\n" + map_markdown(rows, "p50") + "\nSCT p95\n\n" + map_markdown(rows, "p95")
+    )
+    plot = plot_map(rows, args.out / "map.png")
+    console.print(map_table(rows, "p50"))
+    console.print(map_table(rows, "p95"))
+    console.print(f"wrote {args.out / 'map.json'}, {args.out / 'map.md'}, {plot}")
+    return 0

@@ -13,7 +13,8 @@ the default where the default is on the grid), and :func:`with_knobs` applies on
   ``talaria-no-slot-order``): also ``slot_linger_s``, how long an idle slot waits for them
   (0, 2, 10 s);
 * ``SHORTEST_REMAINING``: ``slot_starvation_s`` (100, 300, 1,000 s) and
-  ``slot_preempt_ratio`` (1.5, 2, 4);
+  ``slot_preempt_ratio`` (1.5, 2, 4, 16: 16 all but turns preemption on remaining work off,
+  leaving the starvation bound; on two instances it is what the tune part prefers);
 * ``CACHE_AFFINITY`` routing: also ``cache_affinity_load_cap`` (1.5, 2, 4: SGLang router's
   balance threshold is a ratio of this kind).
 
@@ -38,7 +39,7 @@ Knobs = Mapping[str, Any]
 QUANTUM_S = (10.0, 30.0, 100.0, 300.0, 1000.0)
 LINGER_S = (0.0, 2.0, 10.0)
 STARVATION_S = (100.0, 300.0, 1000.0)
-PREEMPT_RATIO = (1.5, 2.0, 4.0)
+PREEMPT_RATIO = (1.5, 2.0, 4.0, 16.0)
 LOAD_CAP = (1.5, 2.0, 4.0)
 
 

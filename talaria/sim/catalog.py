@@ -24,6 +24,7 @@ import attrs
 
 from talaria.config import ClusterConfig, ModelSpec
 from talaria.cost.hardware import profile
+from talaria.errors import ConfigError
 
 
 @attrs.frozen
@@ -150,13 +151,25 @@ PAPER_MODELS: Final = tuple(model_spec(s) for s in PAPER_SHAPES)
 """Qwen3-235B-A22B (MoE), Mistral-Large-Instruct-2411 (dense), Mixtral-8x22B (MoE), bf16."""
 
 
-def paper_cluster(n_instances: int = 1) -> ClusterConfig:
-    """The paper's testbed: the three models on one 8 x H200 server split into ``n_instances``.
+def paper_cluster(n_instances: int = 1, servers: int = 1) -> ClusterConfig:
+    """The paper's testbed: the three models on ``servers`` 8 x H200 servers, each split
+    into ``n_instances / servers`` equal tensor-parallel instances.
 
-    ``n_instances=1`` is one TP8 instance (the paper's setting); 2 gives two TP4 instances.
-    Raises ConfigError when a model no longer fits any instance (Qwen3-235B needs > TP2).
+    ``n_instances=1`` is one TP8 instance (the paper's setting); 2 gives two TP4 instances;
+    4 on two servers gives four TP4 instances (``h200-tp8-0`` .. ``-3``). Raises ConfigError
+    when the instances do not split evenly over the servers, or a model no longer fits any
+    instance (Qwen3-235B needs more than TP2).
     """
-    instances = profile("h200-tp8").instances(n_instances)
+    if isinstance(servers, bool) or not isinstance(servers, int) or servers < 1:
+        raise ConfigError(f"servers must be a positive integer, got {servers!r}")
+    if n_instances % servers:
+        raise ConfigError(f"{n_instances} instances do not split evenly over {servers} servers")
+    per_server = profile("h200-tp8").instances(n_instances // servers)
+    instances = [
+        attrs.evolve(inst, name=f"h200-tp8-{k * len(per_server) + i}")
+        for k in range(servers)
+        for i, inst in enumerate(per_server)
+    ]
     # ClusterConfig's fields use ``converter=tuple``, whose __init__ type the attrs mypy plugin
     # cannot resolve (Iterable[_T_co]); Any keeps this call valid before and after a fix.
     return ClusterConfig(models=cast(Any, PAPER_MODELS), instances=cast(Any, instances))
