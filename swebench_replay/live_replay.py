@@ -35,7 +35,7 @@ import torch
 from talaria.backends.calibrate import calibrate
 from talaria.backends.calibration_plan import CalibrationPlan
 from talaria.backends.embedded import cluster_from_loaded, load_catalog_model
-from talaria.config import InstanceSpec, PolicyConfig
+from talaria.config import ClusterConfig, InstanceSpec, PolicyConfig
 from talaria.cost.calibration import Calibration, CalibrationMode
 from talaria.cost.estimator import Estimator
 from talaria.cost.hardware import HardwareProfile
@@ -45,6 +45,7 @@ from talaria.engine.runner import flatten_weights
 from talaria.engine.sampling import SamplingParams, StopChecker
 from talaria.errors import ConfigError, TalariaError
 from talaria.policy.baselines import TALARIA
+from talaria.policy.knobs import knobs_of
 from talaria.runtime.cluster import ClusterCore
 from talaria.runtime.counters import cluster_counters
 from talaria.runtime.instance import Request
@@ -61,7 +62,9 @@ from talaria.swebench_replay.metrics import (
     results_document,
 )
 from talaria.swebench_replay.references import add_bound_ratios, reference_entries
+from talaria.swebench_replay.runs import Setting
 from talaria.swebench_replay.traces import ToolTimeTable
+from talaria.swebench_replay.tuning import from_document, tuned_policies
 from talaria.swebench_replay.workload import ReplaySet
 from talaria.types import Call, EventKind, SessionScript, TokenSeq
 
@@ -109,6 +112,9 @@ class EmbeddedOptions:
     hardware: str = "cpu"
     host_weight_share: float = 0.65
     loader: Callable[[str, torch.dtype], LoadedModel] = load_catalog_model
+    # Tunes the policies before they run: handed the simulated setting of this replay (its
+    # cluster, priced by the calibration), returns a tuning document (tuning.to_document)
+    tune: Callable[[Setting], Mapping[str, Any]] | None = None
 
     @property
     def on_cpu(self) -> bool:
@@ -200,6 +206,7 @@ def _run(
     if options.on_cpu:  # models only: before any policy runs
         calibration = _calibration(options, bare, host, say)
         hardware = {"cpu": calibration.profile}
+    tuning_doc, policies_run = _tuned(options, bare, hardware, say)
     scripts = to_scripts(replay, tool_table, options.gap_scale, options.hints)
     tool_s = {s.session_id: sum(c.tool_seconds for c in s.calls) for s in scripts}
     say("warming up every model once")
@@ -208,7 +215,7 @@ def _run(
     fidelity: dict[str, dict[str, float]] = {}
     step_costs: dict[str, dict[str, dict[str, float]]] = {}
     references: dict[str, dict[str, Any]] = {}
-    for policy in options.policies:
+    for policy in policies_run:
         say(f"replaying under {policy.name} in real time")
         cluster = cluster_from_loaded(
             options.instance_specs(),
@@ -259,7 +266,29 @@ def _run(
         else {"mode": "none", "profile": f"shipped {options.hardware} (not calibrated off CPU)"}
     )
     doc["step_costs"] = step_costs
+    doc["tuning"] = tuning_doc
+    for policy in policies_run:
+        doc["policies"][policy.name]["knobs"] = knobs_of(policy)
     return doc
+
+
+def _tuned(
+    options: EmbeddedOptions,
+    bare: Mapping[str, LoadedModel],
+    hardware: Mapping[str, HardwareProfile],
+    say: Callable[[str], None],
+) -> tuple[dict[str, Any], tuple[PolicyConfig, ...]]:
+    """(the tuning document, the policies at their tuned knobs); untuned without
+    ``options.tune``. The tuning runs in the simulator on this replay's cluster, priced by
+    the calibration that prices the prediction, on the tune part of the sessions."""
+    if options.tune is None:
+        return {"tuned": False}, options.policies
+    specs = [m.arch.to_spec(name, options.dtype, source=m.source) for name, m in bare.items()]
+    cluster = ClusterConfig(specs, options.instance_specs())
+    setting = Setting(cluster, tuple(hardware.values()), options.gap_scale, options.hints)
+    say("tuning the policies' knobs in the simulator (tune part, this machine's profile)")
+    doc = dict(options.tune(setting))
+    return doc, tuned_policies(options.policies, from_document(doc))
 
 
 def _calibration(

@@ -150,6 +150,11 @@ def _replay_on(
     doc["step_costs"] = step_costs
     doc["kv_drift"] = drift
     doc["switches"] = switches
+    doc["tuning"] = {
+        "tuned": False,
+        "why": "the vLLM replay checks the backend and the simulator's fidelity, not the "
+        "policies: it runs them at their default knobs",
+    }
     return doc
 
 

@@ -374,12 +374,39 @@ def _replay_embedded(
         gap_scale=args.gap_scale,
         hints=not args.no_hints,
         calibration=CalibrationMode(args.calibration),
+        tune=None if args.slot_max_s is not None else _live_tuner(args, console, policies),
     )
 
     def run(*hooks: Any) -> dict[str, Any]:
         return run_embedded_replay(workload.replay, options, workload.tool_table, *hooks)
 
     return _live_replay(args, console, workload, policies, "replay-embedded", run)
+
+
+def _live_tuner(args: argparse.Namespace, console: Console, policies: Any) -> Any:
+    """The embedded replay's tuning: in the simulator on the replay's own cluster and
+    calibration, on the tune part of sessions shaped like the replay's (talaria.cli_compare)."""
+    from talaria.cli_compare import tuning_for
+    from talaria.engine.catalog import DEFAULT_MODELS
+    from talaria.swebench_replay.runs import WorkloadSpec
+    from talaria.swebench_replay.split import Part
+
+    spec = WorkloadSpec(
+        trace=args.tune_trace,
+        synthetic=args.synthetic,
+        part=Part.TUNE,
+        sessions=args.sessions or EMBEDDED_SESSIONS,
+        calls=args.calls or EMBEDDED_CALLS,
+        arrival=args.arrival,
+        models=DEFAULT_MODELS,
+        max_context=EMBEDDED_CONTEXT,
+        token_scale=args.token_scale or EMBEDDED_TOKEN_SCALE,
+    )
+
+    def tune(setting: Any) -> dict[str, Any]:
+        return tuning_for(args, console, policies, spec, setting, bar=False)
+
+    return tune
 
 
 def _replay_vllm(args: argparse.Namespace, console: Console, workload: Any, policies: Any) -> int:

@@ -124,9 +124,10 @@ def tuning_for(
     policies: tuple[PolicyConfig, ...],
     tune_spec: Any,
     setting: Any,
+    bar: bool = True,
 ) -> dict[str, Any]:
     """The tuning document for ``policies``: ``--tuned FILE``, else the cache, else tuned
-    now (and cached)."""
+    now (and cached), with a progress bar unless ``bar`` is False (another one is live)."""
     from talaria.swebench_replay import tuning
 
     given = getattr(args, "tuned", None)
@@ -152,8 +153,11 @@ def tuning_for(
     )
     from talaria.swebench_replay.runs import execute_all
 
-    with _bar(console, "tuning (tune part)", len(runs)) as tick:
-        outcomes = execute_all(runs, args.jobs, tick)
+    if bar:
+        with _bar(console, "tuning (tune part)", len(runs)) as tick:
+            outcomes = execute_all(runs, args.jobs, tick)
+    else:
+        outcomes = execute_all(runs, args.jobs)
     doc = tuning.to_document(tuning.choose(policies, seeds, outcomes), key, seeds)
     doc["workload"] = tune_spec.to_json()
     path = tuning.write_cached(doc)

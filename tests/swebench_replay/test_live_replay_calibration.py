@@ -161,3 +161,41 @@ def test_the_simulated_replay_refuses_a_calibration_flag(
     assert "--calibration applies to --substrate embedded" in " ".join(
         capsys.readouterr().out.split()
     )
+
+
+def test_the_embedded_replay_runs_its_policies_at_knobs_tuned_in_the_simulator(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tuning sees the replay's own cluster priced by the calibration, and the tune part
+    of sessions shaped like the replay's; the policies then run at the chosen knobs."""
+    from talaria.swebench_replay.runs import Setting, WorkloadSpec
+    from talaria.swebench_replay.split import Part
+    from talaria.swebench_replay.tuning import to_document, tune
+
+    workload = tiny_workload(3, 15)
+    monkeypatch.setattr(live_replay, "_load", _tiny_load)
+    monkeypatch.setattr(calibrate_module, "CpuWatch", QuietWatch)
+    spec = WorkloadSpec(
+        synthetic=True,
+        part=Part.TUNE,
+        sessions=3,
+        calls=15,
+        models=MODELS,
+        max_context=240,
+        token_scale=0.01,
+        vocab_size=128,
+    )
+    settings: list[Setting] = []
+
+    def tuner(setting: Setting) -> dict[str, Any]:
+        settings.append(setting)
+        chosen = tune(spec, setting, [POLICIES["talaria"]], seeds=(0,))
+        return to_document(chosen, "test-key", (0,))
+
+    options = attrs.evolve(_options(CalibrationMode.FRESH, tmp_path), tune=tuner)
+    doc = run_embedded_replay(workload.replay, options, workload.tool_table)
+    (setting,) = settings
+    assert [m.name for m in setting.cluster.models] == list(MODELS)
+    assert setting.hardware[0].peak_flops_bf16 == doc["calibration"]["profile"]["peak_flops_bf16"]
+    assert doc["tuning"]["key"] == "test-key"
+    assert doc["policies"]["talaria"]["knobs"] == doc["tuning"]["policies"]["talaria"]["knobs"]
