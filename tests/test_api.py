@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from talaria import SyncTalaria, TalariaConfig
+from talaria.config import Eviction, Routing, SlotOrder
 from talaria.errors import BadRequest, ConfigError, ContextTooLong, UnknownModel, UnknownSession
 
 MODEL = "smollm2-135m"
@@ -112,6 +113,24 @@ def test_config_from_toml(tmp_path: Path) -> None:
         TalariaConfig.from_toml(tmp_path / "missing.toml")
     with pytest.raises(ConfigError, match="unknown policy knobs"):
         TalariaConfig(policy_overrides={"slot_max": 1})
+
+
+def test_every_tuned_knob_reads_from_toml_enum_knobs_by_their_text(tmp_path: Path) -> None:
+    path = tmp_path / "t.toml"
+    path.write_text(
+        '[policy]\nname = "talaria"\nslot_order = "round-robin"\nrouting = "sticky"\n'
+        'eviction = "lru"\nslot_starvation_s = 1000.0\nslot_preempt_ratio = 16.0\n'
+    )
+    policy = TalariaConfig.from_toml(path).policy_config()
+    assert (policy.slot_order, policy.routing, policy.eviction) == (
+        SlotOrder.ROUND_ROBIN,
+        Routing.STICKY,
+        Eviction.LRU,
+    )
+    assert (policy.slot_starvation_s, policy.slot_preempt_ratio) == (1000.0, 16.0)
+    path.write_text('[policy]\nslot_order = "fastest"\n')
+    with pytest.raises(ConfigError, match="slot_order must be one of 'round-robin'"):
+        TalariaConfig.from_toml(path)
 
 
 def test_weight_regions_reach_every_instance_and_bad_counts_are_refused(tmp_path: Path) -> None:
