@@ -31,6 +31,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import TYPE_CHECKING
 
+import attrs
 import uvicorn
 from fastapi import FastAPI
 
@@ -38,7 +39,7 @@ from talaria.server import routes
 from talaria.server import schemas as s
 from talaria.server.error_handlers import GuardedRoute, install_error_handlers
 from talaria.server.metrics import ServerMetrics
-from talaria.server.middleware import ApiKeys, BodyLimit, Observe
+from talaria.server.middleware import ApiKeys, BodyLimit, Observe, tenant_of_key
 
 if TYPE_CHECKING:
     from talaria.api import Talaria, TalariaConfig
@@ -120,7 +121,8 @@ def app_and_talaria(
     lifespan is: from startup to shutdown), for callers that drain or inspect it."""
     from talaria.api import Talaria
 
-    talaria = Talaria(config)
+    keys = tuple(dict.fromkeys((*config.api_keys, *api_keys)))
+    talaria = Talaria(with_tenant_share(config, keys))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -130,9 +132,25 @@ def app_and_talaria(
                 log.info("backend %s: %s", config.backend, line)
             yield
 
-    keys = tuple(dict.fromkeys((*config.api_keys, *api_keys)))
     app = create_app(talaria, api_keys=keys, max_body_bytes=max_body_bytes, lifespan=lifespan)
     return app, talaria
+
+
+TENANT_SHARE = 0.5
+"""With two or more tenants and no ``max_calls_per_tenant`` set, the most of the server's
+``max_calls`` one tenant may hold: whoever floods the server, the other tenants always find
+half of it free (and a tenant alone at night still gets half). One tenant gets it all."""
+
+
+def with_tenant_share(config: TalariaConfig, keys: Sequence[str]) -> TalariaConfig:
+    """``config`` with the multi-tenant default of ``max_calls_per_tenant``
+    (:data:`TENANT_SHARE` of ``max_calls``) when the keys name two or more tenants and it
+    is unset; otherwise ``config`` itself."""
+    tenants = {tenant_of_key(k, config.tenants) for k in keys}
+    if config.max_calls_per_tenant is not None or len(tenants) < 2:
+        return config
+    share = max(1, int(config.max_calls * TENANT_SHARE))
+    return attrs.evolve(config, max_calls_per_tenant=share)
 
 
 # Seconds uvicorn waits past the drain's grace for the last answers (the ShuttingDown errors

@@ -89,3 +89,20 @@ def test_tenant_names() -> None:
     assert tenant_of_key(KEY_B, {KEY_B: "team-b"}) == "team-b"
     name = tenant_of_key(KEY_A, {})
     assert name.startswith("key-") and len(name) == 16 and KEY_A not in name
+
+
+def test_two_tenants_each_get_at_most_half_the_door_by_default() -> None:
+    """With two or more tenants and no max_calls_per_tenant set, one tenant may hold half of
+    max_calls (the others always find the rest free); one tenant, or an explicit setting,
+    keeps what it had."""
+    from talaria.api import TalariaConfig
+    from talaria.server.app import app_and_talaria
+
+    two = app_and_talaria(TalariaConfig(api_keys=("key-a", "key-b"), max_calls=100))[1]
+    assert two.config.max_calls_per_tenant == 50
+    one = app_and_talaria(TalariaConfig(api_keys=("key-a",), max_calls=100))[1]
+    assert one.config.max_calls_per_tenant is None  # the whole door
+    same = TalariaConfig(api_keys=("k1", "k2"), tenants={"k1": "team", "k2": "team"})
+    assert app_and_talaria(same)[1].config.max_calls_per_tenant is None  # one tenant
+    set_by_hand = TalariaConfig(api_keys=("key-a",), max_calls=100, max_calls_per_tenant=90)
+    assert app_and_talaria(set_by_hand, api_keys=("key-b",))[1].config.max_calls_per_tenant == 90
