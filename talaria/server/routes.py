@@ -27,8 +27,8 @@ from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
+from talaria.server import openapi, streaming
 from talaria.server import schemas as s
-from talaria.server import streaming
 from talaria.server.errors import HttpError, bad_request, from_validation
 from talaria.server.metrics import ServerMetrics
 
@@ -50,15 +50,29 @@ def _ctx(request: Request) -> Context:
 
 
 def add_routes(app: FastAPI) -> None:
-    app.add_api_route("/v1/chat/completions", _chat_completions, methods=["POST"])
-    app.add_api_route("/v1/completions", _completions, methods=["POST"])
-    app.add_api_route("/v1/models", _list_models, methods=["GET"])
-    app.add_api_route("/v1/models/{model:path}", _get_model, methods=["GET"])
-    app.add_api_route("/v1/sessions/{session_id:path}/events", _session_event, methods=["POST"])
-    app.add_api_route("/tokenize", _tokenize, methods=["POST"])
-    app.add_api_route("/detokenize", _detokenize, methods=["POST"])
-    app.add_api_route("/health", _health, methods=["GET"])
+    """Every endpoint, with its request body and error answers in the OpenAPI document
+    (:mod:`talaria.server.openapi`)."""
+    posts: tuple[tuple[str, Callable[..., Any], type[s.StrictModel]], ...] = (
+        ("/v1/chat/completions", _chat_completions, s.ChatCompletionRequest),
+        ("/v1/completions", _completions, s.CompletionRequest),
+        ("/v1/sessions/{session_id:path}/events", _session_event, s.EventRequest),
+        ("/tokenize", _tokenize, s.TokenizeRequest),
+        ("/detokenize", _detokenize, s.DetokenizeRequest),
+    )
+    for path, handler, model in posts:
+        app.add_api_route(
+            path,
+            handler,
+            methods=["POST"],
+            openapi_extra=openapi.body(model),
+            responses=openapi.errors(),
+        )
+    reads = openapi.errors((401, 404, 503))
+    app.add_api_route("/v1/models", _list_models, methods=["GET"], responses=reads)
+    app.add_api_route("/v1/models/{model:path}", _get_model, methods=["GET"], responses=reads)
+    app.add_api_route("/health", _health, methods=["GET"], responses=openapi.errors((503,)))
     app.add_api_route("/metrics", _metrics, methods=["GET"])
+    openapi.install(app, [model for _, _, model in posts])
 
 
 async def _chat_completions(request: Request) -> Response:

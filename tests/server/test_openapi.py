@@ -1,0 +1,32 @@
+"""The published OpenAPI document describes every request body and every error answer, so
+a schema-driven client or fuzzer can read the whole API."""
+
+from __future__ import annotations
+
+import httpx
+
+from talaria.server import schemas
+from talaria.server.openapi import REQUEST_ERRORS, request_bodies
+
+POSTS = {
+    ("POST", "/v1/chat/completions"): schemas.ChatCompletionRequest,
+    ("POST", "/v1/completions"): schemas.CompletionRequest,
+    ("POST", "/v1/sessions/{session_id}/events"): schemas.EventRequest,
+    ("POST", "/tokenize"): schemas.TokenizeRequest,
+    ("POST", "/detokenize"): schemas.DetokenizeRequest,
+}
+
+
+def test_every_post_has_its_request_body_and_errors(client: httpx.Client) -> None:
+    doc = client.get("/openapi.json").json()
+    bodies = request_bodies(doc)
+    assert bodies == {op: model.__name__ for op, model in POSTS.items()}
+    components = doc["components"]["schemas"]
+    for (method, path), model in POSTS.items():
+        published = components[model.__name__]
+        assert published["properties"].keys() == model.model_json_schema()["properties"].keys()
+        responses = doc["paths"][path][method.lower()]["responses"]
+        assert sorted(int(s) for s in responses) == sorted((200, *REQUEST_ERRORS))
+        assert "422" not in responses  # the handlers answer 400 in OpenAI's shape
+    assert components["Error"]["required"] == ["error"]
+    assert "HTTPValidationError" not in components
