@@ -27,7 +27,7 @@ for every deployment), streamed for the time to first token, the session in ``X-
 hints an agent integration sends (``tool_start`` with the tool's typical time, ``end``);
 plain vLLM has no such endpoint. Reported per deployment: SCT p50/p95/mean, TTFT p50/p95,
 cached prompt tokens (the servers' own ``cached_tokens``), the process tree's peak resident
-memory, start-up time. Run it in the vLLM environment (README, vLLM section)::
+memory, start-up time. Run it in the vLLM environment (docs/backends/vllm.md)::
 
     .venv-vllm/bin/python benchmarks/vllm_serving.py --json benchmarks/results/vllm_serving.json
 

@@ -167,7 +167,7 @@ def comparison_document(
     policies: Mapping[str, dict[str, Any]],
     tuning: Mapping[str, Any] | None,
 ) -> dict[str, Any]:
-    """``results.json`` of a comparison (DESIGN.md's results format, entries averaged over
+    """``results.json`` of a comparison (docs/design.md's results format, entries averaged over
     seeds, plus ``seeds``, ``tuning`` and ``comparison``)."""
     first = workload(spec, seeds[0])
     doc = results_document(

@@ -1,4 +1,4 @@
-"""Session completion time and per-call metrics, in the results format of DESIGN.md.
+"""Session completion time and per-call metrics, in the results format of docs/design.md.
 
 Percentiles are linear-interpolated (numpy's default). SCT is first call sent to last call
 answered; TTFT is call sent to first token; latency is call sent to last token.
@@ -89,7 +89,7 @@ def results_document(
     hints: bool,
     policies: Mapping[str, Any],
 ) -> dict[str, Any]:
-    """A replay's ``results.json`` (DESIGN.md "Results format"), shared by the simulated and
+    """A replay's ``results.json`` (docs/design.md "Results format"), shared by the simulated and
     the real-engine replays; callers add their own sections (``engine``, ``fidelity``)."""
     return {
         "substrate": substrate,

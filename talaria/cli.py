@@ -260,7 +260,7 @@ def _add_serve_parser(sub: Any) -> None:
         default=None,
         help="which engine executes Talaria's decisions: embedded (Talaria's own PyTorch "
         "engine; the default) or vllm (one vLLM engine per model of the config's "
-        "[vllm_models.NAME] tables; needs vLLM installed, see the README's vLLM section). "
+        "[vllm_models.NAME] tables; needs vLLM installed, see docs/backends/vllm.md). "
         "Overrides the config's backend",
     )
     sv.add_argument(
@@ -541,7 +541,7 @@ def _cmd_serve(args: argparse.Namespace, console: Console) -> int:
         if args.backend == "vllm" and not config.vllm_models:
             raise ConfigError(
                 "--backend vllm needs a --config whose [vllm_models.NAME] tables say where each "
-                "model's directory is (see the README's vLLM section)"
+                "model's directory is (see docs/backends/vllm.md)"
             )
         config = attrs.evolve(config, backend=args.backend)
     if args.ray is not None:

@@ -20,7 +20,7 @@ SessionId = str
 
 
 class Residency(enum.Enum):
-    """Where a model's weights are on one instance (DESIGN.md vocabulary)."""
+    """Where a model's weights are on one instance (docs/design.md vocabulary)."""
 
     ACTIVE = "active"
     RESIDENT = "resident"
@@ -193,7 +193,7 @@ class EventKind(enum.Enum):
 
 @attrs.frozen
 class SessionEvent:
-    """A hint event of DESIGN.md's wire format, in process."""
+    """A hint event of docs/design.md's wire format, in process."""
 
     session_id: SessionId
     kind: EventKind

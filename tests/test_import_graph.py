@@ -1,4 +1,4 @@
-"""The package import graph (DESIGN.md: imports point down the picture, never back up).
+"""The package import graph (docs/design.md: imports point down the picture, never back up).
 
 Read from the source with ``ast`` (module-level and function-level imports alike), so the
 test sees every dependency, lazy ones included."""

@@ -100,7 +100,7 @@ class ChatTalaria(BaseChatModel):
     ``connect_timeout`` the wait for a connection (seconds), so an unreachable server fails
     within about ``connect_timeout`` per attempt.
 
-    Sessions (DESIGN.md): each call's ``X-Session-ID`` is, in order, a ``session_id=``
+    Sessions (docs/design.md): each call's ``X-Session-ID`` is, in order, a ``session_id=``
     call argument, the run config's ``session_id`` then ``thread_id`` (top level, in
     ``metadata`` or in ``configurable``; LangGraph's ``thread_id`` thus names the session),
     the run's callback metadata, then the ``session_id`` field; with none, each call is a

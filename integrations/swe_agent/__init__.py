@@ -1,4 +1,4 @@
-"""Talaria for SWE-agent and mini-swe-agent (DESIGN.md "Wire format for sessions").
+"""Talaria for SWE-agent and mini-swe-agent (docs/design.md "Wire format for sessions").
 
 - :mod:`talaria.integrations.swe_agent.mini_swe_agent`: mini-swe-agent's model class, environment
   wrapper and agent class (imports ``minisweagent``).

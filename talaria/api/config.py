@@ -53,7 +53,7 @@ class TalariaConfig:
     (3 GB x 0.9) cannot hold their 3.73 GB of bfloat16 weights at once, so model switches,
     KV demotion to the host tier (6 GB with the weights) and weight staging are real (the
     embedded replay's instance). About 9 GB of RAM in all. ``policy`` names one of
-    DESIGN.md's policies; ``policy_overrides`` sets any of its knobs (for example
+    docs/design.md's policies; ``policy_overrides`` sets any of its knobs (for example
     ``{"slot_max_s": 4.0}``).
     """
 

@@ -651,7 +651,7 @@ class Talaria:
         measured_s: float | None = None,
         tenant: str = DEFAULT_TENANT,
     ) -> SessionSummary | None:
-        """A session hint (DESIGN.md wire format): "tool_start" (with the tool and the
+        """A session hint (docs/design.md wire format): "tool_start" (with the tool and the
         seconds the client expects it to take), "tool_end" or "end". Returns the session's
         summary on "end". A tenant's hints reach only its own sessions (another tenant's
         session id is an unknown session here)."""

@@ -1,4 +1,4 @@
-"""The substrate protocol, where the layout of DESIGN.md puts it.
+"""The substrate protocol, where the layout of docs/design.md puts it.
 
 The protocol itself is :class:`talaria.runtime.substrate.Substrate`: the three phases the
 live loop calls (``plan`` on the event loop, ``execute`` on a worker thread, ``commit`` on the

@@ -13,7 +13,8 @@ gathers every sequence's blocks into scratch and runs SDPA on the copy
   GB/s, against 20-23 ms for PyTorch's bf16 ``mv`` here).
 
 Threads come from the process's OpenMP runtime (PyTorch's), ``torch.get_num_threads()`` of
-them. Figures measured on this 2-core CPU are in the README (``benchmarks/engine.py``).
+them. Figures measured on this 2-core CPU are in docs/backends/embedded.md
+(``benchmarks/engine.py``).
 
 :func:`build_decode_kernel` compiles the source with the system C compiler (``$CC``, else
 ``cc`` or ``gcc``) for this CPU (``-march=native``) into a cache folder keyed by the source,

@@ -1,4 +1,4 @@
-"""Every policy named in DESIGN.md, as a ``PolicyConfig``, and the real system each stands for.
+"""Every policy named in docs/design.md, as a ``PolicyConfig``, and the real system each stands for.
 
 Each baseline is an honest version of its idea, with the substrate features its real
 counterpart has, so what separates it from ``talaria`` is session awareness. Every one is

@@ -1,6 +1,6 @@
 """Client-side session tracking: session ids, tool-gap prediction, hint events.
 
-See DESIGN.md "Wire format for sessions". One :class:`SessionTracker` per agent run; share
+See docs/design.md "Wire format for sessions". One :class:`SessionTracker` per agent run; share
 one :class:`GapPredictor` and one :class:`HintSender` across the trackers of a process.
 """
 

@@ -1,4 +1,4 @@
-"""Hint events (DESIGN.md "Wire format for sessions") and delivery counters.
+"""Hint events (docs/design.md "Wire format for sessions") and delivery counters.
 
 A :class:`HintEvent` is what a client tells the server about a session's tool gap; its JSON
 body, posted to ``/v1/sessions/{session_id}/events``, is one of::

