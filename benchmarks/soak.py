@@ -11,9 +11,14 @@ quiet session to expire and asks ``/health?integrity=true``.
     python benchmarks/soak.py --minutes 30 --max-gap-s 600 --json benchmarks/results/soak.json
 
 The report: calls answered, answers lost (a call that got no 200 and was not abandoned on
-purpose), streams abandoned, sessions ended and expired, and the resource readings at the
-start of the steady state, at the end and at their peak. Exit status 1 if an answer was lost,
-the invariants fail, sessions are left open, or descriptors grew.
+purpose), streams abandoned, sessions ended and expired, the resource readings at the start
+of the steady state, at the end and at their peak, resident memory at each tenth of the run,
+and the *trend* of resident memory over the last third of the sessions' time: the
+least-squares slope of every sample there (MiB per minute; endpoints alone would take one
+noisy reading for a trend). Exit status 1 if an answer was lost, the invariants fail,
+sessions are left open, descriptors grew, or memory still grows over the last third faster
+than ``MAX_RSS_SLOPE_MIB_MIN`` (a leak of that rate would take an hour to cost
+``60 * MAX_RSS_SLOPE_MIB_MIN`` MiB).
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from typing import Any
 
 import attrs
 import httpx
+import numpy as np
 
 if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -39,6 +45,8 @@ if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
 from benchmarks.serve_process import KEY, TINY, Server, emit, serving, tiny_fields
 
 CHAT = "/v1/chat/completions"
+MiB = 2**20
+MAX_RSS_SLOPE_MIB_MIN = 0.5  # the last third's resident-memory trend a soak passes with
 TOOLS = ("bash", "edit", "pytest", "grep")
 
 
@@ -200,6 +208,8 @@ class SoakReport:
     errors: tuple[str, ...]
     # resident memory at each tenth of the run (the shape, not just the ends)
     rss_by_tenth_bytes: tuple[int, ...] = ()
+    # least-squares slope of resident memory over the last third of the sessions' time
+    rss_slope_last_third_mib_min: float = 0.0
 
     @property
     def ok(self) -> bool:
@@ -208,12 +218,25 @@ class SoakReport:
             and self.integrity == "ok"
             and self.sessions_left == 0
             and self.fds_end <= self.fds_idle_start
+            and self.rss_slope_last_third_mib_min < MAX_RSS_SLOPE_MIB_MIN
         )
 
     @property
     def rss_growth_bytes(self) -> int:
         """Resident memory gained from the steady state to the end."""
         return self.rss_end_bytes - self.rss_steady_bytes
+
+
+def rss_slope_mib_min(samples: Sequence[Sample], start_s: float, end_s: float) -> float:
+    """Least-squares slope of resident memory (MiB per minute) over the samples taken in
+    ``[start_s, end_s]``; 0 with fewer than three of them."""
+    window = [s for s in samples if start_s <= s.t_s <= end_s]
+    if len(window) < 3:
+        return 0.0
+    t = np.array([s.t_s / 60 for s in window])
+    rss = np.array([s.rss_bytes / MiB for s in window])
+    slope, _ = np.polyfit(t, rss, 1)
+    return float(slope)
 
 
 async def soak(
@@ -234,6 +257,7 @@ async def soak(
         n += 1
         await asyncio.sleep(rng.expovariate(rate_per_s))
     await asyncio.gather(*agents)
+    sessions_end_s = time.monotonic() - t0
     # let every quiet session expire (the server checks about once a second)
     async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
         deadline = time.monotonic() + session_idle_s + 30
@@ -274,6 +298,9 @@ async def soak(
             samples[min(len(samples) - 1, k * len(samples) // 10)].rss_bytes for k in range(10)
         )
         + tuple(s.rss_bytes for s in samples[-1:]),
+        rss_slope_last_third_mib_min=rss_slope_mib_min(
+            samples, sessions_end_s * 2 / 3, sessions_end_s
+        ),
     )
 
 
