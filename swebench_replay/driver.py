@@ -62,7 +62,8 @@ class ReplayOptions:
 def to_scripts(
     replay: ReplaySet, tool_table: ToolTimeTable, gap_scale: float = 1.0, hints: bool = True
 ) -> list[SessionScript]:
-    """The replay set as session scripts (tool gaps scaled by ``gap_scale``)."""
+    """The replay set as session scripts: tool gaps scaled by ``gap_scale``, and the hints
+    clients send (each tool kind's median time) scaled alike."""
     scripts = []
     for s in replay.sessions:
         calls = tuple(
@@ -73,7 +74,8 @@ def to_scripts(
                 max_new_tokens=c.output_tokens,
                 tool_seconds=c.tool_seconds * gap_scale,
                 tool_kind=c.tool_kind.value,
-                hint_s=tool_table.dist(c.tool_kind).median if hints else None,
+                # a client hints its tool's typical time in the world it runs in: scaled too
+                hint_s=tool_table.dist(c.tool_kind).median * gap_scale if hints else None,
             )
             for c in s.calls
         )
