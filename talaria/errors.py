@@ -83,6 +83,16 @@ class InstanceLost(InstanceFailed):
     instance rejoins routing, its memory empty, once its process is back."""
 
 
+class CallFailed(TalariaError, RuntimeError):
+    """Sampling this one call failed inside an engine step (its logits processor or sampler
+    raised); the call was released, the other calls of the step went on, and the instance
+    stays in service. Retry it, or change its sampling parameters."""
+
+    http_status = 500
+    code = "sampling_failed"
+    public = True
+
+
 class ShuttingDown(TalariaError, RuntimeError):
     """The server is shutting down and took no new work, or stopped before the call ended."""
 

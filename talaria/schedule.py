@@ -120,9 +120,12 @@ class Schedule:
 @attrs.frozen
 class Executed:
     """What ``EngineRunner.execute`` did: the tokens it sampled, one per sequence whose
-    prompt is complete, in step order (already appended to ``EngineRunner.outputs``)."""
+    prompt is complete, in step order (already appended to ``EngineRunner.outputs``), and
+    the calls whose sampling failed (``failed``: the call and why; they sampled nothing and
+    must be released, the step's other calls are unharmed)."""
 
     sampled: tuple[tuple[Request, int], ...]
+    failed: tuple[tuple[Request, str], ...] = ()
 
 
 class _Layout(Protocol):

@@ -36,6 +36,7 @@ Not thread-safe: one task drives a runner.
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
@@ -60,6 +61,8 @@ from talaria.memory.weights import SwitchPlan
 from talaria.runtime.substrate import commit_schedule
 from talaria.schedule import Executed, Placement, Request, Schedule, StepPlan
 from talaria.types import Call, KVTier, Link
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:  # the core drives this runner; the runner needs only its interface
     from talaria.runtime.instance import InstanceCore
@@ -510,12 +513,19 @@ class EngineRunner:
         batch = BatchInput(seqs)  # type: ignore[arg-type]  # attrs plugin: converter=tuple
         logits = self.model(plan.model, region).forward(batch, self.paged[plan.model])
         tokens: list[tuple[Request, int]] = []
+        failed: list[tuple[Request, str]] = []
         for last, rows in zip(sampled, batch.split(logits), strict=True):
-            if last is not None:
+            if last is None:
+                continue
+            try:  # one call's sampling failing fails that call alone, not the step
                 token = self._draw(rows[-1], last)
-                self.outputs[last.key].append(token)
-                tokens.append((last, token))
-        return Executed(tuple(tokens))
+            except Exception as exc:
+                log.exception("sampling call %s failed", last.key)
+                failed.append((last, f"{type(exc).__name__}: {exc}"))
+                continue
+            self.outputs[last.key].append(token)
+            tokens.append((last, token))
+        return Executed(tuple(tokens), tuple(failed))
 
     def _prompt(self, req: Request) -> tuple[int, ...]:
         ids = self._prompts.get(req.key)

@@ -355,17 +355,22 @@ class InstanceCore:
 
     # ------------------------------------------------------------------ completion
     def complete_step(self, plan: StepPlan, now: float, repeat: int = 1) -> list[Request]:
-        """The substrate ran ``plan`` (``repeat`` decode-only times). Returns finished calls."""
+        """The substrate ran ``plan`` (``repeat`` decode-only times). Returns finished calls.
+        A call of the plan that was released meanwhile (``abort``: its sampling failed, or
+        its client went away) is skipped: the rest of the step commits."""
         running = self.calls.running
         for key, n, _ in plan.prefill:
-            req = running[key]
+            req = running.get(key)
+            if req is None:
+                continue
             req.computed += n
             if not req.prefilling:
                 self.kv.mark_computed(key)
                 req.generated = 1
                 req.first_token_s = now
         for key in plan.decode:
-            running[key].generated += repeat
+            if key in running:
+                running[key].generated += repeat
         done = [r for r in running.values() if r.done]
         for req in done:
             self._finish(req, now)

@@ -44,6 +44,7 @@ from talaria.cost.estimator import Estimator
 from talaria.cost.pricing import price
 from talaria.errors import (
     BadRequest,
+    CallFailed,
     InstanceFailed,
     InstanceLost,
     ShuttingDown,
@@ -600,6 +601,8 @@ class LiveCluster:
                 return True
             return False
 
+        for req, why in done.failed:  # released first: the core commits the rest
+            self._fail(name, req.key, CallFailed(f"sampling this call failed ({why})"))
         finished = runner.commit(sched, done, self.clock.now(), ends)
         for req, _ in done.sampled:
             self._send_delta(req.key, runner)

@@ -11,7 +11,14 @@ import pytest
 
 from talaria.backends.embedded import EmbeddedCluster
 from talaria.engine.sampling import SamplingParams, StopChecker
-from talaria.errors import BadRequest, InstanceFailed, ShuttingDown, UnknownModel, UnknownSession
+from talaria.errors import (
+    BadRequest,
+    CallFailed,
+    InstanceFailed,
+    ShuttingDown,
+    UnknownModel,
+    UnknownSession,
+)
 from talaria.runtime.live import Delta, Failed, Finished, LiveCluster
 from talaria.types import EventKind, TokenSeq
 from tests.helpers import tiny_cluster
@@ -147,6 +154,43 @@ async def test_a_failing_step_fails_its_calls_and_the_instance_keeps_serving() -
         assert len(ids) == 6 and fin.finish_reason == "length"
         live.check_integrity()
         assert live.calls_failed == 1
+
+
+async def test_a_sampling_failure_fails_that_call_alone_and_the_step_commits() -> None:
+    """Two calls decode side by side; every draw of one of them raises. That call fails
+    with CallFailed (500, public), the other finishes exactly as alone, in the same steps,
+    and the instance never counts a failure (it stays in routing)."""
+    expected = await alone("llama-tiny", prompt_for(5))
+    c = tiny_cluster()
+    runner = c.runners["cpu-0"]
+    real = runner._draw
+
+    def draw(logits: Any, req: Any) -> int:
+        if req.call.session_id == "victim":
+            raise ValueError("injected sampler fault")
+        return real(logits, req)
+
+    runner._draw = draw  # type: ignore[method-assign]
+    async with live_of(c) as live:
+
+        async def victim() -> None:
+            with pytest.raises(CallFailed, match="injected sampler fault"):
+                await run_call(live, "victim", "llama-tiny", prompt_for(4))
+
+        survivor: list[tuple[int, ...]] = []
+
+        async def other() -> None:
+            survivor.append((await run_call(live, "other", "llama-tiny", prompt_for(5)))[0])
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(victim)
+            tg.start_soon(other)
+        assert survivor == [expected]
+        assert live.calls_failed == 1
+        assert live.drivers["cpu-0"].failures == 0 and not live.drivers["cpu-0"].down
+        live.check_integrity()
+        ids, _ = await run_call(live, "after", "llama-tiny", prompt_for(5))
+        assert ids == expected
 
 
 async def test_an_instance_that_keeps_failing_is_taken_out_and_the_other_serves() -> None:

@@ -186,7 +186,11 @@ class InstanceWorker:
             for req, _ in done.sampled
             if runner.logprobs.get(req.key)
         )
-        return WireResult(tuple((req.key, token) for req, token in done.sampled), logprobs)
+        return WireResult(
+            tuple((req.key, token) for req, token in done.sampled),
+            logprobs,
+            tuple((req.key, why) for req, why in done.failed),
+        )
 
     def _take(self, runner: EngineRunner, new: NewCall) -> None:
         vocab = runner.vocab_size(new.model)

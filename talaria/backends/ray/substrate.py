@@ -150,7 +150,8 @@ class RaySubstrate:
             sampled.append((req, token))
         for key, entry in result.logprobs:
             self.logprobs.setdefault(key, []).append(entry)
-        return Executed(tuple(sampled))
+        failed = tuple((sched.requests[key], why) for key, why in result.failed)
+        return Executed(tuple(sampled), failed)
 
     def commit(
         self,

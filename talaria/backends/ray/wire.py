@@ -50,8 +50,9 @@ class WireSchedule:
 
 @attrs.frozen
 class WireResult:
-    """The ids the actor sampled, in step order, and the logprob entry of each one whose
-    call asked for logprobs."""
+    """The ids the actor sampled, in step order, the logprob entry of each one whose call
+    asked for logprobs, and the calls whose sampling failed (with why)."""
 
     sampled: tuple[tuple[CallKey, int], ...]
     logprobs: tuple[tuple[CallKey, TokenLogprob], ...] = ()
+    failed: tuple[tuple[CallKey, str], ...] = ()
