@@ -13,7 +13,11 @@ its 95% interval): 1.3 means talaria finishes sessions 1.3x sooner with it than 
 The points vary one thing at a time around the paper's setting (30 sessions, about 960
 calls, one TP8 server, as much KV as the hardware leaves, the traces' tool gaps), plus the
 combinations where the session mechanisms are meant to pay (memory pressure with long
-gaps, several instances with pressure or long gaps).
+gaps, several instances with pressure or long gaps). The last points move to the other end
+of the hardware: the embedded replay's CPU server (``server="cpu"``: SmolLM2-135M,
+Qwen2.5-0.5B and Llama-3.2-1B in a 3 GB device budget that holds one model and 0.23 GB of
+KV, the workload of ``talaria replay --substrate embedded``, priced by the shipped ``cpu``
+profile), where KV is scarce and recomputing it is slow.
 """
 
 from __future__ import annotations
@@ -22,13 +26,18 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
+import torch
 
-from talaria.config import PolicyConfig
+from talaria.config import ClusterConfig, PolicyConfig
+from talaria.engine import catalog
+from talaria.engine.catalog import DEFAULT_MODELS
+from talaria.engine.loader import gguf_arch, smollm2_gguf
 from talaria.policy.baselines import TALARIA
 from talaria.sim.catalog import paper_cluster
 from talaria.swebench_replay import tuning
 from talaria.swebench_replay.compare import comparison_runs as _comparison_runs
 from talaria.swebench_replay.compare import headline, summarize
+from talaria.swebench_replay.live_replay import EmbeddedOptions
 from talaria.swebench_replay.pressure import with_kv_fraction
 from talaria.swebench_replay.runs import Outcome, Setting, WorkloadSpec, execute_all
 from talaria.swebench_replay.split import Part
@@ -42,6 +51,9 @@ MECHANISMS: Mapping[str, str] = {
     "hints": "talaria-no-hints",
 }
 CALLS_PER_SESSION = 32
+CPU_CALLS_PER_SESSION = 8  # the embedded replay's 96 calls over 12 sessions
+CPU_TOKEN_SCALE = 1 / 8  # the embedded replay's (SmolLM2's 8K context bounds the prompts)
+CPU_CONTEXT = 8192
 
 
 @attrs.frozen
@@ -53,10 +65,15 @@ class Point:
     sessions: int = 30
     instances: int = 1
     gap_scale: float = 1.0
+    server: str = "h200"  # "h200": the paper-scale models on TP8 servers; "cpu": see above
 
     @property
     def servers(self) -> int:
         return 1 if self.instances <= 2 else self.instances // 2
+
+    @property
+    def calls_per_session(self) -> int:
+        return CPU_CALLS_PER_SESSION if self.server == "cpu" else CALLS_PER_SESSION
 
     def to_json(self) -> dict[str, Any]:
         return attrs.asdict(self)
@@ -78,6 +95,10 @@ POINTS: tuple[Point, ...] = (
     Point("2 instances, KV 0.25x", instances=2, kv_fraction=0.25),
     Point("2 instances, gaps x16", instances=2, gap_scale=16.0),
     Point("4 instances (2 servers), 60 sessions", instances=4, sessions=60),
+    Point("CPU server (embedded default)", server="cpu", sessions=12),
+    Point("CPU server, gaps x4", server="cpu", sessions=12, gap_scale=4.0),
+    Point("CPU server, 24 sessions", server="cpu", sessions=24),
+    Point("CPU, 2 instances, 24 sessions", server="cpu", sessions=24, instances=2),
 )
 QUICK = (POINTS[0], POINTS[3], POINTS[8], POINTS[11])
 
@@ -88,14 +109,33 @@ def specs(point: Point, synthetic: bool = False) -> tuple[WorkloadSpec, Workload
         synthetic=synthetic,
         part=Part.TEST,
         sessions=point.sessions,
-        calls=point.sessions * CALLS_PER_SESSION,
+        calls=point.sessions * point.calls_per_session,
     )
+    if point.server == "cpu":
+        test = attrs.evolve(
+            test, models=DEFAULT_MODELS, max_context=CPU_CONTEXT, token_scale=CPU_TOKEN_SCALE
+        )
     return attrs.evolve(test, part=Part.TUNE), test
+
+
+def cpu_cluster(instances: int) -> ClusterConfig:
+    """The embedded replay's cluster (``EmbeddedOptions``' instances, the default models'
+    architectures in bfloat16), without loading a weight."""
+    specs = []
+    for name in DEFAULT_MODELS:
+        e = catalog.entry(name)
+        arch = gguf_arch(smollm2_gguf()) if e.config is None else catalog.arch_of(e)
+        specs.append(arch.to_spec(name, torch.bfloat16, source=e.source.value))
+    options = EmbeddedOptions((TALARIA,), instances=instances)
+    return ClusterConfig(specs, options.instance_specs())
 
 
 def setting(point: Point, tune_spec: WorkloadSpec) -> Setting:
     """The simulated setting of a point (memory pressure sized on the tune part)."""
-    cluster = paper_cluster(point.instances, point.servers)
+    if point.server == "cpu":
+        cluster = cpu_cluster(point.instances)
+    else:
+        cluster = paper_cluster(point.instances, point.servers)
     if point.kv_fraction is not None:
         cluster = with_kv_fraction(cluster, tune_spec, point.kv_fraction)
     return Setting(cluster, gap_scale=point.gap_scale)
