@@ -2,10 +2,10 @@
 ``smollm2-tiny-dummy`` on CPU, over a real socket): whatever a client sends, the answer is
 never a 5xx, never a traceback, and the server's state stays intact.
 
-Why hypothesis strategies and not schemathesis: the server's ``/openapi.json`` lists every
-operation but describes no request body (the routes read ``request.body()`` and validate it
-by hand with the pydantic models of ``talaria.server.schemas``), so a schema-driven fuzzer
-would only vary two path parameters. The operations therefore come from the OpenAPI schema
+This fuzzer's strategies are written by hand, per field of the pydantic request models, to
+reach each field's edges; ``tests/reliability/test_schema_fuzz.py`` runs a third-party
+fuzzer (schemathesis) from the server's own OpenAPI document, which now describes every
+request body. Here the operations come from the OpenAPI schema
 (:func:`test_every_openapi_operation_is_fuzzed` fails when a route is added without a
 strategy), and the bodies from strategies written per field of the pydantic request models
 (:func:`test_every_schema_field_has_a_strategy` keeps them in step): each field is omitted,
