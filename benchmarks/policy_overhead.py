@@ -38,6 +38,7 @@ from talaria.cost.hardware import profile
 from talaria.policy.baselines import POLICIES
 from talaria.runtime.cluster import ClusterCore
 from talaria.runtime.instance import InstanceCore, Request
+from talaria.schedule import Executed
 from talaria.sim.catalog import PAPER_MODELS
 from talaria.types import Call, EventKind, TokenSeq
 
@@ -65,16 +66,10 @@ def drain(inst: InstanceCore, now: float) -> list[Request]:
     done: list[Request] = []
     for _ in range(10_000):
         sched = inst.schedule(now)
-        if sched.switch is not None:
-            inst.switch_done(sched.switch.model, now)
-            continue
-        if sched.stage is not None and inst.arena.staging_in_progress:
-            inst.stage_done(inst.arena.staging_in_progress)
-        if sched.step is None:
-            if sched.waiting_for_stage:
-                continue
+        repeat = sched.step.repeat if sched.step is not None else 1
+        done += inst.commit(sched, Executed(()), now, repeat=repeat)  # its stage copied too
+        if sched.switch is None and sched.step is None and not sched.waiting_for_stage:
             break
-        done += inst.complete_step(sched.step, now, sched.step.repeat)
     return done
 
 

@@ -34,7 +34,9 @@ from __future__ import annotations
 import collections
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
+
+import attrs
 
 from talaria.config import InstanceSpec, ModelSpec, PolicyConfig
 from talaria.cost.estimator import Estimator
@@ -51,7 +53,7 @@ from talaria.runtime.counters import InstanceCounters
 from talaria.runtime.estimates import InstanceEstimates
 from talaria.runtime.slots import SlotControl
 from talaria.runtime.tool_gaps import GapTable, ToolGap
-from talaria.schedule import Request, Schedule, StepPlan
+from talaria.schedule import Executed, Request, Schedule, StepPlan
 from talaria.types import Call, SessionId
 
 # the plan types live in talaria.schedule (below the substrates); re-exported here
@@ -317,6 +319,60 @@ class InstanceCore:
             return Schedule(stage=stage, kv_moves=moves)
         keys = [key for key, _, _ in step.prefill] + list(step.decode)
         return Schedule(step=step, stage=stage, requests={k: calls.running[k] for k in keys})
+
+    def commit(
+        self,
+        sched: Schedule,
+        done: Executed,
+        now: float,
+        *,
+        repeat: int = 1,
+        outputs: Mapping[CallKey, Sequence[int]] | None = None,
+        stopped: Collection[CallKey] = (),
+        silent: Collection[CallKey] = (),
+        stage_copied: bool = True,
+    ) -> list[Request]:
+        """The one way a driver reports an executed ``sched`` (live loop, simulator,
+        benchmarks, every substrate); returns the calls it finished. Mutates the slot
+        state, the calls and KV.
+
+        Its switch is done (the slot opens); its stage is done when the substrate copied it
+        inside the step (``stage_copied``; else ``stage_done`` when the copy lands); the
+        calls whose sampling failed (``done.failed``) are released; a call in ``stopped``
+        ended with its last token (end-of-sequence or a stop string), one in ``silent``
+        ended without a token this step (its engine finished it); a call that ended or
+        reached its answer length gets its history, its prompt plus ``outputs`` but the
+        last token, whose KV was never computed (substrates that make no tokens pass no
+        ``outputs``); then the step's tokens count (``repeat`` decode-only steps)."""
+        if sched.switch is not None:
+            self.switch_done(sched.switch.model, now)
+        if sched.stage is not None and stage_copied:
+            self.stage_done(sched.stage.model)
+        for req, why in done.failed:
+            self.abort(req.key, why)
+        step = sched.step
+        if step is None:
+            return []
+        ended = [req for req, _ in done.sampled if req.key in stopped]
+        ended += [self.calls.running[k] for k in silent if k in self.calls.running]
+        for req in ended:
+            self.stop(req.key)
+        if outputs is not None:
+            for req in [r for r, _ in done.sampled] + ended:
+                out = outputs.get(req.key, ())
+                if req.stopped or len(out) >= req.target_output:
+                    req.history = req.call.prompt.extend(out[:-1])
+        if silent:  # no token came for them this step: the core must not count one
+            step = attrs.evolve(step, decode=tuple(k for k in step.decode if k not in silent))
+        return self.complete_step(step, now, repeat)
+
+    def release(self, sched: Schedule, now: float) -> None:
+        """``sched`` will never complete (its step raised, or its instance was lost): its
+        switch and stage are over, so that its calls can be released (``abort``)."""
+        if sched.switch is not None:
+            self.switch_done(sched.switch.model, now)
+        if sched.stage is not None:
+            self.stage_done(sched.stage.model)
 
     def switch_done(self, model: str, now: float) -> None:
         """The substrate finished copying ``model``'s weights: its slot opens."""

@@ -679,11 +679,7 @@ class LiveCluster:
         """Fail the calls of the step that raised; after ``MAX_CONSECUTIVE_FAILURES`` take the
         instance out of routing and fail everything it holds."""
         d.failures += 1
-        inst = self.core.instances[name]
-        if sched.switch is not None:
-            inst.switch_done(sched.switch.model, self.clock.now())
-        if sched.stage is not None:
-            inst.stage_done(sched.stage.model)
+        self.core.instances[name].release(sched, self.clock.now())
         error = InstanceFailed(
             f"instance {name} failed while running the call ({type(exc).__name__}: {exc}); "
             "the call was released, retry it"
@@ -700,12 +696,8 @@ class LiveCluster:
     def _abandon(self, name: str, sched: Schedule) -> None:
         """A schedule whose instance was lost while it ran: the core hears its switch and
         stage ended (they never will), so its calls can be released."""
-        inst = self.core.instances[name]
         with contextlib.suppress(Exception):
-            if sched.switch is not None:
-                inst.switch_done(sched.switch.model, self.clock.now())
-            if sched.stage is not None:
-                inst.stage_done(sched.stage.model)
+            self.core.instances[name].release(sched, self.clock.now())
 
     def _mark_down(self, name: str, d: _Driver) -> None:
         if not d.down:

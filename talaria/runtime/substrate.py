@@ -179,22 +179,9 @@ def commit_schedule(
     ends: Callable[[Request, int], bool],
     stage_copied: bool,
 ) -> list[Request]:
-    """Report an executed ``sched`` to ``core`` at ``now``; returns the calls that finished.
-    ``outputs`` holds each call's generated ids (the sampled tokens already appended); a
-    sampled token for which ``ends(request, token)`` is true stops its call.
-    ``stage_copied``: a stage in ``sched`` finished inside the step (else the substrate
-    reports ``stage_done`` when its background copy lands)."""
-    if sched.switch is not None:
-        core.switch_done(sched.switch.model, now)
-    if sched.stage is not None and stage_copied:
-        core.stage_done(sched.stage.model)
-    if sched.step is None:
-        return []
-    for req, token in done.sampled:
-        out = outputs[req.key]
-        if ends(req, token):
-            core.stop(req.key)
-        if req.stopped or len(out) >= req.target_output:
-            # the last token's KV was never computed: the history ends before it
-            req.history = req.call.prompt.extend(out[:-1])
-    return core.complete_step(sched.step, now)
+    """:meth:`InstanceCore.commit` for a substrate whose sampled tokens end a call when
+    ``ends(request, token)`` says so (the loop's stop checkers, or the model's end ids)."""
+    stopped = {req.key for req, token in done.sampled if ends(req, token)}
+    return core.commit(
+        sched, done, now, outputs=outputs, stopped=stopped, stage_copied=stage_copied
+    )

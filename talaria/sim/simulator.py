@@ -37,9 +37,11 @@ from talaria.memory.kv import MovePlan
 from talaria.policy.gaps import GapModel
 from talaria.runtime.cluster import ClusterCore, GapLearner
 from talaria.runtime.counters import cluster_counters
-from talaria.runtime.instance import InstanceCore, Request, StepPlan
+from talaria.runtime.instance import InstanceCore, Request, Schedule, StepPlan
+from talaria.schedule import Executed
 from talaria.types import EventKind, Link, SessionScript
 
+NOTHING_SAMPLED = Executed(())  # the simulator makes no tokens: it counts them
 IDLE_POLL_S = 0.05  # re-check an idle instance whose decision may change with time
 MAX_EVENTS = 50_000_000
 
@@ -183,8 +185,7 @@ class _StageCopy:
 
 @attrs.define
 class _Busy:
-    step: StepPlan | None = None
-    switch_model: str | None = None
+    sched: Schedule | None = None  # None: KV moves only, nothing to report
     repeat: int = 1
 
 
@@ -336,10 +337,10 @@ class _Run:
             serial = self._beside_stage(name, inst, cost.kv_s, cost.step_s, moves)
         if sched.switch is not None:
             self.slot_log.switch(name, sched.switch.model, self.now)
-            self.busy[name] = _Busy(switch_model=sched.switch.model)
+            self.busy[name] = _Busy(sched)
             self.push(self.now + serial, _Ev.READY, name)
         elif step is not None:
-            self.busy[name] = _Busy(step=step, repeat=repeat)
+            self.busy[name] = _Busy(sched, repeat)
             self.push(self.now + serial, _Ev.READY, name)
         elif cost.kv_s > 0:
             self.busy[name] = _Busy()
@@ -413,11 +414,14 @@ class _Run:
         self.busy[name] = None
         self._idle_stage(name)
         inst = self.core.instances[name]
-        if busy is not None and busy.switch_model is not None:
-            inst.switch_done(busy.switch_model, self.now)
-            self.slot_log.opened(name, busy.switch_model, self.now)
-        elif busy is not None and busy.step is not None:
-            for req in inst.complete_step(busy.step, self.now, busy.repeat):
+        if busy is not None and busy.sched is not None:
+            # a stage copies in the background: STAGE_DONE reports it, not the commit
+            finished = inst.commit(
+                busy.sched, NOTHING_SAMPLED, self.now, repeat=busy.repeat, stage_copied=False
+            )
+            if busy.sched.switch is not None:
+                self.slot_log.opened(name, busy.sched.switch.model, self.now)
+            for req in finished:
                 self._call_done(req)
                 if on_call_done is not None:
                     on_call_done(len(self.records))

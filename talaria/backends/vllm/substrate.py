@@ -223,33 +223,24 @@ class VllmSubstrate:
         ends: Callable[[Request, int], bool] | None = None,
     ) -> list[Request]:
         core = self._core
-        if sched.switch is not None:
-            core.switch_done(sched.switch.model, now)
-        if sched.stage is not None:
-            core.stage_done(sched.stage.model)
         step = sched.step
-        if step is None:
-            return []
-        eos = self.eos.get(step.model, frozenset())
+        eos = self.eos.get(step.model, frozenset()) if step is not None else frozenset()
+        stopped = set()
         for req, token in done.sampled:
-            out = self.outputs[req.key]
-            if len(out) == 1:
+            if len(self.outputs[req.key]) == 1:
                 self._first_token(req)
             if ends(req, token) if ends is not None else token in eos:
-                core.stop(req.key)
-            if req.stopped or len(out) >= req.target_output:
-                req.history = req.call.prompt.extend(out[:-1])
-                rid = self._ids.get(req.key)
-                if rid is not None:
-                    self.engines.abort(rid)  # no-op when vLLM ended it too
-        ended, self._ended = self._ended & set(core.running), set()
-        for key in ended:
-            req = core.running[key]
-            core.stop(key)
-            req.history = req.call.prompt.extend(self.outputs.get(key, ())[:-1])
-        if ended:  # no token came for them this step: the core must not count one
-            step = attrs.evolve(step, decode=tuple(k for k in step.decode if k not in ended))
-        return core.complete_step(step, now)
+                stopped.add(req.key)
+        # calls vLLM ended with no token for them this step (the core must not count one)
+        silent, self._ended = self._ended & set(core.running), set()
+        finished = core.commit(
+            sched, done, now, outputs=self.outputs, stopped=stopped, silent=silent
+        )
+        for req in finished:  # no-op when vLLM ended it too
+            rid = self._ids.get(req.key)
+            if rid is not None:
+                self.engines.abort(rid)
+        return finished
 
     def _first_token(self, req: Request) -> None:
         """vLLM's prefix-cache hits become the call's cached tokens (the core's estimate is
