@@ -27,6 +27,7 @@ __all__ = [
     "make_generator",
     "sample",
     "sample_row",
+    "skip_draws",
 ]
 
 
@@ -73,6 +74,16 @@ def sample_row(logits: torch.Tensor, params: SamplingParams, generator: torch.Ge
     scaled = _filter_top_p(_filter_top_k(scaled, params.top_k), params.top_p)
     probs = torch.softmax(scaled, dim=-1)
     return int(torch.multinomial(probs, 1, generator=generator).item())
+
+
+def skip_draws(generator: torch.Generator, n: int, vocab: int, device: torch.device) -> None:
+    """Advance ``generator`` past ``n`` draws of :func:`sample_row` over ``vocab`` ids, as if
+    they had been made here: a draw (``torch.multinomial`` of one sample) consumes random
+    numbers by the row's width, never by its values, so drawing from a uniform row of the
+    same width advances it identically. Mutates ``generator`` only."""
+    row = torch.full((vocab,), 1.0 / vocab, device=device)
+    for _ in range(n):
+        torch.multinomial(row, 1, generator=generator)
 
 
 def sample(

@@ -157,9 +157,11 @@ class LiveCall:
     send: MemoryObjectSendStream[Event]
     vocab_limit: int | None = None
     forced: tuple[int, ...] | None = None
-    sent_tokens: int = 0
+    sent_tokens: int = 0  # of the ids its current instance generated
     sent_logprobs: int = 0
     text: list[str] = attrs.field(factory=list)
+    # ids of its answer generated on instances that were lost: they end ``call.prompt`` now
+    resumed: int = 0
 
     @property
     def key(self) -> CallKey:
@@ -260,6 +262,7 @@ class LiveCluster:
         self.expired_sessions = 0
         self.calls_failed = 0
         self.calls_rerouted = 0  # calls of a lost instance placed on another (none streamed)
+        self.calls_resumed = 0  # calls of a lost instance that had streamed, resumed elsewhere
         # prompt tokens of finished calls their session had computed before, recomputed
         # because the KV was gone (evicted, or lost with its instance)
         self.tokens_recomputed = 0
@@ -498,7 +501,9 @@ class LiveCluster:
     def _lose(self, name: str, exc: InstanceLost) -> None:
         """The instance's process is gone: out of routing at once; each of its calls that
         streamed nothing yet is routed to another instance (its session's KV is recomputed
-        there), the others fail with ``InstanceLost``."""
+        there), and each that streamed is resumed on another instance (``_resume``: its
+        prompt plus what it streamed is prefilled there and the answer goes on); only a
+        call that cannot be placed anywhere fails with ``InstanceLost``."""
         d = self.drivers[name]
         self._mark_down(name, d)
         d.lost = True
@@ -509,8 +514,44 @@ class LiveCluster:
         for lc in [lc for lc in self.calls.values() if lc.instance == name]:
             if lc.sent_tokens == 0 and lc.checker.num_tokens == 0:
                 self._reroute(lc, exc)
-            else:
+            elif not self._resume(lc, exc):
                 self._fail(name, lc.key, error)
+
+    def _resume(self, lc: LiveCall, cause: InstanceLost) -> bool:
+        """Move a call that had streamed from its lost instance to another one: its prompt
+        becomes the prompt plus the ids it streamed, which the new instance prefills, and
+        it goes on generating the rest of its budget there; the client's stream just
+        continues. The new substrate catches the call's sampling up with those ids
+        (``Substrate.prepare(resumed=...)``): greedy and seeded answers come out exactly as
+        without the loss (on the embedded engine; vLLM's sampler goes on afresh). False
+        (nothing changed) when there is nothing left to generate or no instance can take it.
+        """
+        old = lc.instance
+        streamed = tuple(self.drivers[old].runner.outputs.get(lc.key, ()))[: lc.sent_tokens]
+        done = lc.resumed + len(streamed)
+        left = lc.params.max_tokens - done
+        if left <= 0:
+            return False
+        c = lc.call
+        call = Call(c.session_id, c.index, c.model, c.prompt.extend(streamed), left, None,
+                    c.tenant, c.arrival_s)  # fmt: skip
+        with contextlib.suppress(Exception):  # the lost core is discarded at restart
+            self.core.instances[old].abort(lc.key, str(cause))
+        self.drivers[old].runner.forget(lc.key)
+        try:
+            inst, req, _ = self.core.place(call, left, None, self.clock.now())
+        except TalariaError:
+            return False
+        forced = lc.forced[done:] if lc.forced is not None else None
+        params = attrs.evolve(lc.params, max_tokens=left)
+        self.drivers[inst.spec.name].runner.prepare(
+            lc.key, params, lc.vocab_limit, forced, resumed=done
+        )
+        lc.call, lc.req, lc.instance = call, req, inst.spec.name
+        lc.resumed, lc.sent_tokens, lc.sent_logprobs = done, 0, 0
+        self.calls_resumed += 1
+        self._wake(lc.instance)
+        return True
 
     def _reroute(self, lc: LiveCall, cause: InstanceLost) -> None:
         """Move a call that streamed nothing from its lost instance to another one (routed
@@ -636,13 +677,14 @@ class LiveCluster:
         reason = lc.checker.finish_reason or ("stop" if req.stopped else "length")
         arrival = req.call.arrival_s
         first = req.first_token_s if req.first_token_s is not None else req.finished_s
+        prompt_len = req.prompt_len - lc.resumed  # a resumed call's prompt ends with its ids
         _deliver(
             lc,
             Finished(
                 reason,
-                req.prompt_len,
-                len(out),
-                min(req.prompt_len, req.reused_tokens + req.restored_tokens),
+                prompt_len,
+                lc.resumed + len(out),
+                min(prompt_len, req.reused_tokens + req.restored_tokens),
                 name,
                 (first or arrival) - arrival,
                 (req.finished_s or arrival) - arrival,

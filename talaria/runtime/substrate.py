@@ -78,9 +78,13 @@ class Substrate(Protocol):
         params: SamplingParams,
         vocab_limit: int | None = None,
         forced: Sequence[int] | None = None,
+        resumed: int = 0,
     ) -> None:
         """Announce a call: sample it with ``params`` (ids below ``vocab_limit`` only), or
-        emit exactly ``forced`` (a replay's answer; the forward still runs)."""
+        emit exactly ``forced`` (a replay's answer; the forward still runs). ``resumed``:
+        the prompt's last ``resumed`` ids are the call's own answer so far, drawn on an
+        instance that was lost; the substrate continues it as if it had never moved
+        (exactly, where its sampling can: see each substrate)."""
         ...
 
     def plan(self, now: float) -> Schedule: ...
@@ -142,8 +146,9 @@ class SubstrateWrapper:
         params: SamplingParams,
         vocab_limit: int | None = None,
         forced: Sequence[int] | None = None,
+        resumed: int = 0,
     ) -> None:
-        self.inner.prepare(key, params, vocab_limit, forced)
+        self.inner.prepare(key, params, vocab_limit, forced, resumed)
 
     def plan(self, now: float) -> Schedule:
         return self.inner.plan(now)

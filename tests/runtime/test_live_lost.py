@@ -94,27 +94,79 @@ async def test_unstarted_calls_move_to_another_instance_with_the_same_answers() 
         assert live.calls_failed == 0
 
 
-async def test_a_streaming_call_fails_and_the_instance_rejoins_empty() -> None:
+async def stream_and_lose(
+    live: LiveCluster, subs: dict[str, Vanishing], sid: str, prompt: TokenSeq,
+    params: SamplingParams, lose_after: int = 1,
+) -> tuple[list[int], list[object], str]:  # fmt: skip
+    """Stream one call; its instance is lost after ``lose_after`` deltas. Returns the ids
+    the client saw, every event, and the instance that was lost."""
+    ids: list[int] = []
+    seen: list[object] = []
+    async with live.session(sid).lock:
+        lc, events = await live.submit(sid, "llama-tiny", prompt, params, StopChecker(params))
+        victim = lc.instance
+        async with events:
+            async for ev in events:
+                seen.append(ev)
+                if isinstance(ev, Delta):
+                    ids.extend(ev.token_ids)
+                    if sum(isinstance(e, Delta) for e in seen) == lose_after:
+                        subs[victim].gone = True
+    return ids, seen, victim
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True),
+        SamplingParams(
+            temperature=0.9, top_p=0.9, seed=11, max_tokens=24, ignore_eos=True,
+            presence_penalty=0.4, repetition_penalty=1.2,
+        ),
+    ],
+    ids=["greedy", "seeded with penalties"],
+)  # fmt: skip
+async def test_a_streaming_call_is_resumed_on_another_instance_exactly(
+    params: SamplingParams,
+) -> None:
+    """Lost after it streamed: the call goes on on the other instance (its prompt plus what
+    it streamed prefilled there) and the client gets one uninterrupted answer, the very ids
+    it would have got without the loss; usage counts the original prompt and every id."""
+    prompt = prompt_for(3)
+    c = tiny_cluster(device_bytes=4 * 10**6, instances=2)
+    async with LiveCluster(c.core, c.runners) as whole, whole.session("w").lock:
+        _, events = await whole.submit("w", "llama-tiny", prompt, params, StopChecker(params))
+        async with events:
+            want = [i for ev in [e async for e in events] if isinstance(ev, Delta)
+                    for i in ev.token_ids]  # fmt: skip
     live, subs = vanishing_cluster()
+    async with live:
+        ids, seen, victim = await stream_and_lose(live, subs, "v", prompt, params, lose_after=3)
+        assert ids == want and len(ids) == 24
+        fin = seen[-1]
+        assert isinstance(fin, Finished) and fin.instance != victim
+        assert (fin.prompt_tokens, fin.completion_tokens) == (len(prompt), 24)
+        assert live.calls_resumed == 1 and live.calls_failed == 0
+        await live.check_integrity_between_steps()
+
+
+async def test_a_streaming_call_with_nowhere_to_go_fails_and_the_instance_rejoins_empty() -> None:
+    """One instance: lost mid-stream, the call has nowhere to resume and fails with
+    InstanceLost; the instance rejoins on a fresh core once its process answers, and the
+    session goes on there, recomputing its history."""
+    c = tiny_cluster(device_bytes=4 * 10**6, instances=1)
+    subs = {name: Vanishing(r) for name, r in c.runners.items()}
+    live = LiveCluster(c.core, subs, recover_after_s=0.2)
     async with live:
         _, first = await run_call(live, "a", "llama-tiny", prompt_for(1))
         victim = first.instance
         old_core = live.core.instances[victim]
         params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
-        async with live.session("a").lock:
-            prompt = prompt_for(1).extend(range(1, 30))
-            _, events = await live.submit("a", "llama-tiny", prompt, params, StopChecker(params))
-            seen = []
-            async with events:
-                async for ev in events:
-                    seen.append(ev)
-                    if isinstance(ev, Delta):
-                        subs[victim].gone = True
+        prompt = prompt_for(1).extend(range(1, 30))
+        _, seen, lost = await stream_and_lose(live, subs, "a", prompt, params)
+        assert lost == victim
         assert isinstance(seen[-1], Failed) and isinstance(seen[-1].error, InstanceLost)
-        assert live.drivers[victim].down
-        # the session continues on the survivor, recomputing its history there
-        _, moved = await run_call(live, "a", "llama-tiny", prompt)
-        assert moved.instance != victim and live.tokens_recomputed > 0
+        assert live.drivers[victim].down and live.calls_resumed == 0
         subs[victim].gone = False  # its process is back
         with anyio.fail_after(10):
             while live.drivers[victim].down:
@@ -124,5 +176,5 @@ async def test_a_streaming_call_fails_and_the_instance_rejoins_empty() -> None:
         assert fresh.arena.active_model is None and fresh.kv.device_free == fresh.kv.device_blocks
         assert subs[victim].core is fresh
         await live.check_integrity_between_steps()
-        _, again = await run_call(live, "a", "llama-tiny", prompt.extend(range(5, 9)))
-        assert again.instance != victim  # the session's KV is on the survivor now
+        _, again = await run_call(live, "a", "llama-tiny", prompt)
+        assert again.instance == victim and live.tokens_recomputed > 0

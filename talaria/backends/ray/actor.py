@@ -199,7 +199,7 @@ class InstanceWorker:
         sid, index = new.key
         call = Call(sid, index, new.model, TokenSeq(new.prompt), new.target_output)
         self._requests[new.key] = Request(call, None, new.target_output, 0.0)
-        runner.prepare(new.key, new.params or GREEDY, new.vocab_limit, new.forced)
+        runner.prepare(new.key, new.params or GREEDY, new.vocab_limit, new.forced, new.resumed)
 
     def held(self) -> tuple[CallKey, ...]:
         """The calls whose state this worker keeps (the serving process checks it holds

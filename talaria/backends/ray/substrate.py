@@ -78,7 +78,9 @@ class RaySubstrate:
         self.info = self._checked(info, core)
         self.outputs: dict[CallKey, list[int]] = {}
         self.logprobs: dict[CallKey, list[TokenLogprob]] = {}
-        self._prepared: dict[CallKey, tuple[SamplingParams, int | None, tuple[int, ...] | None]]
+        self._prepared: dict[
+            CallKey, tuple[SamplingParams, int | None, tuple[int, ...] | None, int]
+        ]
         self._prepared = {}
         self._lock = threading.Lock()
         self._shipped: set[CallKey] = set()  # calls whose prompt the actor holds
@@ -125,9 +127,10 @@ class RaySubstrate:
         params: SamplingParams,
         vocab_limit: int | None = None,
         forced: Sequence[int] | None = None,
+        resumed: int = 0,
     ) -> None:
         pinned = tuple(forced) if forced is not None else None
-        self._prepared[key] = (params, vocab_limit, pinned)
+        self._prepared[key] = (params, vocab_limit, pinned, resumed)
         self.outputs.setdefault(key, [])
 
     def plan(self, now: float) -> Schedule:
@@ -222,7 +225,7 @@ class RaySubstrate:
         )
 
     def _new_call(self, req: Request) -> NewCall:
-        params, vocab_limit, forced = self._prepared.get(req.key, (None, None, None))
+        params, vocab_limit, forced, resumed = self._prepared.get(req.key, (None, None, None, 0))
         return NewCall(
             req.key,
             req.call.model,
@@ -231,6 +234,7 @@ class RaySubstrate:
             params,
             vocab_limit,
             forced,
+            resumed,
         )
 
     def _check_health(self) -> None:

@@ -21,7 +21,8 @@ __all__ = ["NewCall", "WireResult", "WireSchedule"]
 @attrs.frozen
 class NewCall:
     """A call the actor has not seen: its prompt ids and how to sample it (``forced``: a
-    replay's exact answer ids)."""
+    replay's exact answer ids; ``resumed``: the prompt's last ids are its own answer so far,
+    from an instance that was lost)."""
 
     key: CallKey
     model: str
@@ -30,6 +31,7 @@ class NewCall:
     params: SamplingParams | None = None
     vocab_limit: int | None = None
     forced: tuple[int, ...] | None = None
+    resumed: int = 0
 
 
 @attrs.frozen

@@ -119,7 +119,11 @@ class VllmSubstrate:
         params: SamplingParams,
         vocab_limit: int | None = None,
         forced: Sequence[int] | None = None,
+        resumed: int = 0,
     ) -> None:
+        """``resumed`` is accepted and not replayed: vLLM's sampler state cannot be advanced
+        from outside, so a resumed call goes on greedily exact, sampled afresh otherwise."""
+        del resumed
         self._prepared[key] = _Prepared(
             params, vocab_limit, tuple(forced) if forced is not None else None
         )
