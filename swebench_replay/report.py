@@ -378,3 +378,51 @@ def plot_map(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
     fig.savefig(path, bbox_inches="tight")
     plt.close(fig)
     return path
+
+
+def comparison_markdown(results: Mapping[str, Any]) -> str:
+    """A comparison's ``results.json`` as Markdown: the workload, every policy's SCT over
+    seeds (mean, 95% interval, paired ratio to talaria), its tuned knobs, and the headline
+    against the best tuned per-request baseline, ``round`` and the model-serial reference."""
+    wl = results["workload"]
+    seeds = results.get("seeds", [wl.get("seed")])
+    lines = [
+        f"{results['substrate']} replay on {results['hardware']}, "
+        f"{len(results.get('instances', []))} instance(s): {wl['sessions']} sessions, "
+        f"{wl['calls']} calls per seed, {wl.get('part', 'all')} part, seeds {seeds}, "
+        f"tool gaps x{wl.get('gap_scale', 1.0):g}, hints {'on' if wl.get('hints') else 'off'}.",
+        "",
+        "| policy | SCT p50 s (95% CI) | SCT p95 s (95% CI) | p50 / talaria | p95 / talaria "
+        "| TTFT p95 s | knobs |",
+        "|---|---|---|---|---|---|---|",
+    ]
+
+    def ci(p: Mapping[str, Any], key: str) -> str:
+        low, high = p.get(f"{key}_ci95") or (None, None)
+        interval = "" if low is None else f" ({low:.0f}-{high:.0f})"
+        return f"{p[key]:.1f}{interval}"
+
+    rows = sorted(results["policies"].items(), key=lambda kv: bool(kv[1].get("reference")))
+    for name, p in rows:
+        knobs = ", ".join(f"{k}={v:g}" for k, v in (p.get("knobs") or {}).items())
+        label = f"{name} (reference)" if p.get("reference") else name
+        lines.append(
+            f"| {label} | {ci(p, 'sct_p50_s')} | {ci(p, 'sct_p95_s')} "
+            f"| {_vs_talaria(p, 'p50')} | {_vs_talaria(p, 'p95')} | {p['ttft_p95_s']:.2f} "
+            f"| {knobs} |"
+        )
+    comp = results.get("comparison", {})
+    if comp:
+        lines += ["", "| talaria against | p50: their SCT / talaria's | p95 |", "|---|---|---|"]
+        for label, key in (
+            ("best tuned per-request baseline", "best_per_request"),
+            ("round (paper baseline)", "round"),
+            ("model-serial (reference)", "model-serial"),
+        ):
+            cells = []
+            for q in ("p50", "p95"):
+                entry = comp.get(f"{key}_{q}")
+                who = f"{entry['policy']}: " if entry and "policy" in entry else ""
+                cells.append(who + _effect(entry["ratio"]) if entry else "")
+            lines.append(f"| {label} | {cells[0]} | {cells[1]} |")
+    return "\n".join(lines) + "\n"

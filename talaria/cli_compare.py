@@ -186,7 +186,12 @@ def cmd_replay_sim(args: argparse.Namespace, console: Console, plots: Any) -> in
     """The simulated replay: tuned policies on the comparison part over ``--seeds`` seeds."""
     from talaria.swebench_replay import tuning
     from talaria.swebench_replay.compare import comparison_document, comparison_runs, summarize
-    from talaria.swebench_replay.report import comparison_table, mechanism_table, policy_table
+    from talaria.swebench_replay.report import (
+        comparison_markdown,
+        comparison_table,
+        mechanism_table,
+        policy_table,
+    )
     from talaria.swebench_replay.runs import execute_all, workload
 
     policies = parse_policies(args.policies or "all")
@@ -212,11 +217,12 @@ def cmd_replay_sim(args: argparse.Namespace, console: Console, plots: Any) -> in
     out = args.out or Path("runs") / "replay-sim"
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    (out / "results.md").write_text(comparison_markdown(results))
     made = plots(results, kept, out)
     console.print(policy_table(results))
     console.print(comparison_table(results))
     console.print(mechanism_table(results))
-    console.print(f"wrote {', '.join(map(str, [out / 'results.json', *made]))}")
+    console.print(f"wrote {', '.join(map(str, [out / 'results.json', out / 'results.md', *made]))}")
     return 0
 
 

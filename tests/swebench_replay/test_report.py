@@ -217,3 +217,19 @@ def test_fidelity_table_off_cpu_names_the_shipped_profile() -> None:
     assert "simulator fidelity (h200-tp8 profile vs the real engine)" in text
     assert "h200-tp8 profile: shipped h200-tp8 (not calibrated off CPU)" in text
     assert "-80%" in text and "-75%" in text
+
+
+def test_comparison_markdown_lists_every_policy_with_its_interval_and_knobs() -> None:
+    from talaria.swebench_replay.report import comparison_markdown
+
+    doc = _doc()
+    doc["seeds"] = [0, 1]
+    doc["policies"]["round"]["sct_p50_s_ci95"] = [20.0, 29.0]
+    doc["policies"]["round"]["knobs"] = {"slot_max_s": 300.0}
+    ratio = {"value": 2.0, "ci95": [1.5, 2.5], "n": 2}
+    doc["comparison"] = {"round_p50": {"ratio": ratio}}
+    text = comparison_markdown(doc)
+    assert "seeds [0, 1]" in text
+    row = next(line for line in text.splitlines() if line.startswith("| round |"))
+    assert "24.7 (20-29)" in row and "slot_max_s=300" in row
+    assert "| round (paper baseline) | 2.00 [1.50,2.50] |" in text
