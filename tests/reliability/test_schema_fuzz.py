@@ -21,7 +21,14 @@ import httpx
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 
-from tests.reliability.inprocess import AUTH, assert_intact, probe, requires_tiny_model, serve_tiny
+from tests.reliability.inprocess import (
+    AUTH,
+    MODEL,
+    assert_intact,
+    probe,
+    requires_tiny_model,
+    serve_tiny,
+)
 
 schemathesis = pytest.importorskip("schemathesis")
 
@@ -35,10 +42,13 @@ MAX_NEW = 16
 def _small(body: Any) -> Any:
     """``body`` with an in-range ``max_tokens`` / ``max_completion_tokens`` past
     :data:`MAX_NEW` and an ``n`` past 2 mapped down (out-of-range values stay: they are
-    refused at once)."""
+    refused at once), and a string ``model`` set to the served one (a random name only
+    reaches the 404; any other type is left to be refused)."""
     if not isinstance(body, dict):
         return body
     out = dict(body)
+    if isinstance(out.get("model"), str):
+        out["model"] = MODEL
     for key in ("max_tokens", "max_completion_tokens"):
         v = out.get(key)
         if isinstance(v, int) and not isinstance(v, bool) and MAX_NEW < v <= 8192:
@@ -49,35 +59,42 @@ def _small(body: Any) -> Any:
     return out
 
 
+def fuzz_operation(
+    url: str, operation: Any, documented: set[int], per_operation: int, seen: Counter[str]
+) -> None:
+    """Schemathesis's cases for one operation; fails on an answer the document does not
+    list for it, or a 5xx other than 503."""
+
+    @settings(
+        max_examples=per_operation,
+        deadline=None,
+        derandomize=True,
+        phases=(Phase.explicit, Phase.generate),
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(case=operation.as_strategy())
+    def one(case: Any) -> None:
+        case.body = _small(case.body)
+        response = case.call(base_url=url, headers=AUTH, timeout=60)
+        status = response.status_code
+        seen[f"{case.method} {operation.path} {status}"] += 1
+        assert status in documented, f"{case.method} {operation.path}: {status} {response.text}"
+        assert status < 500 or status == 503, response.text
+
+    one()
+
+
 def fuzz(url: str, per_operation: int) -> Counter[str]:
-    """Run schemathesis's cases for every operation; returns ``"METHOD path status"``
-    counts. Fails on an answer the document does not list for the operation, or a 5xx
-    other than 503."""
+    """Every operation of the server's OpenAPI document (:func:`fuzz_operation`); returns
+    ``"METHOD path status"`` counts."""
     with httpx.Client(base_url=url, timeout=60) as http:
         doc = http.get("/openapi.json").json()
     schema = schemathesis.openapi.from_dict(doc)
     seen: Counter[str] = Counter()
     for result in schema.get_all_operations():
         operation = result.ok()
-        documented = {int(s) for s in doc["paths"][operation.path][operation.method]["responses"]}
-
-        @settings(
-            max_examples=per_operation,
-            deadline=None,
-            derandomize=True,
-            phases=(Phase.explicit, Phase.generate),
-            suppress_health_check=list(HealthCheck),
-        )
-        @given(case=operation.as_strategy())
-        def one(case: Any, documented: set[int] = documented, path: str = operation.path) -> None:
-            case.body = _small(case.body)
-            response = case.call(base_url=url, headers=AUTH, timeout=60)
-            status = response.status_code
-            seen[f"{case.method} {path} {status}"] += 1
-            assert status in documented, f"{case.method} {case.formatted_path}: {status}"
-            assert status < 500 or status == 503, response.text
-
-        one()
+        responses = doc["paths"][operation.path][operation.method]["responses"]
+        fuzz_operation(url, operation, {int(s) for s in responses}, per_operation, seen)
     return seen
 
 
