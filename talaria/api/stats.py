@@ -55,6 +55,7 @@ def snapshot(live: LiveCluster) -> dict[str, Any]:
             "failed": live.calls_failed,
             "refused": live.calls_refused,  # 429: max_calls, a tenant's share or token budget
             "rerouted": live.calls_rerouted,  # moved off a lost instance before streaming
+            "resumed": live.calls_resumed,  # moved off a lost instance mid-stream, answer kept
             "tokens_recomputed": live.tokens_recomputed,
             "max": live.max_calls,
             "max_per_tenant": live.max_calls_per_tenant,
