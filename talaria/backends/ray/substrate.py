@@ -42,8 +42,9 @@ from talaria.schedule import Executed, Placement, Request, Schedule
 
 __all__ = ["RaySubstrate"]
 
-STEP_TIMEOUT_S: Final = 60.0  # a step (or a ping) unanswered this long: the instance is lost
-HEALTH_EVERY_S: Final = 1.0  # how often ``plan`` pings the actor
+STEP_TIMEOUT_S: Final = 60.0  # a step unanswered this long: the instance is lost
+PING_TIMEOUT_S: Final = 10.0  # a ping unanswered this long: lost (a dead node or a partition)
+HEALTH_EVERY_S: Final = 1.0  # how often the actor is pinged, between steps and during one
 ATTACH_TIMEOUT_S: Final = 600.0  # loading the models on a (re)started actor
 
 # the actor (or its process, or its node) is gone, or will not answer
@@ -68,11 +69,13 @@ class RaySubstrate:
         *,
         step_timeout_s: float = STEP_TIMEOUT_S,
         health_every_s: float = HEALTH_EVERY_S,
+        ping_timeout_s: float = PING_TIMEOUT_S,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._core = core
         self.actor = actor
         self.step_timeout_s = step_timeout_s
+        self.ping_timeout_s = min(ping_timeout_s, step_timeout_s)
         self.health_every_s = health_every_s
         self._clock = clock
         self.info = self._checked(info, core)
@@ -143,7 +146,7 @@ class RaySubstrate:
         """One round trip: the schedule to the actor, the sampled ids back."""
         wire = self._wire(sched)
         started = time.perf_counter()
-        result: WireResult = self._get(self.actor.execute.remote(wire), self.step_timeout_s)
+        result: WireResult = self._await_step(self.actor.execute.remote(wire))
         self.steps += 1
         self.wire_s += time.perf_counter() - started
         sampled: list[tuple[Request, int]] = []
@@ -237,6 +240,22 @@ class RaySubstrate:
             resumed,
         )
 
+    def _await_step(self, ref: Any) -> Any:
+        """A step's answer; meanwhile the actor keeps being pinged (it answers pings beside a
+        step), so a node that dies or is cut off is lost after ``ping_timeout_s``, not after
+        the step timeout, which bounds a step that is only slow."""
+        started = self._clock()
+        while True:
+            ready, _ = ray.wait([ref], timeout=min(0.5, self.health_every_s))
+            if ready:
+                return self._get(ref, 0.0)
+            self._check_health()
+            if self._clock() - started > self.step_timeout_s:
+                raise InstanceLost(
+                    f"instance {self._core.spec.name}: no answer to a step in "
+                    f"{self.step_timeout_s:g} s"
+                )
+
     def _check_health(self) -> None:
         now = self._clock()
         if self._ping is None:
@@ -247,10 +266,10 @@ class RaySubstrate:
         if ready:
             ping, self._ping = self._ping, None
             self._get(ping, 0.0)
-        elif now - self._ping_s > self.step_timeout_s:
+        elif now - self._ping_s > self.ping_timeout_s:
             self._ping = None
             raise InstanceLost(
-                f"instance {self._core.spec.name}: no answer to a ping in {self.step_timeout_s:g} s"
+                f"instance {self._core.spec.name}: no answer to a ping in {self.ping_timeout_s:g} s"
             )
 
     def _get(self, ref: Any, timeout_s: float) -> Any:
