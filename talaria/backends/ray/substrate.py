@@ -43,7 +43,7 @@ from talaria.schedule import Executed, Placement, Request, Schedule
 __all__ = ["RaySubstrate"]
 
 STEP_TIMEOUT_S: Final = 60.0  # a step unanswered this long: the instance is lost
-PING_TIMEOUT_S: Final = 10.0  # a ping unanswered this long: lost (a dead node or a partition)
+PING_TIMEOUT_S: Final = 20.0  # a ping unanswered this long: lost (a dead node or a partition)
 HEALTH_EVERY_S: Final = 1.0  # how often the actor is pinged, between steps and during one
 ATTACH_TIMEOUT_S: Final = 600.0  # loading the models on a (re)started actor
 
