@@ -48,7 +48,8 @@ from talaria.generation import SamplingParams, StopChecker
 from talaria.memory.kv import CallKey
 from talaria.policy.baselines import POLICIES
 from talaria.runtime.cluster import ClusterCore
-from talaria.runtime.live import Failed, Finished, LiveCluster
+from talaria.runtime.live import LiveCluster
+from talaria.runtime.streams import Failed, Finished
 from talaria.types import TokenSeq
 
 MODEL = "smollm2-tiny-dummy"

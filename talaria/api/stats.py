@@ -47,19 +47,19 @@ def snapshot(live: LiveCluster) -> dict[str, Any]:
             "ended": live.ended_sessions,
             "expired": live.expired_sessions,
             "total": len(live.sessions) + live.ended_sessions,
-            "max_per_tenant": live.max_sessions_per_tenant,
+            "max_per_tenant": live.gate.max_sessions_per_tenant,
         },
         "calls": {
             "in_flight": len(live.calls),
             "finished": sum(i.counters.calls_finished for i in live.core.instances.values()),
             "failed": live.calls_failed,
-            "refused": live.calls_refused,  # 429: max_calls, a tenant's share or token budget
+            "refused": live.gate.refused,  # 429: max_calls, a tenant's share or token budget
             "rerouted": live.calls_rerouted,  # moved off a lost instance before streaming
             "resumed": live.calls_resumed,  # moved off a lost instance mid-stream, answer kept
             "tokens_recomputed": live.tokens_recomputed,
-            "max": live.max_calls,
-            "max_per_tenant": live.max_calls_per_tenant,
-            "tokens_per_minute_per_tenant": live.quotas.per_minute,
+            "max": live.gate.max_calls,
+            "max_per_tenant": live.gate.max_calls_per_tenant,
+            "tokens_per_minute_per_tenant": live.gate.quotas.per_minute,
         },
         "instances_lost": live.instances_lost,
         "events": dict(live.events),

@@ -17,7 +17,7 @@ import anyio.from_thread
 from talaria.api.config import TalariaConfig
 from talaria.api.results import ChatChunk, ChatResult, ModelInfo, Tokenized
 from talaria.api.talaria import Talaria
-from talaria.runtime.live import SessionSummary
+from talaria.runtime.sessions import SessionSummary
 
 
 class SyncTalaria(AbstractContextManager["SyncTalaria"]):

@@ -43,7 +43,9 @@ from talaria.engine.sampling import SamplingParams, StopChecker
 from talaria.engine.tokenizer import Tokenizer
 from talaria.errors import BadRequest, ShuttingDown, TalariaError, UnknownModel, UnknownSession
 from talaria.generation import TokenLogprob
-from talaria.runtime.live import Delta, Failed, Finished, LiveCluster, SessionSummary
+from talaria.runtime.live import LiveCluster
+from talaria.runtime.sessions import SessionSummary
+from talaria.runtime.streams import Delta, Failed, Finished
 from talaria.types import EventKind, TokenSeq
 
 if TYPE_CHECKING:  # ray is an optional extra: imported only when a config asks for it

@@ -37,7 +37,7 @@ from typing import Any
 import anyio
 import anyio.abc
 import attrs
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+from anyio.streams.memory import MemoryObjectReceiveStream
 
 from talaria.clock import Clock, WallClock
 from talaria.cost.estimator import Estimator
@@ -49,15 +49,16 @@ from talaria.errors import (
     InstanceLost,
     ShuttingDown,
     TalariaError,
-    TooManyRequests,
     UnknownSession,
 )
-from talaria.generation import SamplingParams, StopChecker, TokenLogprob
+from talaria.generation import SamplingParams, StopChecker
 from talaria.memory.kv import CallKey
 from talaria.policy.gaps import check_hint_s, check_seconds
 from talaria.runtime.cluster import ClusterCore
+from talaria.runtime.gate import AdmissionGate
 from talaria.runtime.instance import Request, Schedule
-from talaria.runtime.quota import TenantQuotas
+from talaria.runtime.sessions import LiveSession, SessionSummary
+from talaria.runtime.streams import Delta, Event, Failed, Finished, LiveCall, deliver
 from talaria.runtime.substrate import Substrate
 from talaria.schedule import Executed
 from talaria.types import Call, EventKind, SessionId, TokenSeq
@@ -113,83 +114,6 @@ class StepTiming:
         )
 
 
-@attrs.frozen
-class Delta:
-    """New text of a call (may be empty when only token ids advanced); ``logprobs`` has one
-    entry per id of ``token_ids`` when the call asked for them (``SamplingParams.logprobs``),
-    else none."""
-
-    text: str
-    token_ids: tuple[int, ...]
-    logprobs: tuple[TokenLogprob, ...] = ()
-
-
-@attrs.frozen
-class Finished:
-    """A call ended. ``cached_tokens`` counts prompt tokens whose KV was reused or restored."""
-
-    finish_reason: str
-    prompt_tokens: int
-    completion_tokens: int
-    cached_tokens: int
-    instance: str
-    ttft_s: float
-    latency_s: float
-
-
-@attrs.frozen
-class Failed:
-    error: TalariaError
-
-
-Event = Delta | Finished | Failed
-
-
-@attrs.define(eq=False)
-class LiveCall:
-    """One call in flight: its request, sampling state and the stream to its caller."""
-
-    call: Call
-    req: Request
-    instance: str
-    params: SamplingParams
-    checker: StopChecker
-    send: MemoryObjectSendStream[Event]
-    vocab_limit: int | None = None
-    forced: tuple[int, ...] | None = None
-    sent_tokens: int = 0  # of the ids its current instance generated
-    sent_logprobs: int = 0
-    text: list[str] = attrs.field(factory=list)
-    # ids of its answer generated on instances that were lost: they end ``call.prompt`` now
-    resumed: int = 0
-
-    @property
-    def key(self) -> CallKey:
-        return self.call.key
-
-
-@attrs.define
-class LiveSession:
-    start_s: float
-    last_s: float
-    calls: int = 0
-    in_flight: int = 0
-    tenant: str | None = None  # set by its first accepted call
-    # calls of one session run one at a time (a semaphore: released by whichever task ends
-    # the call's stream, which need not be the task that acquired it)
-    lock: anyio.Semaphore = attrs.field(factory=lambda: anyio.Semaphore(1))
-
-
-@attrs.frozen
-class SessionSummary:
-    """A session at its end: completion time from its first call's arrival (seconds)."""
-
-    session_id: str
-    sct_s: float
-    calls: int
-    expired: bool = False
-
-
 @attrs.define
 class _Driver:
     runner: Substrate
@@ -241,18 +165,9 @@ class LiveCluster:
         self.on_session_end = on_session_end
         if not recover_after_s > 0:
             raise BadRequest(f"recover_after_s must be positive, got {recover_after_s}")
-        self.max_calls = _positive_int("max_calls", max_calls)
-        self.max_calls_per_tenant = _positive_int(
-            "max_calls_per_tenant",
-            max_calls if max_calls_per_tenant is None else max_calls_per_tenant,
+        self.gate = AdmissionGate(
+            max_calls, max_calls_per_tenant, tokens_per_minute_per_tenant, max_sessions_per_tenant
         )
-        self.quotas = TenantQuotas(tokens_per_minute_per_tenant)
-        self.max_sessions_per_tenant = (
-            None
-            if max_sessions_per_tenant is None
-            else _positive_int("max_sessions_per_tenant", max_sessions_per_tenant)
-        )
-        self.calls_refused = 0
         self.recover_after_s = recover_after_s
         self.drivers = {name: _Driver(r, backoff_s=recover_after_s) for name, r in runners.items()}
         self.calls: dict[CallKey, LiveCall] = {}
@@ -325,13 +240,11 @@ class LiveCluster:
         forced: tuple[int, ...] | None = None,
     ) -> tuple[LiveCall, MemoryObjectReceiveStream[Event]]:
         """Route one call and queue it. Raises the typed errors of routing (unknown model,
-        context too long, token outside the vocabulary) and ``TooManyRequests`` when
-        ``max_calls`` calls are in flight, or ``max_calls_per_tenant`` of the caller's tenant
-        (so one tenant's overload leaves room for the others), or the tenant's
-        ``tokens_per_minute_per_tenant`` budget cannot pay for the call's prompt plus
-        ``max_tokens`` yet (``retry_after_s`` says when it can), or the call would start a new
-        session past the tenant's ``max_sessions_per_tenant``, before anything changes; the
-        caller must hold the session's lock (``session(id).lock``) until the call ends.
+        context too long, token outside the vocabulary) and the admission gate's
+        ``TooManyRequests`` (:class:`~talaria.runtime.gate.AdmissionGate`: the server's or the
+        tenant's share of calls, the tenant's token budget, its open sessions), before
+        anything changes; the caller must hold the session's lock (``session(id).lock``)
+        until the call ends.
 
         ``forced`` (trace replay) makes the call answer exactly these token ids, one per
         step, whatever the logits say: the engine does the same work, and the session's next
@@ -340,38 +253,27 @@ class LiveCluster:
             raise BadRequest(f"forced answer of {len(forced)} ids < max_tokens {params.max_tokens}")
         if not self.accepting:
             raise ShuttingDown("the server is shutting down; retry on another server")
-        if len(self.calls) >= self.max_calls:
-            self.calls_refused += 1
-            raise TooManyRequests(
-                f"the server holds {len(self.calls)} calls, its bound (max_calls); "
-                "retry in a moment"
-            )
-        mine = sum(1 for lc in self.calls.values() if lc.call.tenant == tenant)
-        if mine >= self.max_calls_per_tenant:
-            self.calls_refused += 1
-            raise TooManyRequests(
-                f"your tenant has {self.max_calls_per_tenant} calls in flight, its share "
-                "(max_calls_per_tenant); retry in a moment"
-            )
         now = self.clock.now()
         cost = len(prompt) + params.max_tokens
+        known = self.sessions.get(session_id)
+        opens = known is None or (known.calls == 0 and known.in_flight == 0)
         try:
-            self.quotas.check(tenant, cost, now)
-        except TooManyRequests:
-            self.calls_refused += 1
-            raise
-        sess = self.session(session_id)
-        if sess.calls == 0 and sess.in_flight == 0:
-            self._check_session_share(session_id, tenant)
-        call = Call(session_id, sess.calls, model, prompt, params.max_tokens, None, tenant, now)
-        try:
+            self.gate.admit(
+                tenant,
+                cost,
+                now,
+                (lc.call.tenant for lc in self.calls.values()),
+                (s.tenant for s in self.sessions.values() if s.tenant) if opens else None,
+            )
+            sess = self.session(session_id)
+            call = Call(session_id, sess.calls, model, prompt, params.max_tokens, None, tenant, now)
             self._check_vocab(call)
             inst, req, _ = self.core.place(call, params.max_tokens, None, now)
         except TalariaError:
-            if sess.calls == 0 and sess.in_flight == 0:
-                del self.sessions[session_id]  # nothing was started under this id
+            if opens:
+                self.sessions.pop(session_id, None)  # nothing was started under this id
             raise
-        self.quotas.charge(tenant, cost, now)
+        self.gate.charge(tenant, cost, now)
         sess.tenant = tenant
         name = inst.spec.name
         self.drivers[name].runner.prepare(call.key, params, vocab_limit, forced)
@@ -432,23 +334,6 @@ class LiveCluster:
             sess.last_s = now
             return None
         return self._end(session_id, sess, now, expired=False)
-
-    def _check_session_share(self, session_id: SessionId, tenant: str) -> None:
-        """Refuse (429) a call that would start ``tenant``'s session past its
-        ``max_sessions_per_tenant`` (its sessions end with an ``end`` event or by idling);
-        the unstarted session is forgotten."""
-        limit = self.max_sessions_per_tenant
-        if limit is None:
-            return
-        mine = sum(1 for s in self.sessions.values() if s.tenant == tenant)
-        if mine < limit:
-            return
-        self.calls_refused += 1
-        del self.sessions[session_id]
-        raise TooManyRequests(
-            f"your tenant has {mine} sessions open, its share (max_sessions_per_tenant); "
-            "end one (an end event) or retry once one has ended"
-        )
 
     def _end(
         self, session_id: SessionId, sess: LiveSession, now: float, expired: bool
@@ -566,7 +451,7 @@ class LiveCluster:
             self.calls.pop(lc.key, None)
             self.calls_failed += 1
             self._session_done(lc.key[0])
-            _deliver(lc, Failed(exc))
+            deliver(lc, Failed(exc))
             lc.send.close()
             return
         lc.instance, lc.req = inst.spec.name, req
@@ -586,7 +471,7 @@ class LiveCluster:
             except Exception:  # its state is suspect: still tell the caller
                 self.calls.pop(lc.key, None)
                 self._session_done(lc.key[0])
-                _deliver(lc, Failed(error))
+                deliver(lc, Failed(error))
                 lc.send.close()
 
     async def _drive_loop(self, name: str) -> None:
@@ -663,7 +548,7 @@ class LiveCluster:
         logprobs = tuple(every[lc.sent_logprobs :])
         lc.sent_logprobs = len(every)
         if text or ids:
-            _deliver(lc, Delta(text, ids, logprobs))
+            deliver(lc, Delta(text, ids, logprobs))
 
     def _finished(self, name: str, req: Request) -> None:
         runner = self.drivers[name].runner
@@ -678,7 +563,7 @@ class LiveCluster:
         arrival = req.call.arrival_s
         first = req.first_token_s if req.first_token_s is not None else req.finished_s
         prompt_len = req.prompt_len - lc.resumed  # a resumed call's prompt ends with its ids
-        _deliver(
+        deliver(
             lc,
             Finished(
                 reason,
@@ -707,7 +592,7 @@ class LiveCluster:
         self.calls_failed += 1
         if lc is not None:
             self._session_done(key[0])
-            _deliver(lc, Failed(error))
+            deliver(lc, Failed(error))
             lc.send.close()
 
     def _apply_aborts(self, d: _Driver) -> None:
@@ -813,18 +698,3 @@ class LiveCluster:
                 raise RuntimeError(
                     f"instance {name}: outputs of finished calls kept: {sorted(stray)}"
                 )
-
-
-def _positive_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise BadRequest(f"{name} must be a positive integer, got {value!r}")
-    return value
-
-
-def _deliver(lc: LiveCall, event: Event) -> None:
-    """Hand ``event`` to the call's caller; a caller that closed its end (it went away)
-    gets nothing, and its call is cancelled by whoever closed it."""
-    try:
-        lc.send.send_nowait(event)
-    except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-        log.debug("call %s: its caller stopped listening", lc.key)

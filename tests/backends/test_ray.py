@@ -24,7 +24,8 @@ from talaria.config import InstanceSpec
 from talaria.errors import InstanceLost
 from talaria.generation import SamplingParams, StopChecker
 from talaria.policy.baselines import POLICIES
-from talaria.runtime.live import Failed, Finished, LiveCluster
+from talaria.runtime.live import LiveCluster
+from talaria.runtime.streams import Failed, Finished
 from talaria.server.app import app_and_talaria
 from talaria.types import TokenSeq
 from tests.server.conftest import requires_smollm2

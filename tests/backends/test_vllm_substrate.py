@@ -30,7 +30,8 @@ from talaria.engine.sampling import SamplingParams, StopChecker
 from talaria.errors import InstanceFailed
 from talaria.policy.baselines import POLICIES
 from talaria.runtime.cluster import ClusterCore
-from talaria.runtime.live import Delta, Failed, Finished, LiveCluster
+from talaria.runtime.live import LiveCluster
+from talaria.runtime.streams import Delta, Failed, Finished
 from talaria.types import TokenSeq
 
 pytestmark = pytest.mark.anyio

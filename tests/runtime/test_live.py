@@ -19,7 +19,8 @@ from talaria.errors import (
     UnknownModel,
     UnknownSession,
 )
-from talaria.runtime.live import Delta, Failed, Finished, LiveCluster
+from talaria.runtime.live import LiveCluster
+from talaria.runtime.streams import Delta, Failed, Finished
 from talaria.types import EventKind, TokenSeq
 from tests.helpers import tiny_cluster
 
@@ -396,7 +397,7 @@ async def test_past_max_calls_a_call_is_refused_with_429_and_nothing_changes() -
             await live.submit("s2", "llama-tiny", prompt_for(2), params, StopChecker(params))
         http = from_talaria(err.value)
         assert http.status == 429 and "Retry-After" in http.headers
-        assert "s2" not in live.sessions and live.calls_refused == 1 and len(live.calls) == 2
+        assert "s2" not in live.sessions and live.gate.refused == 1 and len(live.calls) == 2
         for _, receive in held:  # drain both answers
             async with receive:
                 async for _ev in receive:
@@ -470,7 +471,7 @@ async def test_a_tenant_past_its_token_budget_waits_and_others_are_served() -> N
             )
         assert err.value.retry_after_s == pytest.approx(22.8)
         assert from_talaria(err.value).headers["Retry-After"] == "23"
-        assert "a2" not in live.sessions and live.calls_refused == 1
+        assert "a2" not in live.sessions and live.gate.refused == 1
         await tenant_call(live, "b0", "B", 3)  # B's budget is its own
         clock.advance_to(22.8)
         await tenant_call(live, "a2", "A", 2)
@@ -490,7 +491,7 @@ async def test_a_tenant_at_its_session_share_opens_no_new_session_until_one_ends
         await tenant_call(live, "a1", "A", 1)
         with pytest.raises(TooManyRequests, match="max_sessions_per_tenant"):
             await tenant_call(live, "a2", "A", 2)
-        assert "a2" not in live.sessions and live.calls_refused == 1
+        assert "a2" not in live.sessions and live.gate.refused == 1
         await tenant_call(live, "a0", "A", 3)  # an open session keeps its calls
         await tenant_call(live, "b0", "B", 4)  # another tenant's share is its own
         live.event("a1", EventKind.END)

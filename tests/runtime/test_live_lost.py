@@ -15,7 +15,8 @@ from talaria.engine.runner import EngineRunner
 from talaria.engine.sampling import SamplingParams, StopChecker
 from talaria.errors import InstanceLost
 from talaria.runtime.instance import InstanceCore
-from talaria.runtime.live import Delta, Failed, Finished, LiveCluster
+from talaria.runtime.live import LiveCluster
+from talaria.runtime.streams import Delta, Failed, Finished
 from talaria.runtime.substrate import SubstrateWrapper
 from talaria.schedule import Executed, Schedule
 from talaria.types import TokenSeq

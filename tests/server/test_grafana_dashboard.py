@@ -24,7 +24,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from talaria.api.stats import snapshot
 from talaria.engine.sampling import SamplingParams, StopChecker
-from talaria.runtime.live import Finished, LiveCluster
+from talaria.runtime.live import LiveCluster
+from talaria.runtime.streams import Finished
 from talaria.server.metrics import ServerMetrics
 from talaria.types import EventKind, TokenSeq
 from tests.helpers import tiny_cluster

@@ -215,6 +215,9 @@ def test_session_events_live(http: httpx.Client) -> None:
 def test_metrics_and_health_live(http: httpx.Client, url: str) -> None:
     health = http.get("/health", headers={"Authorization": ""}).json()
     assert health == {"status": "ok", "models": [MODEL], "instances": {"cpu-0": True}}
+    sid = "metrics-live"  # one call and one hint of its own, whichever tests ran before
+    assert http.post(CHAT, json=ask("Hi.", max_tokens=2), headers={"X-Session-ID": sid}).is_success
+    assert http.post(f"/v1/sessions/{sid}/events", json={"event": "end"}).is_success
     text = httpx.get(url + "/metrics").text  # no key needed
     assert 'talaria_kv_blocks{instance="cpu-0",state="free",tier="device"}' in text
     assert "talaria_time_to_first_token_seconds_count" in text

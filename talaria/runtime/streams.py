@@ -1,0 +1,88 @@
+"""What a call's caller receives, and the record of a call in flight that owns its stream.
+
+A call's tokens reach its caller through an unbounded memory stream of :class:`Delta`, then
+one :class:`Finished` or :class:`Failed`; :func:`deliver` hands one event over (a caller
+that stopped listening gets nothing). :class:`LiveCall` is the live loop's record of a call:
+its request, how it samples, its stop checker and how much of its answer the caller has.
+Mutated on the event loop thread only (:mod:`talaria.runtime.live`).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import anyio
+import attrs
+from anyio.streams.memory import MemoryObjectSendStream
+
+from talaria.errors import TalariaError
+from talaria.generation import SamplingParams, StopChecker, TokenLogprob
+from talaria.memory.kv import CallKey
+from talaria.schedule import Request
+from talaria.types import Call
+
+log = logging.getLogger("talaria.runtime.live")
+
+
+@attrs.frozen
+class Delta:
+    """New text of a call (may be empty when only token ids advanced); ``logprobs`` has one
+    entry per id of ``token_ids`` when the call asked for them (``SamplingParams.logprobs``),
+    else none."""
+
+    text: str
+    token_ids: tuple[int, ...]
+    logprobs: tuple[TokenLogprob, ...] = ()
+
+
+@attrs.frozen
+class Finished:
+    """A call ended. ``cached_tokens`` counts prompt tokens whose KV was reused or restored."""
+
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    instance: str
+    ttft_s: float
+    latency_s: float
+
+
+@attrs.frozen
+class Failed:
+    error: TalariaError
+
+
+Event = Delta | Finished | Failed
+
+
+@attrs.define(eq=False)
+class LiveCall:
+    """One call in flight: its request, sampling state and the stream to its caller."""
+
+    call: Call
+    req: Request
+    instance: str
+    params: SamplingParams
+    checker: StopChecker
+    send: MemoryObjectSendStream[Event]
+    vocab_limit: int | None = None
+    forced: tuple[int, ...] | None = None
+    sent_tokens: int = 0  # of the ids its current instance generated
+    sent_logprobs: int = 0
+    text: list[str] = attrs.field(factory=list)
+    # ids of its answer generated on instances that were lost: they end ``call.prompt`` now
+    resumed: int = 0
+
+    @property
+    def key(self) -> CallKey:
+        return self.call.key
+
+
+def deliver(lc: LiveCall, event: Event) -> None:
+    """Hand ``event`` to the call's caller; a caller that closed its end (it went away)
+    gets nothing, and its call is cancelled by whoever closed it."""
+    try:
+        lc.send.send_nowait(event)
+    except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+        log.debug("call %s: its caller stopped listening", lc.key)
