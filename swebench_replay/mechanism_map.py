@@ -40,6 +40,7 @@ from talaria.swebench_replay.compare import headline, summarize
 from talaria.swebench_replay.live_replay import EmbeddedOptions
 from talaria.swebench_replay.pressure import with_kv_fraction
 from talaria.swebench_replay.runs import Outcome, Setting, WorkloadSpec, execute_all
+from talaria.swebench_replay.setup import playable_sessions
 from talaria.swebench_replay.split import Part
 
 MECHANISMS: Mapping[str, str] = {
@@ -104,7 +105,10 @@ QUICK = (POINTS[0], POINTS[3], POINTS[8], POINTS[11])
 
 
 def specs(point: Point, synthetic: bool = False) -> tuple[WorkloadSpec, WorkloadSpec]:
-    """(tune part, test part) workloads of a point."""
+    """(tune part, test part) workloads of a point. A point that asks for more sessions
+    than the tune part holds (the bundled traces' tune part has 39 that fit) is tuned on all
+    it holds, at the same calls per session: its knobs come from the nearest load the tune
+    part can play."""
     test = WorkloadSpec(
         synthetic=synthetic,
         part=Part.TEST,
@@ -115,7 +119,15 @@ def specs(point: Point, synthetic: bool = False) -> tuple[WorkloadSpec, Workload
         test = attrs.evolve(
             test, models=DEFAULT_MODELS, max_context=CPU_CONTEXT, token_scale=CPU_TOKEN_SCALE
         )
-    return attrs.evolve(test, part=Part.TUNE), test
+    tune = attrs.evolve(test, part=Part.TUNE)
+    room = (
+        None
+        if synthetic
+        else playable_sessions(None, Part.TUNE, tune.max_context, tune.token_scale)
+    )
+    if room is not None and room < tune.sessions:
+        tune = attrs.evolve(tune, sessions=room, calls=room * point.calls_per_session)
+    return tune, test
 
 
 def cpu_cluster(instances: int) -> ClusterConfig:

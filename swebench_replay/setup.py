@@ -17,6 +17,7 @@ from talaria.swebench_replay.split import PARTS, Part, select_part
 from talaria.swebench_replay.synth import synthesize
 from talaria.swebench_replay.traces import ToolTimeTable, TraceSession, find_traces, load_trace
 from talaria.swebench_replay.workload import (
+    MIN_CALLS,
     ReplaySet,
     build_replay_set,
     parse_arrival,
@@ -46,6 +47,30 @@ def _tool_table(path: Path | None) -> ToolTimeTable:
     return ToolTimeTable.published()
 
 
+def _context_limit(max_context: int | None) -> int:
+    return max_context or min(m.max_context for m in PAPER_MODELS)
+
+
+def playable_sessions(
+    trace: Path | None = None,
+    part: Part = Part.ALL,
+    max_context: int | None = None,
+    token_scale: float = 1.0,
+) -> int | None:
+    """How many sessions of ``part`` of the traces a replay can draw (those that fit the
+    context and have ``MIN_CALLS`` calls); None when there are no traces (synthetic
+    sessions are made as many as asked)."""
+    path = find_traces(trace)
+    if path is None:
+        return None
+    limit = _context_limit(max_context)
+    return sum(
+        1
+        for s in select_part(load_trace(path), part)
+        if s.n_calls >= MIN_CALLS and _fits(s, limit, token_scale)
+    )
+
+
 def load_workload(
     trace: Path | None = None,
     synthetic: bool = False,
@@ -62,7 +87,7 @@ def load_workload(
     """The replay set for a run (deterministic in its arguments), drawn from ``part`` of the
     sessions (:mod:`talaria.swebench_replay.split`; synthetic sessions are split alike)."""
     names = tuple(models) if models else tuple(m.name for m in PAPER_MODELS)
-    limit = max_context or min(m.max_context for m in PAPER_MODELS)
+    limit = _context_limit(max_context)
     path = None if synthetic else find_traces(trace)
     table = _tool_table(path)
     if path is not None:

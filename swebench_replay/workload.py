@@ -38,6 +38,8 @@ from talaria.types import Call, TokenSeq
 
 _ARRIVAL_FORMS = "all, staggered:SECONDS (e.g. staggered:5), poisson:RATE_PER_S (e.g. poisson:0.1)"
 
+MIN_CALLS = 5  # a session shorter than this is no agent session (select_sessions)
+
 
 class ArrivalKind(enum.Enum):
     ALL_AT_ONCE = "all"
@@ -274,7 +276,7 @@ def select_sessions(
     target_calls: int = 960,
     seed: int = 0,
     *,
-    min_calls: int = 5,
+    min_calls: int = MIN_CALLS,
     tolerance: float = 0.05,
 ) -> list[TraceSession]:
     """``n_sessions`` sessions with about ``target_calls`` calls in all; deterministic in

@@ -247,6 +247,28 @@ def add_map_parser(sub: Any) -> None:
     mp.add_argument("--jobs", type=int, default=default_jobs(), help="worker processes")
     mp.add_argument("--synthetic", action="store_true", help="synthetic sessions, not traces")
     mp.add_argument("--out", type=Path, default=Path("runs") / "map", help="output folder")
+    mp.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep the rows of --out's map.json made with the same seeds (a map interrupted "
+        "part way goes on from its last finished point)",
+    )
+
+
+def _finished_rows(
+    path: Path, seeds: tuple[int, ...], tune_seeds: tuple[int, ...]
+) -> dict[str, dict[str, Any]]:
+    """The rows of an earlier map.json made with these seeds, by point (none if there is
+    no such file or it was made with other seeds)."""
+    if not path.exists():
+        return {}
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path} is not JSON ({exc}); remove it or drop --resume") from exc
+    if doc.get("seeds") != list(seeds) or doc.get("tune_seeds") != list(tune_seeds):
+        return {}
+    return {json.dumps(row["point"], sort_keys=True): row for row in doc.get("rows", [])}
 
 
 def cmd_map(args: argparse.Namespace, console: Console) -> int:
@@ -261,10 +283,15 @@ def cmd_map(args: argparse.Namespace, console: Console) -> int:
     seeds, tune_seeds = tuple(range(args.seeds)), tuple(range(args.tune_seeds))
     per_point = mm.runs_per_point(policies, args.seeds, args.tune_seeds)
     args.out.mkdir(parents=True, exist_ok=True)
+    kept = _finished_rows(args.out / "map.json", seeds, tune_seeds) if args.resume else {}
     rows: list[dict[str, Any]] = []
     started = time.perf_counter()
     with progress_bar(console) as progress:
         for point in points:
+            done = kept.get(json.dumps(point.to_json(), sort_keys=True))
+            if done is not None:
+                rows.append(done)
+                continue
             task = progress.add_task(point.label[:28], total=per_point)
 
             def tick(_outcome: Any, task: Any = task) -> None:
