@@ -5,7 +5,7 @@ loop holding ``async with Talaria(config)`` for the backend's lifetime (a daemon
 process that forgets :meth:`~EmbeddedTalaria.close` still exits). :meth:`EmbeddedTalaria.attach`
 serves calls from a ``Talaria`` that already runs on some loop (a server's, a test's).
 
-Calls are validated exactly as the HTTP server validates them (``talaria.server.schemas``),
+Calls are validated exactly as the HTTP server validates them (``talaria.server.requests``),
 so a call that the server would refuse fails here with the same status and message, as a
 :class:`~talaria.integrations.litellm.call.ServerError`. Each call runs as one task on the
 Talaria loop; a streamed call is pumped by one task into a queue that the caller drains
@@ -36,7 +36,7 @@ from talaria.integrations.litellm.call import (
     ToolCall,
     Usage,
 )
-from talaria.server import schemas
+from talaria.server import requests
 from talaria.server.errors import HttpError, from_talaria, from_validation
 
 if TYPE_CHECKING:
@@ -79,11 +79,11 @@ def _chat_kwargs(call: Call) -> dict[str, Any]:
     ``/v1/chat/completions`` (raises ``ServerError``)."""
     try:
         raw = json.dumps({**call.body(), "stream": False}, default=_jsonable)
-        request = schemas.ChatCompletionRequest.model_validate_json(raw)
+        request = requests.ChatCompletionRequest.model_validate_json(raw)
         request.check()
         sid = call.session_id
         if sid is not None:
-            sid = schemas.check_session_id(sid, "the session id")
+            sid = requests.check_session_id(sid, "the session id")
     except ValidationError as exc:
         raise _server_error(from_validation(exc)) from None
     except HttpError as exc:

@@ -4,7 +4,7 @@ streamed pieces (``ChatChunk``), their token counts (``Usage``), per-token log-p
 (``ModelInfo``), and the tool calls models write (``ToolCall``).
 
 Plain frozen data made by ``talaria.api.talaria.Talaria``; the HTTP server reads them through
-the protocols in ``talaria.server.schemas``.
+``talaria.server.responses``, through the protocol of ``talaria.server.backend``.
 """
 
 from __future__ import annotations

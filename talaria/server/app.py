@@ -17,8 +17,9 @@ are refused with 413 before parsing, whether sent with ``Content-Length`` or chu
 This module builds the app (:func:`create_app`, :func:`app_for_config`) and runs it
 (:func:`serve`). The pieces: ``routes`` (endpoints and request handling), ``streaming``
 (SSE), ``middleware`` (metrics observation, API keys and tenants, body limit),
-``error_handlers`` (exceptions to responses), ``errors`` (the error shapes), ``schemas``
-(request and response shapes) and ``metrics`` (the Prometheus registry).
+``error_handlers`` (exceptions to responses), ``errors`` (the error shapes), ``requests``
+and ``responses`` (request schemas, answer shapes), ``backend`` (what the server needs from
+the in-process API) and ``metrics`` (the Prometheus registry).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from talaria.server import routes
-from talaria.server import schemas as s
+from talaria.server.backend import Backend
 from talaria.server.error_handlers import GuardedRoute, install_error_handlers
 from talaria.server.metrics import ServerMetrics
 from talaria.server.middleware import ApiKeys, BodyLimit, Observe, tenant_of_key
@@ -50,7 +51,7 @@ log = logging.getLogger("talaria.server")
 
 
 def create_app(
-    talaria: s.Backend,
+    talaria: Backend,
     *,
     api_keys: Sequence[str] | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,

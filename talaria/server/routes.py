@@ -3,8 +3,9 @@
 Endpoints: ``POST /v1/chat/completions``, ``POST /v1/completions`` (both stream with
 ``stream: true``, see ``talaria.server.streaming``), ``GET /v1/models[/{id}]``, ``POST
 /v1/sessions/{id}/events``, ``POST /tokenize`` and ``POST /detokenize`` (vLLM's),
-``GET /health`` and ``GET /metrics``. Bodies are validated by
-``talaria.server.schemas``; failures raise ``talaria.server.errors.HttpError``. Each app
+``GET /health`` and ``GET /metrics``. Bodies are validated by ``talaria.server.requests``
+and answered in the shapes of ``talaria.server.responses``; failures raise
+``talaria.server.errors.HttpError``. Each app
 holds its :class:`Context` (the backend and the app's metrics) on ``app.state``, put there
 by ``talaria.server.app.create_app``.
 
@@ -27,20 +28,23 @@ from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
+from talaria.api.results import ChatChunk, Logprob, ModelInfo, ToolCall, Usage
 from talaria.server import openapi, streaming
-from talaria.server import schemas as s
+from talaria.server import requests as req
+from talaria.server import responses as resp
+from talaria.server.backend import Backend
 from talaria.server.errors import HttpError, bad_request, from_validation
 from talaria.server.metrics import ServerMetrics
 
 log = logging.getLogger(__name__)
 
-Body = TypeVar("Body", bound=s.StrictModel)
+Body = TypeVar("Body", bound=req.StrictModel)
 STATE = "talaria"  # app.state attribute holding the Context
 
 
 @attrs.frozen
 class Context:
-    backend: s.Backend
+    backend: Backend
     metrics: ServerMetrics
 
 
@@ -52,12 +56,12 @@ def _ctx(request: Request) -> Context:
 def add_routes(app: FastAPI) -> None:
     """Every endpoint, with its request body and error answers in the OpenAPI document
     (:mod:`talaria.server.openapi`)."""
-    posts: tuple[tuple[str, Callable[..., Any], type[s.StrictModel]], ...] = (
-        ("/v1/chat/completions", _chat_completions, s.ChatCompletionRequest),
-        ("/v1/completions", _completions, s.CompletionRequest),
-        ("/v1/sessions/{session_id:path}/events", _session_event, s.EventRequest),
-        ("/tokenize", _tokenize, s.TokenizeRequest),
-        ("/detokenize", _detokenize, s.DetokenizeRequest),
+    posts: tuple[tuple[str, Callable[..., Any], type[req.StrictModel]], ...] = (
+        ("/v1/chat/completions", _chat_completions, req.ChatCompletionRequest),
+        ("/v1/completions", _completions, req.CompletionRequest),
+        ("/v1/sessions/{session_id:path}/events", _session_event, req.EventRequest),
+        ("/tokenize", _tokenize, req.TokenizeRequest),
+        ("/detokenize", _detokenize, req.DetokenizeRequest),
     )
     for path, handler, model in posts:
         app.add_api_route(
@@ -77,12 +81,12 @@ def add_routes(app: FastAPI) -> None:
 
 async def _chat_completions(request: Request) -> Response:
     """OpenAI chat completions (streamed or not) through the model's chat template."""
-    body = await _parse(request, s.ChatCompletionRequest)
+    body = await _parse(request, req.ChatCompletionRequest)
     args = _call_args(request, body, body.new_tokens())
     messages = body.api_messages()
     ctx = _ctx(request)
 
-    def open_stream() -> AsyncIterator[s.ChunkLike]:
+    def open_stream() -> AsyncIterator[ChatChunk]:
         return ctx.backend.chat_stream(
             messages,
             body.model,
@@ -97,12 +101,12 @@ async def _chat_completions(request: Request) -> Response:
 
 async def _completions(request: Request) -> Response:
     """OpenAI (legacy) text completions of a raw prompt, no chat template."""
-    body = await _parse(request, s.CompletionRequest)
+    body = await _parse(request, req.CompletionRequest)
     args = _call_args(request, body, body.max_tokens)
     prompt = body.prompt_value()
     ctx = _ctx(request)
 
-    def open_stream() -> AsyncIterator[s.ChunkLike]:
+    def open_stream() -> AsyncIterator[ChatChunk]:
         return ctx.backend.complete_stream(prompt, body.model, **args)
 
     return await _answer(request, open_stream, chat=False, body=body)
@@ -111,7 +115,7 @@ async def _completions(request: Request) -> Response:
 async def _tokenize(request: Request) -> Response:
     """vLLM's ``/tokenize``: ``{"count", "max_model_len", "tokens", "token_strs"}``
     (``token_strs`` null unless ``return_token_strs``)."""
-    body = await _parse(request, s.TokenizeRequest)
+    body = await _parse(request, req.TokenizeRequest)
     model = _default_model(request, body.model)
     messages = None if body.messages is None else [m.to_api(i) for i, m in enumerate(body.messages)]
     out = _ctx(request).backend.tokenize(
@@ -134,7 +138,7 @@ async def _tokenize(request: Request) -> Response:
 
 async def _detokenize(request: Request) -> Response:
     """vLLM's ``/detokenize``: ``{"prompt": text}`` (special tokens kept)."""
-    body = await _parse(request, s.DetokenizeRequest)
+    body = await _parse(request, req.DetokenizeRequest)
     model = _default_model(request, body.model)
     return JSONResponse({"prompt": _ctx(request).backend.detokenize(model, body.tokens)})
 
@@ -169,8 +173,8 @@ async def _session_event(request: Request, session_id: str) -> Response:
     """A tool-gap hint or the end of a session. Answers ``{"session_id", "event"}``, plus
     ``"summary": {"sct_s", "calls"}`` for ``end`` (and observes SCT). 404 for a session the
     server never saw."""
-    sid = s.check_session_id(session_id, "the session id in the path")
-    event = await _parse(request, s.EventRequest)
+    sid = req.check_session_id(session_id, "the session id in the path")
+    event = await _parse(request, req.EventRequest)
     summary = await _ctx(request).backend.event(
         sid,
         event.event,
@@ -246,7 +250,9 @@ def _tenant(request: Request) -> str:
     return str(getattr(request.state, "talaria_tenant", "default"))
 
 
-def _call_args(request: Request, body: s.SamplingFields, max_tokens: int | None) -> dict[str, Any]:
+def _call_args(
+    request: Request, body: req.SamplingFields, max_tokens: int | None
+) -> dict[str, Any]:
     """Keyword arguments for ``chat_stream`` / ``complete_stream``, after checking the model
     and resolving the session id (header and body must agree). Records the model for
     metrics."""
@@ -255,7 +261,7 @@ def _call_args(request: Request, body: s.SamplingFields, max_tokens: int | None)
     header = request.headers.get("x-session-id")
     sid = body.session_id
     if header is not None:
-        header = s.check_session_id(header, "the X-Session-ID header")
+        header = req.check_session_id(header, "the X-Session-ID header")
         if sid is not None and sid != header:
             raise bad_request(
                 f"The X-Session-ID header ({header!r}) and the body's session_id ({sid!r}) "
@@ -264,7 +270,7 @@ def _call_args(request: Request, body: s.SamplingFields, max_tokens: int | None)
             )
         sid = header
     elif sid is not None:
-        sid = s.check_session_id(sid, "session_id")
+        sid = req.check_session_id(sid, "session_id")
     if body.user is not None:  # OpenAI's end-user id: recorded, never a tenant or a scope
         log.info(
             "call of tenant %s, session %s, for user %r", _tenant(request), sid, body.user[:256]
@@ -278,7 +284,7 @@ def _call_args(request: Request, body: s.SamplingFields, max_tokens: int | None)
     }
 
 
-def _require_model(request: Request, name: str) -> s.ModelInfoLike:
+def _require_model(request: Request, name: str) -> ModelInfo:
     """The served model called ``name``; raises ``HttpError`` (404) listing the served ones."""
     served = list(_ctx(request).backend.models())
     for info in served:
@@ -293,8 +299,8 @@ def _require_model(request: Request, name: str) -> s.ModelInfoLike:
     )
 
 
-def _card(info: s.ModelInfoLike) -> dict[str, Any]:
-    return s.model_card(info.name, info.context_length, info.source, info.created)
+def _card(info: ModelInfo) -> dict[str, Any]:
+    return resp.model_card(info.name, info.context_length, info.source, info.created)
 
 
 def _header(value: str) -> str:
@@ -304,10 +310,10 @@ def _header(value: str) -> str:
 
 async def _answer(
     request: Request,
-    open_stream: Callable[[], AsyncIterator[s.ChunkLike]],
+    open_stream: Callable[[], AsyncIterator[ChatChunk]],
     *,
     chat: bool,
-    body: s.SamplingFields,
+    body: req.SamplingFields,
 ) -> Response:
     """Run one call and answer it, streamed (SSE) or whole.
 
@@ -336,24 +342,24 @@ async def _answer(
     if ignored:
         headers["X-Talaria-Ignored-Fields"] = _header(",".join(ignored))
     if body.stream:
-        head = s.ChunkHead(first.id, first.model, first.created, body.include_usage)
+        head = resp.ChunkHead(first.id, first.model, first.created, body.include_usage)
         events = streaming.sse(request, first, stream, head, chat, body.n)
         headers["Cache-Control"] = "no-cache"
         return streaming.SameTaskStream(events, media_type="text/event-stream", headers=headers)
     answer = await _collect(first, stream, body.n)
-    payload = s.chat_completion(answer) if chat else s.text_completion(answer)
+    payload = resp.chat_completion(answer) if chat else resp.text_completion(answer)
     return JSONResponse(payload, headers=headers)
 
 
-async def _collect(first: s.ChunkLike, stream: AsyncIterator[s.ChunkLike], n: int) -> s.Answer:
+async def _collect(first: ChatChunk, stream: AsyncIterator[ChatChunk], n: int) -> resp.Answer:
     """Join the chunks of an answer's ``n`` choices (closing the stream); a stream that ends
     before a choice's ``finish_reason`` came is taken as finished with ``stop`` there."""
     texts: list[list[str]] = [[] for _ in range(n)]
-    calls: list[list[s.ToolCallLike]] = [[] for _ in range(n)]
-    logprobs: list[list[s.LogprobLike] | None] = [None] * n
+    calls: list[list[ToolCall]] = [[] for _ in range(n)]
+    logprobs: list[list[Logprob] | None] = [None] * n
     finish: dict[int, str] = {}
-    usages: dict[int, s.UsageLike] = {}
-    chunk: s.ChunkLike | None = first
+    usages: dict[int, Usage] = {}
+    chunk: ChatChunk | None = first
     try:
         while chunk is not None:
             i = chunk.index
@@ -371,7 +377,7 @@ async def _collect(first: s.ChunkLike, stream: AsyncIterator[s.ChunkLike], n: in
     finally:
         await streaming.close(stream)
     choices = tuple(
-        s.AnswerChoice(
+        resp.AnswerChoice(
             i,
             "".join(texts[i]),
             finish.get(i, "stop"),
@@ -380,8 +386,8 @@ async def _collect(first: s.ChunkLike, stream: AsyncIterator[s.ChunkLike], n: in
         )
         for i in range(n)
     )
-    usage = s.total_usage([usages[i] for i in range(n)]) if len(usages) == n else None
-    return s.Answer(
+    usage = Usage.of_choices(tuple(usages[i] for i in range(n))) if len(usages) == n else None
+    return resp.Answer(
         id=first.id,
         model=first.model,
         created=first.created,
@@ -392,5 +398,5 @@ async def _collect(first: s.ChunkLike, stream: AsyncIterator[s.ChunkLike], n: in
     )
 
 
-def _tuple_or_none(items: list[s.LogprobLike] | None) -> tuple[s.LogprobLike, ...] | None:
+def _tuple_or_none(items: list[Logprob] | None) -> tuple[Logprob, ...] | None:
     return None if items is None else tuple(items)

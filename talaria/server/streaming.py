@@ -1,9 +1,10 @@
 """Server-sent events: how one streamed answer goes out on the wire.
 
-:func:`sse` turns the API's chunks (``talaria.server.schemas.ChunkLike``) into OpenAI's SSE
-events, shaped by ``schemas``; errors after the stream began become an SSE error event
-(``talaria.server.errors``). :class:`SameTaskStream` sends them from the request's own task.
-The routes (``talaria.server.routes``) decide whether a call streams at all.
+:func:`sse` turns the API's chunks (``talaria.api.results.ChatChunk``) into OpenAI's SSE
+events, shaped by ``talaria.server.responses``; errors after the stream began become an SSE
+error event (``talaria.server.errors``). :class:`SameTaskStream` sends them from the
+request's own task. The routes (``talaria.server.routes``) decide whether a call streams at
+all.
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ from fastapi import Request
 from fastapi.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from talaria.api.results import ChatChunk, Usage
 from talaria.errors import TalariaError
-from talaria.server import schemas as s
+from talaria.server import responses as resp
 from talaria.server.errors import from_talaria, internal
 
 
@@ -28,9 +30,9 @@ def _data(obj: dict[str, Any]) -> bytes:
 
 async def sse(
     request: Request,
-    first: s.ChunkLike,
-    stream: AsyncIterator[s.ChunkLike],
-    head: s.ChunkHead,
+    first: ChatChunk,
+    stream: AsyncIterator[ChatChunk],
+    head: resp.ChunkHead,
     chat: bool,
     n: int = 1,
 ) -> AsyncIterator[bytes]:
@@ -38,45 +40,46 @@ async def sse(
     content chunks (with their tokens' ``logprobs`` when asked for), a ``tool_calls`` delta
     per batch of whole tool calls, a chunk with
     ``finish_reason`` per choice, a usage chunk if asked (the request's, see
-    ``schemas.total_usage``), then ``data: [DONE]``. An error after the stream began is sent
+    ``Usage.of_choices``), then ``data: [DONE]``. An error after the stream began is sent
     as an ``{"error": ...}`` event followed by ``[DONE]``. Records the outcome (200, the
     error's status, or 499 if the client left) for metrics; always closes ``stream``."""
     status = 499
     try:
         if chat:
             for i in range(n):
-                yield _data(s.chat_chunk(head, {"role": "assistant", "content": ""}, index=i))
-        usages: dict[int, s.UsageLike] = {}
+                yield _data(resp.chat_chunk(head, {"role": "assistant", "content": ""}, index=i))
+        usages: dict[int, Usage] = {}
         offsets = [0] * n  # text_offset of each choice's next token (legacy logprobs)
         finished: set[int] = set()
-        chunk: s.ChunkLike | None = first
+        chunk: ChatChunk | None = first
         while chunk is not None:
             i, done = chunk.index, chunk.finish_reason is not None
             if chat and (chunk.text or chunk.logprobs):
-                lps = s.chat_logprobs(chunk.logprobs)
-                yield _data(s.chat_chunk(head, {"content": chunk.text}, None, i, lps))
+                lps = resp.chat_logprobs(chunk.logprobs)
+                yield _data(resp.chat_chunk(head, {"content": chunk.text}, None, i, lps))
             if chat and chunk.tool_calls:
                 base = chunk.first_call
-                calls = [s.tool_call_dict(c, base + k) for k, c in enumerate(chunk.tool_calls)]
-                yield _data(s.chat_chunk(head, {"tool_calls": calls}, None, i))
+                calls = [resp.tool_call_dict(c, base + k) for k, c in enumerate(chunk.tool_calls)]
+                yield _data(resp.chat_chunk(head, {"tool_calls": calls}, None, i))
             elif not chat and (chunk.text or chunk.logprobs or done):
-                lps = s.text_logprobs(chunk.logprobs, offsets[i])
+                lps = resp.text_logprobs(chunk.logprobs, offsets[i])
                 offsets[i] += sum(len(e.token) for e in chunk.logprobs or ())
-                yield _data(s.text_chunk(head, chunk.text, chunk.finish_reason, i, lps))
+                yield _data(resp.text_chunk(head, chunk.text, chunk.finish_reason, i, lps))
             if done:
                 finished.add(i)
                 if chunk.usage is not None:
                     usages[i] = chunk.usage
                 if chat:
-                    yield _data(s.chat_chunk(head, {}, chunk.finish_reason, i))
+                    yield _data(resp.chat_chunk(head, {}, chunk.finish_reason, i))
                 if len(finished) == n:
                     break
             chunk = await anext(stream, None)
         if chat:  # a stream that ended early: its open choices end with "stop"
             for i in sorted(set(range(n)) - finished):
-                yield _data(s.chat_chunk(head, {}, "stop", i))
+                yield _data(resp.chat_chunk(head, {}, "stop", i))
         if head.include_usage and len(usages) == n:
-            yield _data(s.usage_chunk(head, s.total_usage([usages[i] for i in range(n)]), chat))
+            total = Usage.of_choices(tuple(usages[i] for i in range(n)))
+            yield _data(resp.usage_chunk(head, total, chat))
         status = 200
     except TalariaError as exc:
         err = from_talaria(exc)

@@ -35,7 +35,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, example, find, given, note, settings
 from hypothesis import strategies as st
 
-from talaria.server import schemas
+from talaria.server import requests
 from tests.helpers import examples
 from tests.reliability.inprocess import (
     AUTH,
@@ -172,7 +172,7 @@ TOOL = st.fixed_dictionaries(
 STOP = st.one_of(
     st.none(),
     st.text(min_size=1, max_size=4),
-    st.lists(st.text(min_size=1, max_size=4), max_size=schemas.MAX_STOP),
+    st.lists(st.text(min_size=1, max_size=4), max_size=requests.MAX_STOP),
 )
 
 SAMPLING: dict[str, Field] = {
@@ -194,7 +194,7 @@ SAMPLING: dict[str, Field] = {
         STOP,
         st.one_of(
             st.just(""),
-            st.lists(st.text(max_size=2), min_size=schemas.MAX_STOP + 1, max_size=20),
+            st.lists(st.text(max_size=2), min_size=requests.MAX_STOP + 1, max_size=20),
             st.lists(not_a(str), min_size=1, max_size=2),
             not_a(str, list),
         ),
@@ -210,7 +210,7 @@ SAMPLING: dict[str, Field] = {
         | not_a(dict),
     ),
     "n": Field(
-        st.sampled_from([1, 1, 1, 2, 3, schemas.MAX_N]), ints_except(1, schemas.MAX_N) | NULL
+        st.sampled_from([1, 1, 1, 2, 3, requests.MAX_N]), ints_except(1, requests.MAX_N) | NULL
     ),
     "user": Field(st.none() | TEXT, not_a(str)),
     "session_id": Field(
@@ -229,7 +229,7 @@ SAMPLING: dict[str, Field] = {
     "stop_token_ids": Field(
         st.none() | st.lists(st.integers(0, 2**31), max_size=4),
         st.lists(st.integers(max_value=-1), min_size=1, max_size=2)
-        | st.lists(st.integers(0, 9), min_size=schemas.MAX_STOP_TOKEN_IDS + 1, max_size=300)
+        | st.lists(st.integers(0, 9), min_size=requests.MAX_STOP_TOKEN_IDS + 1, max_size=300)
         | not_a(list),
     ),
     "logit_bias": Field(
@@ -267,8 +267,8 @@ CHAT_FIELDS: dict[str, Field] = {
     "logprobs": Field(st.none() | st.booleans(), not_a(bool)),
     # valid only with logprobs=true (which _consistent adds)
     "top_logprobs": Field(
-        st.none() | st.integers(0, schemas.MAX_LOGPROBS),
-        ints_except(0, schemas.MAX_LOGPROBS),
+        st.none() | st.integers(0, requests.MAX_LOGPROBS),
+        ints_except(0, requests.MAX_LOGPROBS),
     ),
     "response_format": Field(
         st.none() | st.just({"type": "text"}) | st.just({}),
@@ -294,7 +294,7 @@ COMPLETION_FIELDS: dict[str, Field] = {
     "suffix": Field(st.none() | st.just(""), st.text(min_size=1, max_size=5) | not_a(str)),
     "best_of": Field(st.none() | st.just(1), ints_except(1, 1)),
     "logprobs": Field(
-        st.none() | st.integers(0, schemas.MAX_LOGPROBS), ints_except(0, schemas.MAX_LOGPROBS)
+        st.none() | st.integers(0, requests.MAX_LOGPROBS), ints_except(0, requests.MAX_LOGPROBS)
     ),
 }
 TOKENIZE_FIELDS: dict[str, Field] = {
@@ -662,11 +662,11 @@ def fuzz(url: str, http: httpx.Client, baseline: str, examples: int) -> int:
 
 
 SPECS = [
-    (schemas.ChatCompletionRequest, CHAT_FIELDS),
-    (schemas.CompletionRequest, COMPLETION_FIELDS),
-    (schemas.EventRequest, EVENT_FIELDS),
-    (schemas.TokenizeRequest, TOKENIZE_FIELDS),
-    (schemas.DetokenizeRequest, DETOKENIZE_FIELDS),
+    (requests.ChatCompletionRequest, CHAT_FIELDS),
+    (requests.CompletionRequest, COMPLETION_FIELDS),
+    (requests.EventRequest, EVENT_FIELDS),
+    (requests.TokenizeRequest, TOKENIZE_FIELDS),
+    (requests.DetokenizeRequest, DETOKENIZE_FIELDS),
 ]
 
 
@@ -686,7 +686,7 @@ IDS = ["chat", "completion", "event", "tokenize", "detokenize"]
 
 @pytest.mark.parametrize(("model", "spec"), SPECS, ids=IDS)
 def test_every_schema_field_has_a_strategy(
-    model: type[schemas.StrictModel], spec: dict[str, Field]
+    model: type[requests.StrictModel], spec: dict[str, Field]
 ) -> None:
     assert set(spec) == set(model.model_fields)
     assert {n for n, f in spec.items() if f.required} == {
@@ -696,7 +696,7 @@ def test_every_schema_field_has_a_strategy(
 
 @pytest.mark.parametrize(("model", "spec"), SPECS, ids=IDS)
 def test_valid_field_values_pass_the_schema(
-    model: type[schemas.StrictModel], spec: dict[str, Field]
+    model: type[requests.StrictModel], spec: dict[str, Field]
 ) -> None:
     """What "valid" draws passes the server's own validation (pydantic, then ``check``), so
     valid bodies reach the engine; no server needed."""

@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import httpx
 
-from talaria.server import schemas
+from talaria.server import requests
 from talaria.server.openapi import REQUEST_ERRORS, request_bodies
 
 POSTS = {
-    ("POST", "/v1/chat/completions"): schemas.ChatCompletionRequest,
-    ("POST", "/v1/completions"): schemas.CompletionRequest,
-    ("POST", "/v1/sessions/{session_id}/events"): schemas.EventRequest,
-    ("POST", "/tokenize"): schemas.TokenizeRequest,
-    ("POST", "/detokenize"): schemas.DetokenizeRequest,
+    ("POST", "/v1/chat/completions"): requests.ChatCompletionRequest,
+    ("POST", "/v1/completions"): requests.CompletionRequest,
+    ("POST", "/v1/sessions/{session_id}/events"): requests.EventRequest,
+    ("POST", "/tokenize"): requests.TokenizeRequest,
+    ("POST", "/detokenize"): requests.DetokenizeRequest,
 }
 
 

@@ -1,0 +1,95 @@
+"""What the HTTP server needs from the in-process API: the part of ``talaria.api.Talaria``
+it calls (a protocol, so a test can serve a fake), typed with the API's own results."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from talaria.api.results import ChatChunk, ModelInfo, Tokenized
+    from talaria.runtime.sessions import SessionSummary
+
+
+class Backend(Protocol):
+    """The part of ``talaria.api.Talaria`` the server uses. Streams raise ``TalariaError``
+    (from the call or from the iterator); ``models`` and ``stats`` do no I/O."""
+
+    def chat_stream(
+        self,
+        messages: list[dict[str, Any]],
+        model: str,
+        *,
+        session_id: str | None = ...,
+        max_tokens: int | None = ...,
+        temperature: float = ...,
+        top_p: float = ...,
+        top_k: int = ...,
+        seed: int | None = ...,
+        stop: str | list[str] | None = ...,
+        stop_token_ids: Sequence[int] = ...,
+        ignore_eos: bool = ...,
+        min_tokens: int = ...,
+        repetition_penalty: float = ...,
+        presence_penalty: float = ...,
+        frequency_penalty: float = ...,
+        logprobs: int | None = ...,
+        n: int = ...,
+        tenant: str = ...,
+        tools: Sequence[Mapping[str, Any]] | None = ...,
+        tool_choice: str | Mapping[str, Any] | None = ...,
+        parallel_tool_calls: bool | None = ...,
+    ) -> AsyncIterator[ChatChunk]: ...
+
+    def complete_stream(
+        self,
+        prompt: str | Sequence[int],
+        model: str,
+        *,
+        session_id: str | None = ...,
+        max_tokens: int | None = ...,
+        temperature: float = ...,
+        top_p: float = ...,
+        top_k: int = ...,
+        seed: int | None = ...,
+        stop: str | list[str] | None = ...,
+        stop_token_ids: Sequence[int] = ...,
+        ignore_eos: bool = ...,
+        min_tokens: int = ...,
+        repetition_penalty: float = ...,
+        presence_penalty: float = ...,
+        frequency_penalty: float = ...,
+        logprobs: int | None = ...,
+        n: int = ...,
+        tenant: str = ...,
+    ) -> AsyncIterator[ChatChunk]: ...
+
+    async def event(
+        self,
+        session_id: str,
+        event: str,
+        *,
+        tool: str | None = ...,
+        expected_s: float | None = ...,
+        measured_s: float | None = ...,
+        tenant: str = ...,
+    ) -> SessionSummary | None: ...
+
+    def tokenize(
+        self,
+        model: str,
+        *,
+        prompt: str | None = ...,
+        messages: Sequence[Mapping[str, Any]] | None = ...,
+        add_special_tokens: bool | None = ...,
+        add_generation_prompt: bool = ...,
+        tools: Sequence[Mapping[str, Any]] | None = ...,
+    ) -> Tokenized: ...
+
+    def detokenize(self, model: str, token_ids: Sequence[int]) -> str: ...
+
+    def models(self) -> Sequence[ModelInfo]: ...
+
+    def stats(self) -> Mapping[str, Any]: ...
+
+    async def integrity_problems(self) -> list[str]: ...
