@@ -243,6 +243,25 @@ def _run(
         del cluster
         gc.collect()
     policies.update(references)
+    return _document(
+        replay, options, policies, policies_run, calibration,
+        fidelity=fidelity, step_costs=step_costs, tuning=tuning_doc,
+    )  # fmt: skip
+
+
+def _document(
+    replay: ReplaySet,
+    options: EmbeddedOptions,
+    policies: dict[str, dict[str, Any]],
+    policies_run: Sequence[PolicyConfig],
+    calibration: Calibration | None,
+    *,
+    fidelity: dict[str, dict[str, float]],
+    step_costs: dict[str, dict[str, dict[str, float]]],
+    tuning: dict[str, Any],
+) -> dict[str, Any]:
+    """The embedded replay's ``results.json``: every policy's summary with its ratios and
+    knobs, the engine, the simulator's fidelity, the calibration, step costs and tuning."""
     add_bound_ratios(policies)
     add_ratios(policies)
     doc = results_document(
@@ -267,7 +286,7 @@ def _run(
         else {"mode": "none", "profile": f"shipped {options.hardware} (not calibrated off CPU)"}
     )
     doc["step_costs"] = step_costs
-    doc["tuning"] = tuning_doc
+    doc["tuning"] = tuning
     for policy in policies_run:
         doc["policies"][policy.name]["knobs"] = knobs_of(policy)
     return doc

@@ -134,6 +134,26 @@ def _replay_on(
             predicted = _simulate(cluster, policy, scripts)
             fidelity[policy.name] = _fidelity(policies[policy.name], policy_summary(predicted))
     add_ratios(policies)
+    return _document(
+        engines, replay, options, cluster, policies,
+        fidelity=fidelity, step_costs=step_costs, drift=drift, switches=switches,
+    )  # fmt: skip
+
+
+def _document(
+    engines: EngineSet,
+    replay: ReplaySet,
+    options: VllmReplayOptions,
+    cluster: VllmCluster | None,
+    policies: dict[str, dict[str, Any]],
+    *,
+    fidelity: dict[str, dict[str, float]],
+    step_costs: dict[str, dict[str, dict[str, float]]],
+    drift: dict[str, dict[str, float]],
+    switches: dict[str, dict[str, float]],
+) -> dict[str, Any]:
+    """The vLLM replay's ``results.json``: every policy's summary, the engines, the
+    simulator's fidelity, step costs, KV drift and model switches."""
     specs = [cluster.core.instances[n].spec for n in cluster.core.instances] if cluster else []
     doc = results_document(
         "vllm", options.hardware, specs, replay, options.gap_scale, options.hints, policies

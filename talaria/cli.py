@@ -253,12 +253,12 @@ def _add_serve_parser(sub: Any) -> None:
         epilog="Example: talaria serve --port 8000 --api-key $KEY, then point any OpenAI "
         "client at http://127.0.0.1:8000/v1 with that key.",
     )
-    sv.add_argument(
-        "--host",
-        default="127.0.0.1",
-        help="address to listen on (default 127.0.0.1; 0.0.0.0 for every interface)",
-    )
-    sv.add_argument("--port", type=int, default=8000, help="TCP port (default 8000)")
+    _add_serve_engine_args(sv.add_argument_group("what to serve and on what"))
+    _add_serve_http_args(sv.add_argument_group("HTTP"))
+
+
+def _add_serve_engine_args(sv: Any) -> None:
+    """``talaria serve``: the models, the engine and where the instances run."""
     sv.add_argument(
         "--config",
         type=Path,
@@ -287,6 +287,16 @@ def _add_serve_parser(sub: Any) -> None:
         "ray_resource renames it). Needs the ray extra (pip install 'talaria[ray]'); "
         "overrides the config's ray",
     )
+
+
+def _add_serve_http_args(sv: Any) -> None:
+    """``talaria serve``: how the server listens, its keys and limits."""
+    sv.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on (default 127.0.0.1; 0.0.0.0 for every interface)",
+    )
+    sv.add_argument("--port", type=int, default=8000, help="TCP port (default 8000)")
     sv.add_argument(
         "--api-key",
         action="append",

@@ -153,14 +153,37 @@ def overlay_environment(source: Path, venv: Path, *, timeout_s: float = 900.0) -
         shutil.rmtree(venv)
 
     def check(cmd: Sequence[str], what: str) -> None:
-        done = subprocess.run(
-            list(cmd), capture_output=True, text=True, timeout=timeout_s, check=False
-        )
-        if done.returncode != 0:
-            output = (done.stdout + done.stderr)[-4000:]
-            raise SweAgentInstallError(f"{what} failed (exit {done.returncode}):\n{output}")
+        _run_checked(cmd, what, timeout_s)
 
     check([sys.executable, "-m", "venv", "--without-pip", str(venv)], "creating the venv")
+    _inherit_parent_site_packages(python)
+    src = venv / "src"
+    _unpack(source, src)
+    roots = [p for p in src.iterdir() if (p / "pyproject.toml").is_file()]
+    root = roots[0] if len(roots) == 1 else src
+    if not (root / "sweagent").is_dir():
+        raise SweAgentInstallError(f"{source} has no sweagent/ package (looked in {root})")
+    (root / "trajectories").mkdir(exist_ok=True)
+    check(
+        [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", "-e", str(root)],
+        f"pip install -e {root}",
+    )
+    check([str(python), "-c", "import sweagent.run.run_single"], "importing sweagent")
+    stamp.write_text(json.dumps(want))
+    return python
+
+
+def _run_checked(cmd: Sequence[str], what: str, timeout_s: float) -> None:
+    """Run ``cmd``; :class:`SweAgentInstallError` with the end of its output if it fails."""
+    done = subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout_s, check=False)
+    if done.returncode != 0:
+        output = (done.stdout + done.stderr)[-4000:]
+        raise SweAgentInstallError(f"{what} failed (exit {done.returncode}):\n{output}")
+
+
+def _inherit_parent_site_packages(python: Path) -> None:
+    """A ``.pth`` file in the new environment of ``python`` that adds this interpreter's
+    site-packages after its own."""
     purelib = Path(
         subprocess.run(
             [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
@@ -174,25 +197,16 @@ def overlay_environment(source: Path, venv: Path, *, timeout_s: float = 900.0) -
     # .pth files (editable installs such as Talaria's).
     lines = [f"import site; site.addsitedir({p!r})" for p in sorted(parents)]
     (purelib / "talaria-parent-environment.pth").write_text("\n".join(lines) + "\n")
-    src = venv / "src"
+
+
+def _unpack(source: Path, src: Path) -> None:
+    """Unpack the tarball ``source`` into the new folder ``src``, refusing unsafe members."""
     src.mkdir()
     with tarfile.open(source) as archive:
         if hasattr(tarfile, "data_filter"):  # Python >= 3.11.4: refuse unsafe members
             archive.extractall(src, filter="data")
         else:  # pragma: no cover - older 3.11
             archive.extractall(src)
-    roots = [p for p in src.iterdir() if (p / "pyproject.toml").is_file()]
-    root = roots[0] if len(roots) == 1 else src
-    if not (root / "sweagent").is_dir():
-        raise SweAgentInstallError(f"{source} has no sweagent/ package (looked in {root})")
-    (root / "trajectories").mkdir(exist_ok=True)
-    check(
-        [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", "-e", str(root)],
-        f"pip install -e {root}",
-    )
-    check([str(python), "-c", "import sweagent.run.run_single"], "importing sweagent")
-    stamp.write_text(json.dumps(want))
-    return python
 
 
 # --------------------------------------------------------------------------- the run

@@ -33,7 +33,7 @@ import datetime as dt
 import gc
 import statistics
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import anyio
@@ -278,32 +278,9 @@ def fit(models: Mapping[str, Mapping[str, Any]]) -> dict[str, float]:
     - the attention FLOP rate: the extra time of a chunk after a cached prefix, less its
       extra KV reads, per extra attention FLOP.
     """
-    out: dict[str, float] = {}
     long = [m for m in models.values() if "decode_step_s_long_ctx" in m]
-    kv_rates = []
-    for m in long:
-        extra_kv = m["attention_batch"] * (m["long_ctx"] - _short(m)) * m["kv_bytes_per_token"]
-        dt_s = m["decode_step_s_long_ctx"] - m["decode_step_s_short_ctx"]
-        if dt_s > 0:
-            kv_rates.append(extra_kv / dt_s)
-    per_seq = 0.0
-    if kv_rates:
-        kv_rate = out["decode_kv_B_s"] = float(statistics.median(kv_rates))
-        seq_times = [
-            x
-            for m in long
-            if (
-                x := (
-                    m["decode_step_s_batch8"]
-                    - m["decode_step_s_batch1"]
-                    - 7 * _short(m) * m["kv_bytes_per_token"] / kv_rate
-                )
-                / 7
-            )
-            > 0
-        ]
-        if seq_times:
-            per_seq = out["decode_seq_s"] = float(statistics.median(seq_times))
+    out = _fit_kv_reads(long)
+    per_seq = out.get("decode_seq_s", 0.0)
     w = np.array([m["weight_bytes"] for m in models.values()], dtype=float)
     t = np.array([m["decode_step_s_batch1"] for m in models.values()], dtype=float)
     a = np.vstack([np.ones_like(w), w]).T
@@ -320,16 +297,53 @@ def fit(models: Mapping[str, Mapping[str, Any]]) -> dict[str, float]:
         "prefill_flop_s": float(statistics.median(rates)),
     }
     out |= _fit_stage(models)
-    if kv_rates:
-        attn_rates = []
-        for m in long:
-            reads = m["long_ctx"] * m["kv_bytes_per_token"] / out["decode_kv_B_s"]
-            dt_s = m["chunk_s_after_prefix"] - m["chunk_s_fresh"] - reads
-            if dt_s > 0:
-                attn_rates.append(m["attention_flops_chunk_extra"] / dt_s)
-        if attn_rates:
-            out["attention_flop_s"] = float(statistics.median(attn_rates))
+    if "decode_kv_B_s" in out:
+        out |= _fit_attention(long, out["decode_kv_B_s"])
     return out
+
+
+def _fit_kv_reads(long: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """From the models measured at two context lengths: the KV read rate
+    (``decode_kv_B_s``) and, with it, one decoding sequence's time (``decode_seq_s``);
+    each only where some model's measurements give a positive value."""
+    out: dict[str, float] = {}
+    kv_rates = []
+    for m in long:
+        extra_kv = m["attention_batch"] * (m["long_ctx"] - _short(m)) * m["kv_bytes_per_token"]
+        dt_s = m["decode_step_s_long_ctx"] - m["decode_step_s_short_ctx"]
+        if dt_s > 0:
+            kv_rates.append(extra_kv / dt_s)
+    if not kv_rates:
+        return out
+    kv_rate = out["decode_kv_B_s"] = float(statistics.median(kv_rates))
+    seq_times = [
+        x
+        for m in long
+        if (
+            x := (
+                m["decode_step_s_batch8"]
+                - m["decode_step_s_batch1"]
+                - 7 * _short(m) * m["kv_bytes_per_token"] / kv_rate
+            )
+            / 7
+        )
+        > 0
+    ]
+    if seq_times:
+        out["decode_seq_s"] = float(statistics.median(seq_times))
+    return out
+
+
+def _fit_attention(long: Sequence[Mapping[str, Any]], kv_rate: float) -> dict[str, float]:
+    """The attention FLOP rate: a chunk's extra time after a cached prefix, less its extra
+    KV reads at ``kv_rate``, per extra attention FLOP (none if no model's is positive)."""
+    attn_rates = []
+    for m in long:
+        reads = m["long_ctx"] * m["kv_bytes_per_token"] / kv_rate
+        dt_s = m["chunk_s_after_prefix"] - m["chunk_s_fresh"] - reads
+        if dt_s > 0:
+            attn_rates.append(m["attention_flops_chunk_extra"] / dt_s)
+    return {"attention_flop_s": float(statistics.median(attn_rates))} if attn_rates else {}
 
 
 def _fit_stage(models: Mapping[str, Mapping[str, Any]]) -> dict[str, float]:

@@ -229,6 +229,42 @@ class DecodeKernel:
         point.
         """
         n, n_heads, hd = q.shape
+        kvh = self._attend_kv_heads(q, k_rows, v_rows, tables, ctxs, tokens_per_block)
+        out = torch.empty((n, n_heads, hd), dtype=torch.bfloat16)
+        rc = self._fn(
+            q.data_ptr(),
+            q.stride(0),
+            k_rows.data_ptr(),
+            v_rows.data_ptr(),
+            k_rows.stride(0),
+            tables.data_ptr(),
+            tables.shape[1],
+            ctxs.data_ptr(),
+            n,
+            tokens_per_block,
+            kvh,
+            hd,
+            n_heads // kvh,
+            scale,
+            torch.get_num_threads(),
+            out.data_ptr(),
+        )
+        if rc != 0:
+            raise MemoryError(f"paged decode kernel failed (code {rc}): out of memory")
+        return out
+
+    def _attend_kv_heads(
+        self,
+        q: torch.Tensor,
+        k_rows: torch.Tensor,
+        v_rows: torch.Tensor,
+        tables: torch.Tensor,
+        ctxs: torch.Tensor,
+        tokens_per_block: int,
+    ) -> int:
+        """The KV heads of :meth:`attend`'s block rows, once its operands' shapes, dtypes
+        and strides are checked (``ValueError`` naming them otherwise)."""
+        n, n_heads, hd = q.shape
         width = k_rows.shape[1]
         kvh, rem = divmod(width, tokens_per_block * hd)
         if (
@@ -257,28 +293,7 @@ class DecodeKernel:
                 f"strides {q.stride()}, rows {tuple(k_rows.shape)} {k_rows.dtype}, tables "
                 f"{tuple(tables.shape)} {tables.dtype}, ctxs {tuple(ctxs.shape)} {ctxs.dtype}"
             )
-        out = torch.empty((n, n_heads, hd), dtype=torch.bfloat16)
-        rc = self._fn(
-            q.data_ptr(),
-            q.stride(0),
-            k_rows.data_ptr(),
-            v_rows.data_ptr(),
-            k_rows.stride(0),
-            tables.data_ptr(),
-            tables.shape[1],
-            ctxs.data_ptr(),
-            n,
-            tokens_per_block,
-            kvh,
-            hd,
-            n_heads // kvh,
-            scale,
-            torch.get_num_threads(),
-            out.data_ptr(),
-        )
-        if rc != 0:
-            raise MemoryError(f"paged decode kernel failed (code {rc}): out of memory")
-        return out
+        return kvh
 
     def gemm_supports(self, w: torch.Tensor) -> bool:
         """Whether :meth:`gemm_small` takes weight ``w``: this build has the AVX512-BF16

@@ -102,11 +102,17 @@ class InstanceCore:
         self.call_cost = CallCost(prior)
         self.call_work = CallCost(dict(prior), window=COST_WINDOW)
         self._calls_done: dict[SessionId, int] = {}  # calls of each session answered here
+        self._wire_roles()
+
+    def _wire_roles(self) -> None:
+        """Build the three roles over the state above: the estimates (what a call, a switch
+        or a session's next call would cost here), slot control (which model holds the
+        slot, switches and stages) and the admitter (which calls join the step)."""
         self.estimates = InstanceEstimates(
-            spec,
+            self.spec,
             self.models,
-            policy,
-            estimator,
+            self.policy,
+            self.estimator,
             arena=self.arena,
             kv=self.kv,
             rounds=self.rounds,
@@ -120,7 +126,7 @@ class InstanceCore:
             on_fault=self._session_fault,
         )
         self.slots = SlotControl(
-            policy,
+            self.policy,
             self.models,
             arena=self.arena,
             kv=self.kv,
@@ -130,7 +136,7 @@ class InstanceCore:
             release_reservations=self._release_reservations,
         )
         self.admitter = Admitter(
-            policy,
+            self.policy,
             admission=self.admission,
             kv=self.kv,
             rounds=self.rounds,

@@ -10,7 +10,8 @@ all.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import aclosing
 from typing import Any
 
 import anyio
@@ -45,41 +46,9 @@ async def sse(
     error's status, or 499 if the client left) for metrics; always closes ``stream``."""
     status = 499
     try:
-        if chat:
-            for i in range(n):
-                yield _data(resp.chat_chunk(head, {"role": "assistant", "content": ""}, index=i))
-        usages: dict[int, Usage] = {}
-        offsets = [0] * n  # text_offset of each choice's next token (legacy logprobs)
-        finished: set[int] = set()
-        chunk: ChatChunk | None = first
-        while chunk is not None:
-            i, done = chunk.index, chunk.finish_reason is not None
-            if chat and (chunk.text or chunk.logprobs):
-                lps = resp.chat_logprobs(chunk.logprobs)
-                yield _data(resp.chat_chunk(head, {"content": chunk.text}, None, i, lps))
-            if chat and chunk.tool_calls:
-                base = chunk.first_call
-                calls = [resp.tool_call_dict(c, base + k) for k, c in enumerate(chunk.tool_calls)]
-                yield _data(resp.chat_chunk(head, {"tool_calls": calls}, None, i))
-            elif not chat and (chunk.text or chunk.logprobs or done):
-                lps = resp.text_logprobs(chunk.logprobs, offsets[i])
-                offsets[i] += sum(len(e.token) for e in chunk.logprobs or ())
-                yield _data(resp.text_chunk(head, chunk.text, chunk.finish_reason, i, lps))
-            if done:
-                finished.add(i)
-                if chunk.usage is not None:
-                    usages[i] = chunk.usage
-                if chat:
-                    yield _data(resp.chat_chunk(head, {}, chunk.finish_reason, i))
-                if len(finished) == n:
-                    break
-            chunk = await anext(stream, None)
-        if chat:  # a stream that ended early: its open choices end with "stop"
-            for i in sorted(set(range(n)) - finished):
-                yield _data(resp.chat_chunk(head, {}, "stop", i))
-        if head.include_usage and len(usages) == n:
-            total = Usage.of_choices(tuple(usages[i] for i in range(n)))
-            yield _data(resp.usage_chunk(head, total, chat))
+        async with aclosing(_answer_events(first, stream, head, chat, n)) as events:
+            async for event in events:
+                yield event
         status = 200
     except TalariaError as exc:
         err = from_talaria(exc)
@@ -94,6 +63,56 @@ async def sse(
         with anyio.CancelScope(shield=True):
             await close(stream)
     yield b"data: [DONE]\n\n"
+
+
+async def _answer_events(
+    first: ChatChunk, stream: AsyncIterator[ChatChunk], head: resp.ChunkHead, chat: bool, n: int
+) -> AsyncGenerator[bytes]:
+    """The events of :func:`sse` up to ``[DONE]``, without its error handling."""
+    if chat:
+        for i in range(n):
+            yield _data(resp.chat_chunk(head, {"role": "assistant", "content": ""}, index=i))
+    usages: dict[int, Usage] = {}
+    offsets = [0] * n  # text_offset of each choice's next token (legacy logprobs)
+    finished: set[int] = set()
+    chunk: ChatChunk | None = first
+    while chunk is not None:
+        for event in _chunk_events(head, chunk, chat, offsets):
+            yield event
+        if chunk.finish_reason is not None:
+            finished.add(chunk.index)
+            if chunk.usage is not None:
+                usages[chunk.index] = chunk.usage
+            if len(finished) == n:
+                break
+        chunk = await anext(stream, None)
+    if chat:  # a stream that ended early: its open choices end with "stop"
+        for i in sorted(set(range(n)) - finished):
+            yield _data(resp.chat_chunk(head, {}, "stop", i))
+    if head.include_usage and len(usages) == n:
+        total = Usage.of_choices(tuple(usages[i] for i in range(n)))
+        yield _data(resp.usage_chunk(head, total, chat))
+
+
+def _chunk_events(
+    head: resp.ChunkHead, chunk: ChatChunk, chat: bool, offsets: list[int]
+) -> Iterator[bytes]:
+    """The events of one chunk: its content (and logprobs), its whole tool calls, and the
+    choice's finishing chunk; advances the choice's legacy ``text_offset`` in ``offsets``."""
+    i, done = chunk.index, chunk.finish_reason is not None
+    if chat and (chunk.text or chunk.logprobs):
+        lps = resp.chat_logprobs(chunk.logprobs)
+        yield _data(resp.chat_chunk(head, {"content": chunk.text}, None, i, lps))
+    if chat and chunk.tool_calls:
+        base = chunk.first_call
+        calls = [resp.tool_call_dict(c, base + k) for k, c in enumerate(chunk.tool_calls)]
+        yield _data(resp.chat_chunk(head, {"tool_calls": calls}, None, i))
+    elif not chat and (chunk.text or chunk.logprobs or done):
+        lps = resp.text_logprobs(chunk.logprobs, offsets[i])
+        offsets[i] += sum(len(e.token) for e in chunk.logprobs or ())
+        yield _data(resp.text_chunk(head, chunk.text, chunk.finish_reason, i, lps))
+    if done and chat:
+        yield _data(resp.chat_chunk(head, {}, chunk.finish_reason, i))
 
 
 async def close(stream: object) -> None:

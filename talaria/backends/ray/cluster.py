@@ -143,33 +143,10 @@ def build_ray_cluster(
     connected = connect(address, len(instances), resource)
     actors: dict[str, Any] = {}
     try:
-        offered = ray.cluster_resources().get(resource, 0)  # type: ignore[no-untyped-call, unused-ignore]
-        if offered < len(instances):
-            raise ConfigError(
-                f"the Ray cluster offers {offered:g} units of resource {resource!r}; "
-                f"{len(instances)} instances need one each: start each node with "
-                f"`ray start ... --resources '{{\"{resource}\": 1}}'`"
-            )
-        worker = ray.remote(_RayWorker)
-        for spec in instances:
-            gpus = spec.n_devices if device.startswith("cuda") else 0
-            actors[spec.name] = worker.options(
-                name=f"talaria-{spec.name}",
-                num_cpus=cpus,
-                num_gpus=gpus,
-                resources={resource: 1},
-                max_restarts=-1,
-                max_task_retries=0,
-                max_concurrency=2,  # a ping answers while a step runs
-            ).remote(
-                spec,
-                tuple(core.instances[spec.name].models),
-                policy,
-                dtype,
-                device,
-                max(1, int(cpus)),
-                native_kernels,
-            )
+        _start_workers(
+            actors, instances, core, policy, dtype=dtype, device=device, resource=resource,
+            cpus=cpus, native_kernels=native_kernels,
+        )  # fmt: skip
         infos: list[WorkerInfo] = ray.get(
             [a.attach.remote() for a in actors.values()], timeout=ATTACH_TIMEOUT_S
         )
@@ -191,3 +168,47 @@ def build_ray_cluster(
         actors,
         connected,
     )
+
+
+def _start_workers(
+    actors: dict[str, Any],
+    instances: Sequence[InstanceSpec],
+    core: ClusterCore,
+    policy: PolicyConfig,
+    *,
+    dtype: str,
+    device: str,
+    resource: str,
+    cpus: float,
+    native_kernels: bool,
+) -> None:
+    """Start one worker actor per instance, each taking one unit of ``resource``, into
+    ``actors`` (filled as they start, so that a failure leaves the caller what to close).
+    Raises ``ConfigError`` when the cluster offers too few units."""
+    offered = ray.cluster_resources().get(resource, 0)  # type: ignore[no-untyped-call, unused-ignore]
+    if offered < len(instances):
+        raise ConfigError(
+            f"the Ray cluster offers {offered:g} units of resource {resource!r}; "
+            f"{len(instances)} instances need one each: start each node with "
+            f"`ray start ... --resources '{{\"{resource}\": 1}}'`"
+        )
+    worker = ray.remote(_RayWorker)
+    for spec in instances:
+        gpus = spec.n_devices if device.startswith("cuda") else 0
+        actors[spec.name] = worker.options(
+            name=f"talaria-{spec.name}",
+            num_cpus=cpus,
+            num_gpus=gpus,
+            resources={resource: 1},
+            max_restarts=-1,
+            max_task_retries=0,
+            max_concurrency=2,  # a ping answers while a step runs
+        ).remote(
+            spec,
+            tuple(core.instances[spec.name].models),
+            policy,
+            dtype,
+            device,
+            max(1, int(cpus)),
+            native_kernels,
+        )
