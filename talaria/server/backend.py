@@ -4,11 +4,33 @@ it calls (a protocol, so a test can serve a fake), typed with the API's own resu
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypedDict, Unpack
 
 if TYPE_CHECKING:
     from talaria.api.results import ChatChunk, ModelInfo, Tokenized
     from talaria.runtime.sessions import SessionSummary
+
+
+class CallArgs(TypedDict, total=False):
+    """The keyword arguments chat and text completions share: the session, the tenant and
+    the sampling parameters (``talaria.api.Talaria.chat_stream`` documents each)."""
+
+    session_id: str | None
+    max_tokens: int | None
+    temperature: float
+    top_p: float
+    top_k: int
+    seed: int | None
+    stop: str | list[str] | None
+    stop_token_ids: Sequence[int]
+    ignore_eos: bool
+    min_tokens: int
+    repetition_penalty: float
+    presence_penalty: float
+    frequency_penalty: float
+    logprobs: int | None
+    n: int
+    tenant: str
 
 
 class Backend(Protocol):
@@ -20,48 +42,17 @@ class Backend(Protocol):
         messages: list[dict[str, Any]],
         model: str,
         *,
-        session_id: str | None = ...,
-        max_tokens: int | None = ...,
-        temperature: float = ...,
-        top_p: float = ...,
-        top_k: int = ...,
-        seed: int | None = ...,
-        stop: str | list[str] | None = ...,
-        stop_token_ids: Sequence[int] = ...,
-        ignore_eos: bool = ...,
-        min_tokens: int = ...,
-        repetition_penalty: float = ...,
-        presence_penalty: float = ...,
-        frequency_penalty: float = ...,
-        logprobs: int | None = ...,
-        n: int = ...,
-        tenant: str = ...,
         tools: Sequence[Mapping[str, Any]] | None = ...,
         tool_choice: str | Mapping[str, Any] | None = ...,
         parallel_tool_calls: bool | None = ...,
+        **call: Unpack[CallArgs],
     ) -> AsyncIterator[ChatChunk]: ...
 
     def complete_stream(
         self,
         prompt: str | Sequence[int],
         model: str,
-        *,
-        session_id: str | None = ...,
-        max_tokens: int | None = ...,
-        temperature: float = ...,
-        top_p: float = ...,
-        top_k: int = ...,
-        seed: int | None = ...,
-        stop: str | list[str] | None = ...,
-        stop_token_ids: Sequence[int] = ...,
-        ignore_eos: bool = ...,
-        min_tokens: int = ...,
-        repetition_penalty: float = ...,
-        presence_penalty: float = ...,
-        frequency_penalty: float = ...,
-        logprobs: int | None = ...,
-        n: int = ...,
-        tenant: str = ...,
+        **call: Unpack[CallArgs],
     ) -> AsyncIterator[ChatChunk]: ...
 
     async def event(

@@ -166,16 +166,7 @@ def chat_chunk(
 ) -> dict[str, Any]:
     """A ``chat.completion.chunk`` with one choice; ``usage: null`` when usage is requested."""
     choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
-    out: dict[str, Any] = {
-        "id": head.id,
-        "object": "chat.completion.chunk",
-        "created": head.created,
-        "model": head.model,
-        "choices": [choice],
-    }
-    if head.include_usage:
-        out["usage"] = None
-    return out
+    return _chunk(head, "chat.completion.chunk", choice)
 
 
 def text_chunk(
@@ -187,9 +178,15 @@ def text_chunk(
 ) -> dict[str, Any]:
     """A streamed ``text_completion`` object with one choice."""
     choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
+    return _chunk(head, "text_completion", choice)
+
+
+def _chunk(head: ChunkHead, kind: str, choice: dict[str, Any]) -> dict[str, Any]:
+    """A streamed object of ``kind`` with one choice; ``usage: null`` when usage is
+    requested (the usage chunk at the end carries it)."""
     out: dict[str, Any] = {
         "id": head.id,
-        "object": "text_completion",
+        "object": kind,
         "created": head.created,
         "model": head.model,
         "choices": [choice],
