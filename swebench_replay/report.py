@@ -351,7 +351,9 @@ def plot_map(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
     """A heatmap of each mechanism's effect at each point (SCT p50 and p95 side by side);
     cells whose interval lies above 1 are bold, below 1 italic."""
     mechs = list(rows[0]["mechanisms"]) if rows else []
-    fig, axes = plt.subplots(1, 2, figsize=(12, 0.45 * len(rows) + 2.2), dpi=120)
+    fig, axes = plt.subplots(
+        1, 2, figsize=(12, 0.45 * len(rows) + 2.2), dpi=120, sharey=True, layout="constrained"
+    )
     for ax, q in zip(axes, ("p50", "p95"), strict=True):
         grid = [[row["mechanisms"][m][q]["value"] for m in mechs] for row in rows]
         image = ax.imshow(grid, cmap="RdBu", vmin=0.5, vmax=1.5, aspect="auto")
@@ -372,7 +374,8 @@ def plot_map(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
                     fontstyle=style,
                 )
         ax.set_xticks(range(len(mechs)), mechs, rotation=30, ha="right", fontsize=8)
-        ax.set_yticks(range(len(rows)), [r["point"]["label"] for r in rows], fontsize=8)
+        if ax is axes[0]:  # the second panel shares the first's rows
+            ax.set_yticks(range(len(rows)), [r["point"]["label"] for r in rows], fontsize=8)
         ax.set_title(f"SCT {q}: without the mechanism / with it", fontsize=9)
     fig.colorbar(image, ax=axes, shrink=0.6)
     fig.savefig(path, bbox_inches="tight")
