@@ -109,12 +109,10 @@ def chat_message(choice: AnswerChoice) -> dict[str, Any]:
 
 def chat_completion(a: Answer) -> dict[str, Any]:
     """A ``chat.completion`` object."""
-    return {
-        "id": a.id,
-        "object": "chat.completion",
-        "created": a.created,
-        "model": a.model,
-        "choices": [
+    return _completion(
+        a,
+        "chat.completion",
+        [
             {
                 "index": c.index,
                 "message": chat_message(c),
@@ -123,18 +121,15 @@ def chat_completion(a: Answer) -> dict[str, Any]:
             }
             for c in a.choices
         ],
-        "usage": usage_dict(a.usage),
-    }
+    )
 
 
 def text_completion(a: Answer) -> dict[str, Any]:
     """A ``text_completion`` object."""
-    return {
-        "id": a.id,
-        "object": "text_completion",
-        "created": a.created,
-        "model": a.model,
-        "choices": [
+    return _completion(
+        a,
+        "text_completion",
+        [
             {
                 "index": c.index,
                 "text": c.text,
@@ -143,6 +138,17 @@ def text_completion(a: Answer) -> dict[str, Any]:
             }
             for c in a.choices
         ],
+    )
+
+
+def _completion(a: Answer, kind: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
+    """A whole answer of ``kind`` with its ``choices`` and usage."""
+    return {
+        "id": a.id,
+        "object": kind,
+        "created": a.created,
+        "model": a.model,
+        "choices": choices,
         "usage": usage_dict(a.usage),
     }
 
