@@ -257,18 +257,19 @@ def add_map_parser(sub: Any) -> None:
 
 def _finished_rows(
     path: Path, seeds: tuple[int, ...], tune_seeds: tuple[int, ...]
-) -> dict[str, dict[str, Any]]:
-    """The rows of an earlier map.json made with these seeds, by point (none if there is
-    no such file or it was made with other seeds)."""
+) -> tuple[dict[str, dict[str, Any]], float]:
+    """The rows of an earlier map.json made with these seeds, by point, and the seconds
+    spent on them (none and 0 if there is no such file or it was made with other seeds)."""
     if not path.exists():
-        return {}
+        return {}, 0.0
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{path} is not JSON ({exc}); remove it or drop --resume") from exc
     if doc.get("seeds") != list(seeds) or doc.get("tune_seeds") != list(tune_seeds):
-        return {}
-    return {json.dumps(row["point"], sort_keys=True): row for row in doc.get("rows", [])}
+        return {}, 0.0
+    rows = {json.dumps(row["point"], sort_keys=True): row for row in doc.get("rows", [])}
+    return rows, float(doc.get("wall_s", 0.0))
 
 
 def cmd_map(args: argparse.Namespace, console: Console) -> int:
@@ -283,7 +284,9 @@ def cmd_map(args: argparse.Namespace, console: Console) -> int:
     seeds, tune_seeds = tuple(range(args.seeds)), tuple(range(args.tune_seeds))
     per_point = mm.runs_per_point(policies, args.seeds, args.tune_seeds)
     args.out.mkdir(parents=True, exist_ok=True)
-    kept = _finished_rows(args.out / "map.json", seeds, tune_seeds) if args.resume else {}
+    kept, earlier_s = (
+        _finished_rows(args.out / "map.json", seeds, tune_seeds) if args.resume else ({}, 0.0)
+    )
     rows: list[dict[str, Any]] = []
     started = time.perf_counter()
     with progress_bar(console) as progress:
@@ -304,7 +307,7 @@ def cmd_map(args: argparse.Namespace, console: Console) -> int:
                 "seeds": list(seeds),
                 "tune_seeds": list(tune_seeds),
                 "rows": rows,
-                "wall_s": time.perf_counter() - started,
+                "wall_s": earlier_s + time.perf_counter() - started,  # all runs' points
             }
             (args.out / "map.json").write_text(json.dumps(doc, indent=1) + "\n")
     (args.out / "map.md").write_text(

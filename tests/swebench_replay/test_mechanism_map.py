@@ -60,12 +60,18 @@ def test_resume_keeps_the_finished_points_and_runs_the_rest(
         return _row(point)
 
     monkeypatch.setattr(mm, "run_point", run_point)
-    done = {"seeds": [0, 1, 2], "tune_seeds": [0, 1], "rows": [_row(p) for p in mm.QUICK[:2]]}
+    done = {
+        "seeds": [0, 1, 2],
+        "tune_seeds": [0, 1],
+        "rows": [_row(p) for p in mm.QUICK[:2]],
+        "wall_s": 1000.0,
+    }
     (tmp_path / "map.json").write_text(json.dumps(done))
     assert main(["map", "--points", "quick", "--resume", "--out", str(tmp_path)]) == 0
     assert ran == [p.label for p in mm.QUICK[2:]]
-    rows = json.loads((tmp_path / "map.json").read_text())["rows"]
-    assert [r["point"]["label"] for r in rows] == [p.label for p in mm.QUICK]
+    doc = json.loads((tmp_path / "map.json").read_text())
+    assert [r["point"]["label"] for r in doc["rows"]] == [p.label for p in mm.QUICK]
+    assert doc["wall_s"] >= 1000.0  # the earlier run's seconds count too
     assert all(p.label in (tmp_path / "map.md").read_text() for p in mm.QUICK)
 
     ran.clear()  # other seeds: nothing is kept
