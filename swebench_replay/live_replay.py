@@ -42,8 +42,8 @@ from talaria.cost.hardware import HardwareProfile
 from talaria.engine.catalog import DEFAULT_MODELS
 from talaria.engine.loader import LoadedModel
 from talaria.engine.runner import flatten_weights
-from talaria.engine.sampling import SamplingParams, StopChecker
 from talaria.errors import ConfigError, TalariaError
+from talaria.generation import SamplingParams, StopChecker
 from talaria.policy.baselines import TALARIA
 from talaria.policy.knobs import knobs_of
 from talaria.runtime.cluster import ClusterCore

@@ -39,10 +39,9 @@ from talaria.api.tool_parsers import ToolFormat, format_for_template
 from talaria.backends.calibration_plan import cached_profiles
 from talaria.backends.embedded import EmbeddedCluster, build_embedded_cluster
 from talaria.backends.vllm.cluster import VllmCluster, build_vllm_cluster
-from talaria.engine.sampling import SamplingParams, StopChecker
 from talaria.engine.tokenizer import Tokenizer
 from talaria.errors import BadRequest, ShuttingDown, TalariaError, UnknownModel, UnknownSession
-from talaria.generation import TokenLogprob
+from talaria.generation import SamplingParams, StopChecker, TokenLogprob
 from talaria.runtime.live import LiveCluster
 from talaria.runtime.sessions import SessionSummary
 from talaria.runtime.streams import Delta, Failed, Finished

@@ -4,7 +4,7 @@
 configuration with random weights), describes it to the policy (``ModelArch.to_spec``),
 builds the instance core with the cost model of the hardware profile and an
 :class:`~talaria.engine.runner.EngineRunner` that executes the core's decisions on tensors.
-The result satisfies :class:`~talaria.backends.base.Substrate` and keeps each model's
+The result satisfies :class:`~talaria.runtime.substrate.Substrate` and keeps each model's
 tokenizer.
 
 Which ``cpu`` profile the router's estimates use: ``build_embedded`` and

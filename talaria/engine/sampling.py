@@ -1,7 +1,7 @@
 """Token sampling for the embedded engine: next token ids from logits, greedy or
 temperature / top-k / top-p, each row drawn from its own generator, so a seeded request gets
 the same tokens whatever batch it runs in. The request's knobs and stop conditions are
-torch-free and live in :mod:`talaria.generation` (re-exported here).
+torch-free and live in :mod:`talaria.generation`.
 """
 
 from __future__ import annotations
@@ -10,25 +10,7 @@ from collections.abc import Sequence
 
 import torch
 
-from talaria.generation import (
-    FinishReason,
-    SamplingParams,
-    StopChecker,
-    StopUpdate,
-    TextStream,
-)
-
-__all__ = [
-    "FinishReason",
-    "SamplingParams",
-    "StopChecker",
-    "StopUpdate",
-    "TextStream",
-    "make_generator",
-    "sample",
-    "sample_row",
-    "skip_draws",
-]
+from talaria.generation import SamplingParams
 
 
 def make_generator(params: SamplingParams, device: torch.device | str = "cpu") -> torch.Generator:

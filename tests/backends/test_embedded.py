@@ -3,11 +3,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from talaria.backends.base import Substrate
 from talaria.backends.embedded import build_embedded
 from talaria.config import InstanceSpec
 from talaria.errors import BadRequest, ConfigError, UnknownModel
 from talaria.policy.baselines import POLICIES
+from talaria.runtime.substrate import Substrate
 from talaria.types import Call, TokenSeq
 
 GB = 10**9

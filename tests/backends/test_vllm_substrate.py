@@ -26,8 +26,8 @@ from talaria.config import ClusterConfig
 from talaria.cost import cluster_estimators
 from talaria.engine.arch import ModelArch
 from talaria.engine.catalog import entry
-from talaria.engine.sampling import SamplingParams, StopChecker
 from talaria.errors import InstanceFailed
+from talaria.generation import SamplingParams, StopChecker
 from talaria.policy.baselines import POLICIES
 from talaria.runtime.cluster import ClusterCore
 from talaria.runtime.live import LiveCluster

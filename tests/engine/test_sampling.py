@@ -8,15 +8,9 @@ from typing import Any
 import pytest
 import torch
 
-from talaria.engine.sampling import (
-    SamplingParams,
-    StopChecker,
-    StopUpdate,
-    make_generator,
-    sample,
-    sample_row,
-)
+from talaria.engine.sampling import make_generator, sample, sample_row
 from talaria.errors import BadRequest, ConfigError
+from talaria.generation import SamplingParams, StopChecker, StopUpdate
 
 # ----------------------------------------------------------------------------- params
 

@@ -10,7 +10,6 @@ import anyio
 import pytest
 
 from talaria.backends.embedded import EmbeddedCluster
-from talaria.engine.sampling import SamplingParams, StopChecker
 from talaria.errors import (
     BadRequest,
     CallFailed,
@@ -19,6 +18,7 @@ from talaria.errors import (
     UnknownModel,
     UnknownSession,
 )
+from talaria.generation import SamplingParams, StopChecker
 from talaria.runtime.live import LiveCluster
 from talaria.runtime.streams import Delta, Failed, Finished
 from talaria.types import EventKind, TokenSeq

@@ -12,8 +12,8 @@ import anyio
 import pytest
 
 from talaria.engine.runner import EngineRunner
-from talaria.engine.sampling import SamplingParams, StopChecker
 from talaria.errors import InstanceLost
+from talaria.generation import SamplingParams, StopChecker
 from talaria.runtime.instance import InstanceCore
 from talaria.runtime.live import LiveCluster
 from talaria.runtime.streams import Delta, Failed, Finished

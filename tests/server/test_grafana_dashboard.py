@@ -23,7 +23,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from talaria.api.stats import snapshot
-from talaria.engine.sampling import SamplingParams, StopChecker
+from talaria.generation import SamplingParams, StopChecker
 from talaria.runtime.live import LiveCluster
 from talaria.runtime.streams import Finished
 from talaria.server.metrics import ServerMetrics
