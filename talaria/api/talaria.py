@@ -14,13 +14,14 @@ import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from contextlib import aclosing
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import anyio
 import anyio.abc
 import attrs
 from anyio.streams.memory import MemoryObjectSendStream
 
+from talaria.api import backends
 from talaria.api.config import TalariaConfig
 from talaria.api.results import (
     ChatChunk,
@@ -36,9 +37,7 @@ from talaria.api.stats import snapshot
 from talaria.api.tenants import DEFAULT_TENANT, scoped_session_id
 from talaria.api.tool_choice import AnswerReader, ToolPlan, plan_tools, render_messages
 from talaria.api.tool_parsers import ToolFormat, format_for_template
-from talaria.backends.calibration_plan import cached_profiles
-from talaria.backends.embedded import EmbeddedCluster, build_embedded_cluster
-from talaria.backends.vllm.cluster import VllmCluster, build_vllm_cluster
+from talaria.backends.served import ServedCluster
 from talaria.engine.tokenizer import Tokenizer
 from talaria.errors import BadRequest, ShuttingDown, TalariaError, UnknownModel, UnknownSession
 from talaria.generation import SamplingParams, StopChecker, TokenLogprob
@@ -46,9 +45,6 @@ from talaria.runtime.live import LiveCluster
 from talaria.runtime.sessions import SessionSummary
 from talaria.runtime.streams import Delta, Failed, Finished
 from talaria.types import EventKind, TokenSeq
-
-if TYPE_CHECKING:  # ray is an optional extra: imported only when a config asks for it
-    from talaria.backends.ray.cluster import RayCluster
 
 MAX_CHOICES = 16  # ``n``: samples of one prompt per request
 SEED_SPAN = 2**64  # torch seeds: a choice's seed (seed + index) wraps within this span
@@ -82,7 +78,7 @@ class Talaria:
 
     def __init__(self, config: TalariaConfig | None = None) -> None:
         self._config = config or TalariaConfig.default()
-        self._cluster: EmbeddedCluster | VllmCluster | RayCluster | None = None
+        self._cluster: ServedCluster[Any] | None = None
         self._live: LiveCluster | None = None
         self._tg: anyio.abc.TaskGroup | None = None  # runs the choices of n > 1 requests
         self._created = int(time.time())
@@ -109,47 +105,18 @@ class Talaria:
             raise
         return self
 
-    def _build(self) -> EmbeddedCluster | VllmCluster | RayCluster:
-        cfg = self._config
-        if cfg.ray is not None:
-            from talaria.backends.ray.cluster import build_ray_cluster
-
-            return build_ray_cluster(
-                cfg.instance_specs(),
-                cfg.models,
-                cfg.policy_config(),
-                address=cfg.ray,
-                dtype=cfg.dtype,
-                device=cfg.device,
-                resource=cfg.ray_resource,
-                cpus=cfg.ray_cpus,
-                hardware=cached_profiles(cfg.torch_dtype, cfg.device),
-            )
-        if cfg.backend == "vllm":
-            return build_vllm_cluster(
-                cfg.vllm_catalog(),
-                cfg.policy_config(),
-                hardware=cfg.hardware,
-                host_memory_bytes=cfg.host_memory_bytes,
-                block_size=cfg.block_size,
-                memory_utilization=cfg.memory_utilization,
-            )
-        return build_embedded_cluster(
-            cfg.instance_specs(), cfg.models, cfg.policy_config(), cfg.torch_dtype, cfg.device
-        )
+    def _build(self) -> ServedCluster[Any]:
+        return backends.build(self._config)
 
     def mechanisms(self) -> list[str]:
         """What the backend runs of Talaria's mechanisms (the vLLM backend says which are
         active on its platform; the embedded engine runs them all)."""
-        cluster = self._require_cluster()
-        if not isinstance(cluster, EmbeddedCluster):
-            return cluster.mechanisms()
-        return ["embedded engine: slots, switches, staging, host KV tier all Talaria's own"]
+        return self._require_cluster().mechanisms()
 
     def _close_cluster(self) -> None:
         """Stop the vLLM engines or the Ray actors (the embedded engine holds nothing outside
         this process)."""
-        if self._cluster is not None and not isinstance(self._cluster, EmbeddedCluster):
+        if self._cluster is not None:
             self._cluster.close()
 
     async def _start_live(self) -> None:
@@ -207,7 +174,7 @@ class Talaria:
             for name, arch in cluster.archs.items()
         ]
 
-    def _require_cluster(self) -> EmbeddedCluster | VllmCluster | RayCluster:
+    def _require_cluster(self) -> ServedCluster[Any]:
         if self._cluster is None:
             raise ShuttingDown("Talaria is not running: use `async with Talaria(config) as t:`")
         return self._cluster

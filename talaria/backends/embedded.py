@@ -25,9 +25,9 @@ import attrs
 import torch
 
 from talaria.backends.calibration_plan import cached_profiles
+from talaria.backends.served import ServedCluster
 from talaria.config import ClusterConfig, InstanceSpec, PolicyConfig
 from talaria.cost import HardwareProfile, cluster_estimators, estimator_for
-from talaria.engine.arch import ModelArch
 from talaria.engine.catalog import Source, entry
 from talaria.engine.kernels import optional_decode_kernel
 from talaria.engine.loader import (
@@ -110,16 +110,12 @@ def build_embedded(
 
 
 @attrs.frozen
-class EmbeddedCluster:
+class EmbeddedCluster(ServedCluster[EngineRunner]):
     """A cluster core over embedded instances: one runner per instance, and per model its
     architecture, tokenizer (None for random-weight models) and where it was loaded from."""
 
-    core: ClusterCore
-    runners: dict[str, EngineRunner]
-    archs: dict[str, ModelArch]
-    tokenizers: dict[str, Tokenizer | None]
-    loaded_from: dict[str, str]
-    eos_token_ids: dict[str, tuple[int, ...]]
+    def mechanisms(self) -> list[str]:
+        return ["embedded engine: slots, switches, staging, host KV tier all Talaria's own"]
 
 
 def build_embedded_cluster(

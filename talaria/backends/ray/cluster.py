@@ -26,10 +26,9 @@ import torch
 from talaria.backends.embedded import load_catalog_model
 from talaria.backends.ray.actor import InstanceWorker, WorkerInfo
 from talaria.backends.ray.substrate import ATTACH_TIMEOUT_S, STEP_TIMEOUT_S, RaySubstrate
+from talaria.backends.served import ServedCluster
 from talaria.config import ClusterConfig, InstanceSpec, PolicyConfig
 from talaria.cost import HardwareProfile, cluster_estimators
-from talaria.engine.arch import ModelArch
-from talaria.engine.tokenizer import Tokenizer
 from talaria.errors import ConfigError
 from talaria.runtime.cluster import ClusterCore
 from talaria.session.gaps import GapPredictor
@@ -75,17 +74,11 @@ class _RayWorker(InstanceWorker):
 
 
 @attrs.define
-class RayCluster:
+class RayCluster(ServedCluster[RaySubstrate]):
     """A cluster core over Ray actors: one ``RaySubstrate`` per instance, and per model its
     architecture, tokenizer and source, as ``EmbeddedCluster``. ``close`` kills the actors
     and disconnects from Ray if this cluster connected."""
 
-    core: ClusterCore
-    runners: dict[str, RaySubstrate]
-    archs: dict[str, ModelArch]
-    tokenizers: dict[str, Tokenizer | None]
-    loaded_from: dict[str, str]
-    eos_token_ids: dict[str, tuple[int, ...]]
     actors: dict[str, Any]
     connected: bool = False
 

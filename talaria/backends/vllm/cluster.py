@@ -25,6 +25,7 @@ from typing import Any
 
 import attrs
 
+from talaria.backends.served import ServedCluster
 from talaria.backends.vllm.catalog import DEFAULT_CPU_KV_GIB, VllmModel
 from talaria.backends.vllm.engines import EngineSet
 from talaria.backends.vllm.substrate import VllmSubstrate
@@ -40,16 +41,10 @@ GIB = 2**30
 
 
 @attrs.frozen
-class VllmCluster:
+class VllmCluster(ServedCluster[VllmSubstrate]):
     """A cluster core over the vLLM instances; per model its shape, tokenizer, directory and
-    end ids (the same fields as the embedded cluster, which the API reads)."""
+    end ids, and the engines themselves."""
 
-    core: ClusterCore
-    runners: dict[str, VllmSubstrate]
-    archs: dict[str, ModelArch]
-    tokenizers: dict[str, Tokenizer | None]
-    loaded_from: dict[str, str]
-    eos_token_ids: dict[str, tuple[int, ...]]
     engines: EngineSet
 
     def mechanisms(self) -> list[str]:
