@@ -107,13 +107,17 @@ class Network:
     def run(
         self, i: int, argv: Sequence[str], log: Path, env: dict[str, str] | None = None
     ) -> subprocess.Popen[bytes]:
-        """Start ``argv`` in node ``i``'s namespace, output to ``log``."""
+        """Start ``argv`` in node ``i``'s namespace, output to ``log``. Ray's token
+        authentication is off for every process of the test's cluster (its network is the
+        test's own): Ray 2.60 turns it on for a head that finds ``~/.ray/auth_token`` (which
+        any local ``ray.init()`` on the machine leaves behind) but not for ``ray start
+        --address``, whose workers then fail to join."""
         with log.open("ab") as out:
             return subprocess.Popen(
                 ["ip", "netns", "exec", self.ns(i), *argv],
                 stdout=out,
                 stderr=subprocess.STDOUT,
-                env={**os.environ, **(env or {})},
+                env={**os.environ, "RAY_AUTH_MODE": "disabled", **(env or {})},
                 start_new_session=True,
             )
 
