@@ -105,7 +105,7 @@ def switch_memory_child(args: argparse.Namespace) -> dict[str, Any]:
     t0 = time.perf_counter()
     inst = build_embedded(spec, SWITCH_MODELS, POLICIES["talaria"], dtype)
     build_s = time.perf_counter() - t0
-    runner, core = inst.runner, inst.core
+    runner, core = inst.instance.executor, inst.core
     # Touch every page of the KV pools (torch.zeros maps them lazily): the budget below counts
     # them whole, as a server at full occupancy holds them.
     runner.pool.device_pool.fill_(0)
@@ -134,7 +134,7 @@ def switch_memory_child(args: argparse.Namespace) -> dict[str, Any]:
                 calls.append(Call(f"{model}-{i}", 0, model, TokenSeq(ids.tolist()), new))
         PROGRESS.log(f"memory: {len(calls)} calls over both models")
         t0 = time.perf_counter()
-        runner.generate(calls)
+        inst.instance.generate(calls)
         out["switch_memory_calls_s"] = time.perf_counter() - t0
         core.check_integrity()
         arena = runner.region.numel()
@@ -167,7 +167,7 @@ def switch_memory_child(args: argparse.Namespace) -> dict[str, Any]:
         )
     if args.switch:
         out.update(measure_switches(runner, core, sz, dtype, gen, CopyStep, SwitchPlan))
-        out.update(measure_disk(runner, dtype, load_catalog_model, sz))
+        out.update(measure_disk(runner, core, dtype, load_catalog_model, sz))
         hw["staging_fastest"] = bool(
             out["switch_s_from_staging"] < min(out["switch_s_from_host"], out["switch_s_from_disk"])
         )
@@ -308,7 +308,9 @@ def measure_switches(
     return out
 
 
-def measure_disk(runner: Any, dtype: torch.dtype, load: Any, sz: Sizes) -> dict[str, float]:
+def measure_disk(
+    runner: Any, core: Any, dtype: torch.dtype, load: Any, sz: Sizes
+) -> dict[str, float]:
     """SmolLM2 from disk: read and dequantize the GGUF, then copy into region 0."""
     small = SWITCH_MODELS[0]
     arch = runner.archs[small]
@@ -321,7 +323,7 @@ def measure_disk(runner: Any, dtype: torch.dtype, load: Any, sz: Sizes) -> dict[
             view.copy_(loaded.tensors[name])
 
     t = median_seconds(from_disk, max(1, min(sz.reps, 3)))
-    active = runner.core.arena.active_model
+    active = core.arena.active_model
     if active is not None:
         n = runner.host_weights[active].numel()
         runner.region[:n].copy_(runner.host_weights[active])

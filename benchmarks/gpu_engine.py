@@ -15,7 +15,7 @@ runner's own copy paths (as ``engine_switch.py`` does on CPU):
 4. a ``--prefix-tokens`` prefix of Llama recomputed in 2048-token chunks against demoted
    to the host tier and restored (``KVPool.execute`` over the pool's links), and whether the
    next decode step's logits over the restored blocks equal those over the original ones;
-5. calls of both models through the instance core (``runner.generate``, talaria's policy):
+5. calls of both models through the instance core (``LocalInstance.generate``, talaria's policy):
    wall time, switches (staged), weight bytes moved, and ``check_integrity``.
 
 ``--tiny`` runs the same code with two tiny configurations on the CPU (the stager is then the
@@ -51,6 +51,7 @@ from talaria.memory.kv.types import MovePlan
 from talaria.memory.weights import CopyStep, SwitchPlan
 from talaria.policy.baselines import POLICIES
 from talaria.runtime.instance import InstanceCore
+from talaria.runtime.local import LocalInstance
 from talaria.types import Call, Link, TokenSeq
 
 GIB = 1 << 30
@@ -171,7 +172,7 @@ def build(
         name: (arch, RandomWeights(arch, device, dtype, seed=i * 1000))
         for i, (name, arch) in enumerate(archs.items())
     }
-    runner = EngineRunner(core, models, dtype=dtype, device=device)
+    runner = EngineRunner(core.layout, models, dtype=dtype, device=device)
     return runner, core
 
 
@@ -375,7 +376,7 @@ def measure_end_to_end(runner: EngineRunner, core: InstanceCore, sz: Sizes) -> d
     before = attrs.asdict(core.counters)
     sync(runner.device)
     t0 = time.perf_counter()
-    outputs = runner.generate(calls)
+    outputs = LocalInstance(core, runner).generate(calls)
     sync(runner.device)
     wall = time.perf_counter() - t0
     core.check_integrity()

@@ -37,8 +37,8 @@ from talaria.cost.estimator import CostModelEstimator, Estimator
 from talaria.cost.hardware import profile
 from talaria.policy.baselines import POLICIES
 from talaria.runtime.cluster import ClusterCore
-from talaria.runtime.instance import InstanceCore, Request
-from talaria.schedule import Executed
+from talaria.runtime.instance import InstanceCore
+from talaria.schedule import Executed, Request
 from talaria.sim.catalog import PAPER_MODELS
 from talaria.types import Call, EventKind, TokenSeq
 

@@ -1,7 +1,7 @@
 """The control plane's limit: how many decisions per second one router process sustains
 with its instances in Ray actors that execute no model.
 
-Each instance is a real :class:`~talaria.backends.ray.substrate.RaySubstrate` over a real
+Each instance is a real :class:`~talaria.backends.ray.executor.RayExecutor` over a real
 instance core (router, admission, slot policy, KV accounting all run), but its actor is a
 ``NullWorker``: it takes the same wire (prompts once, then plans and block tables) and
 answers one token per sequence whose prompt is complete, without any tensor work. So every
@@ -39,11 +39,12 @@ from rich.console import Console
 from rich.table import Table
 
 from talaria.backends.embedded import load_catalog_model
-from talaria.backends.ray.actor import Layout, WorkerInfo, layout_of
-from talaria.backends.ray.substrate import RaySubstrate
+from talaria.backends.ray.actor import WorkerInfo
+from talaria.backends.ray.executor import RayExecutor
 from talaria.backends.ray.wire import WireResult, WireSchedule
 from talaria.config import ClusterConfig, InstanceSpec
 from talaria.cost import cluster_estimators
+from talaria.executor import Layout
 from talaria.generation import SamplingParams, StopChecker
 from talaria.memory.kv import CallKey
 from talaria.policy.baselines import POLICIES
@@ -61,14 +62,13 @@ class NullWorker:
     """An instance worker that executes nothing: one token (id 7) per sequence whose
     prompt the step completes, and per decode."""
 
-    def __init__(self, layout: Layout, vocab: int) -> None:
-        self.layout = layout
+    def __init__(self, vocab: int) -> None:
         self.vocab = vocab
         self.prompt_len: dict[CallKey, int] = {}
 
-    def attach(self) -> WorkerInfo:
+    def attach(self, layout: Layout) -> WorkerInfo:
         self.prompt_len.clear()
-        return WorkerInfo("null", platform.node(), 0, self.layout, {MODEL: self.vocab}, {}, 0)
+        return WorkerInfo("null", platform.node(), 0, layout, {MODEL: self.vocab}, {}, 0)
 
     def ping(self) -> str:
         return "null"
@@ -104,7 +104,7 @@ class _Remote:
         return ray.put(self._method(*args))
 
 
-def build(instances: int, on_ray: bool) -> tuple[ClusterCore, dict[str, RaySubstrate]]:
+def build(instances: int, on_ray: bool) -> tuple[ClusterCore, dict[str, RayExecutor]]:
     arch = load_catalog_model(MODEL, torch.bfloat16, weights=False).arch
     spec = arch.to_spec(MODEL, torch.bfloat16)
     specs = tuple(
@@ -120,21 +120,21 @@ def build(instances: int, on_ray: bool) -> tuple[ClusterCore, dict[str, RaySubst
     )
     cluster = ClusterConfig([spec], specs)
     core = ClusterCore(cluster, POLICIES["talaria"], cluster_estimators(cluster))
-    runners: dict[str, RaySubstrate] = {}
+    runners: dict[str, RayExecutor] = {}
     remote_worker = ray.remote(NullWorker)
     for name, inst in core.instances.items():
-        layout = layout_of(inst)
+        layout = inst.layout
         handle = (
-            remote_worker.options(num_cpus=0).remote(layout, arch.vocab_size)
+            remote_worker.options(num_cpus=0).remote(arch.vocab_size)
             if on_ray
-            else _Local(NullWorker(layout, arch.vocab_size))
+            else _Local(NullWorker(arch.vocab_size))
         )
-        info = ray.get(handle.attach.remote())
-        runners[name] = RaySubstrate(inst, handle, info)
+        info = ray.get(handle.attach.remote(layout))
+        runners[name] = RayExecutor(name, layout, handle, info)
     return core, runners
 
 
-async def drive(core: ClusterCore, runners: dict[str, RaySubstrate], sessions: int, calls: int):
+async def drive(core: ClusterCore, runners: dict[str, RayExecutor], sessions: int, calls: int):
     params = SamplingParams(temperature=0.0, max_tokens=ANSWER, ignore_eos=True)
     async with LiveCluster(core, runners, max_calls=100_000) as live:
         started = time.perf_counter()

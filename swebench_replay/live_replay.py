@@ -35,6 +35,7 @@ import torch
 from talaria.backends.calibrate import calibrate
 from talaria.backends.calibration_plan import CalibrationPlan
 from talaria.backends.embedded import cluster_from_loaded, load_catalog_model
+from talaria.clock import Clock, WallClock
 from talaria.config import ClusterConfig, InstanceSpec, PolicyConfig
 from talaria.cost.calibration import Calibration, CalibrationMode
 from talaria.cost.estimator import Estimator
@@ -43,16 +44,17 @@ from talaria.engine.catalog import DEFAULT_MODELS
 from talaria.engine.loader import LoadedModel
 from talaria.engine.runner import flatten_weights
 from talaria.errors import ConfigError, TalariaError
+from talaria.executor import Executor, Layout, Work
 from talaria.generation import SamplingParams, StopChecker
 from talaria.policy.baselines import TALARIA
 from talaria.policy.knobs import knobs_of
 from talaria.runtime.cluster import ClusterCore
 from talaria.runtime.counters import cluster_counters
-from talaria.runtime.instance import Request
-from talaria.runtime.live import LiveCluster, StepTiming
+from talaria.runtime.live import LiveCluster
+from talaria.runtime.local import LocalInstance
+from talaria.runtime.step_log import StepTiming
 from talaria.runtime.streams import Failed, Finished
-from talaria.runtime.substrate import Substrate, SubstrateWrapper
-from talaria.schedule import Executed, Schedule
+from talaria.schedule import Executed, Request
 from talaria.session.gaps import GapPredictor
 from talaria.sim.simulator import SessionRecord, SimResult, Simulator, SlotLog, record_of
 from talaria.swebench_replay.driver import to_scripts
@@ -162,7 +164,7 @@ class PlayedCluster(Protocol):
     def core(self) -> ClusterCore: ...
 
     @property
-    def runners(self) -> Mapping[str, Substrate]: ...
+    def runners(self) -> Mapping[str, Executor]: ...
 
 
 def run_embedded_replay(
@@ -362,9 +364,10 @@ def _warm_up(
         options.instance_specs(), bare, policy, options.dtype, options.device, host_weights=host
     )
     prompt = TokenSeq(range(1, 200))
-    for runner in cluster.runners.values():
+    for name, runner in cluster.runners.items():
+        local = LocalInstance(cluster.core.instances[name], runner)
         for m in bare:  # one at a time: every model gets switched in
-            runner.generate([Call(f"warm-{m}", 0, m, prompt, 4)])
+            local.generate([Call(f"warm-{m}", 0, m, prompt, 4)])
     del cluster
     gc.collect()
 
@@ -379,8 +382,9 @@ async def _play(
     done: list[tuple[Request, str]] = []
     sessions: list[SessionRecord] = []
     slots = SlotLog()
-    runners = {name: _SlotRecorder(name, r, slots) for name, r in cluster.runners.items()}
-    async with LiveCluster(cluster.core, runners, session_idle_s=3600) as live:
+    clock = WallClock()
+    runners = {name: _SlotRecorder(name, r, slots, clock) for name, r in cluster.runners.items()}
+    async with LiveCluster(cluster.core, runners, clock=clock, session_idle_s=3600) as live:
         t0 = live.clock.now()
 
         async def session(script: SessionScript) -> None:
@@ -421,32 +425,31 @@ async def _play(
     return SimResult(policy, records, tuple(sessions), counters, end, slot_records), steps
 
 
-class _SlotRecorder(SubstrateWrapper):
-    """A substrate that notes in a :class:`SlotLog` every switch it is asked to make (when
-    it is planned, and when its copy is committed) and otherwise defers to ``inner``."""
+class _SlotRecorder:
+    """An executor that notes in a :class:`SlotLog` every switch it is asked to make (when
+    its copy starts, and when it is done) and otherwise defers to ``inner``."""
 
-    def __init__(self, name: str, inner: Substrate, log: SlotLog) -> None:
-        super().__init__(inner)
-        self.name = name
-        self.log = log
+    def __init__(self, name: str, inner: Executor, log: SlotLog, clock: Clock) -> None:
+        self.name, self.inner, self.log, self.clock = name, inner, log, clock
 
-    def plan(self, now: float) -> Schedule:
-        sched = self.inner.plan(now)
-        if sched.switch is not None:
-            self.log.switch(self.name, sched.switch.model, now)
-        return sched
+    @property
+    def executes_kv_moves(self) -> bool:
+        return self.inner.executes_kv_moves
 
-    def commit(
-        self,
-        sched: Schedule,
-        done: Executed,
-        now: float,
-        ends: Callable[[Request, int], bool] | None = None,
-    ) -> list[Request]:
-        finished = self.inner.commit(sched, done, now, ends)
-        if sched.switch is not None:
-            self.log.opened(self.name, sched.switch.model, now)
-        return finished
+    def vocab_size(self, model: str) -> int | None:
+        return self.inner.vocab_size(model)
+
+    def execute(self, work: Work) -> Executed:
+        switch = work.schedule.switch
+        if switch is not None:
+            self.log.switch(self.name, switch.model, self.clock.now())
+        done = self.inner.execute(work)
+        if switch is not None:
+            self.log.opened(self.name, switch.model, self.clock.now())
+        return done
+
+    def restart(self, layout: Layout) -> None:
+        self.inner.restart(layout)
 
 
 async def _one_call(live: LiveCluster, script: SessionScript, index: int) -> tuple[Request, str]:

@@ -2,7 +2,7 @@
 
 The same session scripts (``driver.to_scripts``) play in real wall time against a
 :class:`~talaria.runtime.live.LiveCluster` whose one instance is a
-:class:`~talaria.backends.vllm.substrate.VllmSubstrate` (``talaria replay --substrate
+:class:`~talaria.backends.vllm.executor.VllmExecutor` (``talaria replay --substrate
 vllm``). Answers are teacher-forced inside vLLM (the forcing logits processor), so each
 next prompt finds its prefix in vLLM's cache as a real agent's would. The engines start once
 (minutes on a CPU); every policy runs on a fresh cluster core over them, with vLLM's prefix
@@ -227,9 +227,9 @@ def _moved_by_vllm(result: SimResult, cluster: VllmCluster, engines: EngineSet) 
 def _drift(cluster: VllmCluster) -> dict[str, float]:
     """vLLM's cached prompt tokens against the core's account, summed over the run's calls
     (``drift`` = core - vLLM; positive: the core believed more was cached)."""
-    rows = [d for r in cluster.runners.values() for d in r.kv_drift]
-    vllm = sum(d.vllm_cached for d in rows)
-    ours = sum(d.talaria_cached for d in rows)
+    rows = [d for inst in cluster.core.instances.values() for d in inst.kv_drift]
+    vllm = sum(d.engine_cached for d in rows)
+    ours = sum(d.core_cached for d in rows)
     exact = sum(1 for d in rows if d.drift == 0)
     return {
         "calls": len(rows),

@@ -1,12 +1,12 @@
 """What a generation request asks for and when its output ends: torch-free, shared by the
-runtime, the API, the server and every substrate.
+runtime, the API, the server and every executor.
 
 - :class:`SamplingParams`: one request's knobs, validated on construction (BadRequest).
 - :class:`StopChecker`: end-of-sequence, stop token ids, stop strings (matched on decoded text,
   with a possible partial match held back), min tokens and max tokens, with a finish reason.
-- :class:`TokenLogprob`: what a substrate reports of one drawn token when asked for logprobs.
+- :class:`TokenLogprob`: what an executor reports of one drawn token when asked for logprobs.
 
-Drawing tokens from logits is the substrate's business (``talaria.engine.sampling``, with the
+Drawing tokens from logits is the executor's business (``talaria.engine.sampling``, with the
 per-request logits processing of ``talaria.engine.logits``).
 """
 

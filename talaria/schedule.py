@@ -1,10 +1,11 @@
-"""What an instance core decides and a substrate executes: plain data, no torch, no I/O.
+"""What an instance core decides and an executor executes: plain data, no torch, no I/O.
 
 ``Request`` is a call inside an instance (computed tokens catching up with known tokens);
 ``StepPlan`` is one engine iteration; ``Schedule`` is the next thing to do (a step, a
-weight switch, a stage, KV moves); ``Executed`` is what a substrate reports back from
+weight switch, a stage, KV moves); ``Executed`` is what an executor reports back from
 executing a schedule (the tokens it sampled). The instance core (``talaria.runtime``) makes
-them; substrates (``talaria.engine``, the simulator) read them: they sit below both.
+them; executors (``talaria.executor``: the engine, vLLM, Ray) and the simulator read them:
+they sit below both.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Protocol
 
 import attrs
 
+from talaria.generation import TokenLogprob
 from talaria.memory.kv import CallKey, MovePlan
 from talaria.memory.weights import SwitchPlan
 from talaria.types import Call, TokenSeq
@@ -103,7 +105,7 @@ class Schedule:
     stage: SwitchPlan | None = None
     kv_moves: tuple[MovePlan, ...] = ()
     waiting_for_stage: bool = False
-    # the step's running calls, captured when scheduled (a substrate executing the step on
+    # the step's running calls, captured when scheduled (an executor running the step on
     # another thread reads these, never the core's mutable tables)
     requests: Mapping[CallKey, Request] = attrs.field(factory=dict)
 
@@ -119,13 +121,23 @@ class Schedule:
 
 @attrs.frozen
 class Executed:
-    """What ``EngineRunner.execute`` did: the tokens it sampled, one per sequence whose
-    prompt is complete, in step order (already appended to ``EngineRunner.outputs``), and
-    the calls whose sampling failed (``failed``: the call and why; they sampled nothing and
-    must be released, the step's other calls are unharmed)."""
+    """What an executor did with one schedule (``talaria.executor``): the tokens it sampled,
+    one per sequence whose prompt is complete, in step order, with their logprobs for the
+    calls whose params ask (``logprobs``: call and entry, in the same order); the calls whose
+    sampling failed (``failed``: the call and why; they sampled nothing and must be released,
+    the step's other calls are unharmed); the calls its engine ended with no token this step
+    (``silent``: vLLM stopped them on its own); the prompt tokens its engine found cached
+    for calls that got their first token (``cached``: vLLM's own prefix-cache hits). A
+    stage copied in the background is not done with the step (``stage_pending``); it is
+    reported when it lands (``stage_landed``: the model and the lent blocks it filled)."""
 
-    sampled: tuple[tuple[Request, int], ...]
+    sampled: tuple[tuple[Request, int], ...] = ()
     failed: tuple[tuple[Request, str], ...] = ()
+    logprobs: tuple[tuple[CallKey, TokenLogprob], ...] = ()
+    silent: frozenset[CallKey] = frozenset()
+    cached: tuple[tuple[CallKey, int], ...] = ()
+    stage_pending: bool = False
+    stage_landed: tuple[str, tuple[int, ...]] | None = None
 
 
 class _Layout(Protocol):
@@ -144,21 +156,26 @@ class _Regions(Protocol):
     @property
     def staged_bytes(self) -> int: ...
 
+    @property
+    def staging_in_progress(self) -> str | None: ...
+
 
 @attrs.frozen
 class Placement:
     """Where a schedule's work sits, as its core saw it when it planned the schedule: the
     weight region of the step's model (None without a step, or if it is in none), the
     KV blocks lent to the weight stage, in order (what a stage fills and a switch to the
-    staged model reads), and how many bytes of the staged model go there."""
+    staged model reads), how many bytes of the staged model go there, and the model whose
+    stage the core still waits for (``staging``: an executor whose background copy is of
+    another model, or into other blocks, stops it before the blocks are reused)."""
 
     region: int | None
     stage_blocks: tuple[int, ...] = ()
     staged_bytes: int = 0
+    staging: str | None = None
 
     @classmethod
     def of(cls, core: _Layout, sched: Schedule) -> Placement:
         region = core.arena.region_of(sched.step.model) if sched.step is not None else None
-        if sched.switch is None and sched.stage is None:
-            return cls(region)
-        return cls(region, core.stage_blocks, core.arena.staged_bytes)
+        arena = core.arena
+        return cls(region, core.stage_blocks, arena.staged_bytes, arena.staging_in_progress)

@@ -1,4 +1,4 @@
-"""Plain data shared by policy, memory, substrates and clients.
+"""Plain data shared by policy, memory, executors and clients.
 
 Nothing here does I/O or imports torch. ``TokenSeq`` is the one class with behaviour: an
 immutable token sequence built by extension (each call's prompt is the previous prompt plus

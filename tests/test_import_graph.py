@@ -9,9 +9,9 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1] / "talaria"
-# Imports under ``if TYPE_CHECKING:`` are annotations only (the engine runner names the
-# instance core's type) and are not dependencies.
+# Imports under ``if TYPE_CHECKING:`` are annotations only and are not dependencies.
 TORCH_FREE = (
+    "executor",
     "policy",
     "memory",
     "cost",
@@ -110,11 +110,14 @@ def test_the_cost_model_stands_alone() -> None:
     assert "sim" not in edges["runtime"]
 
 
-def test_the_runtime_reaches_substrates_only_through_the_protocol() -> None:
-    """``talaria.runtime`` imports no engine and no backend: a second substrate plugs in at
-    ``talaria.runtime.substrate.Substrate``."""
+def test_the_runtime_reaches_executors_only_through_the_protocol() -> None:
+    """``talaria.runtime`` imports no engine and no backend: an executor plugs in at
+    ``talaria.executor.Executor``; the engine knows nothing of the runtime (no core, no
+    loop), and the protocol itself sits below both."""
     edges, _ = _graph()
     assert not edges["runtime"] & {"engine", "backends", "sim", "server", "api"}
+    assert not edges["engine"] & {"runtime", "policy", "sim", "backends", "server", "api"}
+    assert edges["executor"] <= {"generation", "memory", "schedule"}
 
 
 def test_integrations_and_the_replay_are_imported_under_the_talaria_namespace() -> None:

@@ -495,7 +495,7 @@ class Talaria:
                     prompt_done.set()
 
     def _logprobs(self, p: _Prepared, entries: Sequence[TokenLogprob]) -> tuple[Logprob, ...]:
-        """The API's form of a substrate's logprobs: each id with its text and bytes."""
+        """The API's form of an executor's logprobs: each id with its text and bytes."""
         tok = p.tokenizer
 
         def top(token_id: int, logprob: float) -> TopLogprob:

@@ -6,7 +6,7 @@ A calibration (:mod:`talaria.backends.calibrate` measures it) is planned by a
 (:class:`EngineBench`). Its key (:func:`calibration_key`,
 :class:`~talaria.cost.calibration.CalibrationKey`) is :func:`this_machine` and a hash of
 :data:`STEP_TIME_SOURCES` (the engine and its kernels, the cost model, the embedded
-substrate and the measuring code) together with the plan's sizes, the models and the dtype.
+executor and the measuring code) together with the plan's sizes, the models and the dtype.
 
 :func:`cached_profiles` is the server's side: this machine's cached calibration of the
 default models, if any, as a profile override; it reads the cache and never measures.

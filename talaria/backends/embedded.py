@@ -1,11 +1,11 @@
-"""The embedded substrate: models from the engine catalog on one CPU (or CUDA) instance.
+"""The embedded backend: models from the engine catalog on one CPU (or CUDA) instance.
 
 ``build_embedded`` loads each named catalog model (the SmolLM2 GGUF, or a published
 configuration with random weights), describes it to the policy (``ModelArch.to_spec``),
 builds the instance core with the cost model of the hardware profile and an
-:class:`~talaria.engine.runner.EngineRunner` that executes the core's decisions on tensors.
-The result satisfies :class:`~talaria.runtime.substrate.Substrate` and keeps each model's
-tokenizer.
+:class:`~talaria.engine.runner.EngineRunner` (an :class:`~talaria.executor.Executor`) that
+executes the core's decisions on tensors, driven step by step by a
+:class:`~talaria.runtime.local.LocalInstance`; it keeps each model's tokenizer.
 
 Which ``cpu`` profile the router's estimates use: ``build_embedded`` and
 ``build_embedded_cluster`` (what ``talaria serve`` and ``talaria.Talaria`` start) take this
@@ -43,20 +43,22 @@ from talaria.engine.tokenizer import Tokenizer
 from talaria.errors import ConfigError
 from talaria.runtime.cluster import ClusterCore
 from talaria.runtime.instance import InstanceCore
+from talaria.runtime.local import LocalInstance
 from talaria.session.gaps import GapPredictor
 
 
 @attrs.frozen
 class EmbeddedInstance:
-    """An instance core, the runner executing it, and the models' tokenizers."""
+    """An instance core with the runner executing it (``instance``, stepped by the caller),
+    and the models' tokenizers."""
 
-    runner: EngineRunner
+    instance: LocalInstance[EngineRunner]
     tokenizers: dict[str, Tokenizer | None]
     loaded_from: dict[str, str]
 
     @property
     def core(self) -> InstanceCore:
-        return self.runner.core
+        return self.instance.core
 
 
 def load_catalog_model(name: str, dtype: torch.dtype, weights: bool = True) -> LoadedModel:
@@ -94,16 +96,17 @@ def build_embedded(
     specs = [m.arch.to_spec(name, dtype, source=m.source) for name, m in loaded.items()]
     estimator = estimator_for(spec, specs, cached_profiles(dtype, device))
     core = InstanceCore(spec, specs, policy, estimator)
+    eos = {name: m.eos_token_ids for name, m in loaded.items()}
     runner = EngineRunner(
-        core,
+        core.layout,
         {name: (m.arch, m.tensors) for name, m in loaded.items()},
         dtype=dtype,
         device=device,
-        eos_token_ids={name: m.eos_token_ids for name, m in loaded.items()},
+        eos_token_ids=eos,
         decode_kernel=optional_decode_kernel(device) if native_kernels else None,
     )
     return EmbeddedInstance(
-        runner,
+        LocalInstance(core, runner, eos),
         {name: m.tokenizer for name, m in loaded.items()},
         {name: m.source for name, m in loaded.items()},
     )
@@ -169,7 +172,7 @@ def cluster_from_loaded(
     kernel = optional_decode_kernel(device) if native_kernels else None
     runners = {
         name: EngineRunner(
-            inst,
+            inst.layout,
             {m: (loaded[m].arch, loaded[m].tensors) for m in inst.models},
             dtype=dtype,
             device=device,

@@ -48,6 +48,7 @@ from talaria.engine.runner import EngineRunner
 from talaria.engine.staging import BackgroundCopy
 from talaria.errors import ConfigError
 from talaria.policy.baselines import POLICIES
+from talaria.runtime.local import LocalInstance
 from talaria.types import Call, TokenSeq
 
 
@@ -67,8 +68,10 @@ class _Probe:
     thread, execute on a worker thread; a step executed on a worker thread takes
     measurably longer than one run on the calling thread, and serving pays that)."""
 
-    def __init__(self, runner: EngineRunner, name: str, vocab: int) -> None:
-        self.runner, self.name, self.now = runner, name, 0.0
+    def __init__(
+        self, local: LocalInstance[EngineRunner], runner: EngineRunner, name: str, vocab: int
+    ) -> None:
+        self.local, self.runner, self.name, self.now = local, runner, name, 0.0
         self._rng = np.random.default_rng(0)
         self._vocab = vocab
         self._limiter = anyio.CapacityLimiter(1)
@@ -78,10 +81,10 @@ class _Probe:
 
     async def run(self, call: Call) -> None:
         """Serve ``call`` alone to its end (output discarded)."""
-        self.runner.submit(call, self.now)
-        while not self.runner.idle:
+        self.local.submit(call, self.now)
+        while not self.local.idle:
             await self._tick()
-        self.runner.take_output(call.key)
+        self.local.take_output(call.key)
 
     async def timed(self, call: Call) -> float:
         """Seconds to serve ``call`` alone."""
@@ -91,10 +94,10 @@ class _Probe:
 
     async def decode_step(self, batch: int, ctx: int, steps: int, tag: str) -> float:
         """Median step time of ``batch`` sequences decoding on ``ctx``-token contexts."""
-        runner, core = self.runner, self.runner.core
+        local, core = self.local, self.local.core
         calls = [Call(f"d{tag}-{i}", 0, self.name, self.ids(ctx), steps + 1) for i in range(batch)]
         for c in calls:
-            runner.submit(c, self.now)
+            local.submit(c, self.now)
         while any(r.prefilling for r in core.running.values()) or any(core.waiting.values()):
             await self._tick()
         times = []
@@ -102,17 +105,18 @@ class _Probe:
             t0 = time.perf_counter()
             await self._tick()
             times.append(time.perf_counter() - t0)
-        while not runner.idle:
+        while not local.idle:
             await self._tick()
         for c in calls:
-            runner.take_output(c.key)
+            local.take_output(c.key)
         return statistics.median(times)
 
     async def _tick(self) -> None:
-        runner = self.runner
-        sched = runner.plan(self.now)
-        done = await anyio.to_thread.run_sync(runner.execute, sched, limiter=self._limiter)
-        runner.commit(sched, done, self.now)
+        local = self.local
+        sched = local.core.schedule(self.now)
+        work = local.work(sched)
+        done = await anyio.to_thread.run_sync(self.runner.execute, work, limiter=self._limiter)
+        local.commit(sched, done, self.now)
         self.now += 0.001
 
 
@@ -155,7 +159,7 @@ async def _stage_contention(probe: _Probe, b: EngineBench) -> dict[str, float]:
     the model's own host weights into free KV blocks lent for it, restarted as it ends),
     alternating ``STAGE_ROUNDS`` times on one batch so that drift hits both alike; and the
     copy's rate idle and beside the steps (bytes per second)."""
-    runner, core = probe.runner, probe.runner.core
+    runner, local, core = probe.runner, probe.local, probe.local.core
     src = runner.host_weights[probe.name]
     lent = core.kv.lend(min(core.kv.device_free // 2, -(-src.numel() // core.kv.block_bytes)))
     try:
@@ -175,7 +179,7 @@ async def _stage_contention(probe: _Probe, b: EngineBench) -> dict[str, float]:
             for i in range(b.attention_batch)
         ]
         for c in calls:
-            runner.submit(c, probe.now)
+            local.submit(c, probe.now)
         while any(r.prefilling for r in core.running.values()) or any(core.waiting.values()):
             await probe._tick()
         alone: list[float] = []
@@ -194,10 +198,10 @@ async def _stage_contention(probe: _Probe, b: EngineBench) -> dict[str, float]:
             moved += copier.copied_bytes
             copier.cancel()
             beside_s += time.perf_counter() - started
-        while not runner.idle:
+        while not local.idle:
             await probe._tick()
         for c in calls:
-            runner.take_output(c.key)
+            local.take_output(c.key)
     finally:
         core.kv.return_lent()
     return {
@@ -230,11 +234,12 @@ def measure_model(
         [_instance(bench)], {name: model}, POLICIES["talaria"], dtype, host_weights=shared
     )
     runner = cluster.runners["cal-0"]
-    spec = runner.core.models[name]
-    probe = _Probe(runner, name, min(30000, model.arch.vocab_size))
+    core = cluster.core.instances["cal-0"]
+    spec = core.models[name]
+    probe = _Probe(LocalInstance(core, runner), runner, name, min(30000, model.arch.vocab_size))
     b = bench
     timings = anyio.run(_timings, probe, b)
-    del cluster, runner, probe
+    del cluster, runner, core, probe
     gc.collect()
     return {
         "weight_bytes": spec.weight_bytes,

@@ -1,4 +1,4 @@
-"""The shape every backend builds: a cluster core over its instances' substrates, and per
+"""The shape every backend builds: a cluster core over its instances' executors, and per
 served model what the in-process API reads (its architecture, tokenizer, source and end
 ids). ``talaria.api.backends`` names the builders; each backend adds its own state."""
 
@@ -12,7 +12,7 @@ from talaria.engine.arch import ModelArch
 from talaria.engine.tokenizer import Tokenizer
 from talaria.runtime.cluster import ClusterCore
 
-R = TypeVar("R")  # the backend's substrate, one per instance
+R = TypeVar("R")  # the backend's executor, one per instance
 
 
 @attrs.define

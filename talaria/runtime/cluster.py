@@ -18,7 +18,8 @@ from talaria.cost.estimator import Estimator
 from talaria.errors import ContextTooLong, Overloaded, UnknownSession
 from talaria.policy.gaps import GapModel
 from talaria.policy.router import Decision, search
-from talaria.runtime.instance import InstanceCore, Request
+from talaria.runtime.instance import InstanceCore
+from talaria.schedule import Request
 from talaria.types import Call, EventKind, SessionId, TokenSeq
 
 DEFAULT_EXPECTED_OUTPUT = 128  # tokens, before a session has answered once

@@ -58,7 +58,7 @@ def instance_counters(inst: Counted) -> dict[str, int]:
 
 def cluster_counters(instances: Iterable[Counted], kv_moved: int) -> dict[str, int]:
     """Every instance's ``instance_counters`` summed, with ``kv_bytes_moved`` replaced by
-    ``kv_moved``: the bytes the substrate really moved (the counters count what was
+    ``kv_moved``: the bytes the executor really moved (the counters count what was
     planned)."""
     out: dict[str, int] = {}
     for inst in instances:

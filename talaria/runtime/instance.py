@@ -1,4 +1,4 @@
-"""The instance core: one instance's policy and memory, driven by any substrate.
+"""The instance core: one instance's policy and memory, driven by any driver.
 
 ``InstanceCore`` owns the instance's KV manager, weight arena, round scheduler and
 reservations, and composes the roles that act on them, one file each:
@@ -10,10 +10,11 @@ reservations, and composes the roles that act on them, one file each:
 * :mod:`talaria.runtime.slots`: slot control (model switches, weight staging);
 * :mod:`talaria.runtime.admitter`: admission and reservations.
 
-It never touches tensors and never reads a clock: a substrate (the simulator's cost model or
-a real engine) asks ``schedule(now)`` for the next thing to do, executes it, and reports back
-with ``complete_step`` / ``switch_done`` / ``stage_done``. The same object runs live and in
-simulation; only the substrate and the clock differ.
+It never touches tensors and never reads a clock: a driver (the simulator, pricing with the
+cost model; the live loop or a :class:`~talaria.runtime.local.LocalInstance`, over an
+executor of :mod:`talaria.executor`) asks ``schedule(now)`` for the next thing to do, has it
+executed, and reports back with ``commit``. The same object runs live and in simulation;
+only the executor and the clock differ.
 
 Step protocol (vLLM v1 style: prefill and decode are one idea, computed tokens catching up
 with known tokens):
@@ -41,6 +42,7 @@ import attrs
 from talaria.config import InstanceSpec, ModelSpec, PolicyConfig
 from talaria.cost.estimator import Estimator
 from talaria.errors import ConfigError, ContextTooLong, UnknownModel
+from talaria.executor import Layout
 from talaria.memory.kv import CallKey, KVManager, MovePlan
 from talaria.memory.weights import WeightArena
 from talaria.policy.admission import Admission
@@ -56,10 +58,24 @@ from talaria.runtime.tool_gaps import GapTable, ToolGap
 from talaria.schedule import Executed, Request, Schedule, StepPlan
 from talaria.types import Call, SessionId
 
-# the plan types live in talaria.schedule (below the substrates); re-exported here
-__all__ = ["InstanceCore", "InstanceCounters", "Request", "Schedule", "StepPlan"]
+__all__ = ["InstanceCore", "KvDrift"]
 
 log = logging.getLogger(__name__)
+
+KV_DRIFT_KEPT = 65_536  # the most recent engine-reported cache hits kept beside the estimates
+
+
+@attrs.frozen
+class KvDrift:
+    """One call's cached prompt tokens: its engine's count against the core's account."""
+
+    key: CallKey
+    engine_cached: int
+    core_cached: int
+
+    @property
+    def drift(self) -> int:
+        return self.core_cached - self.engine_cached
 
 
 class InstanceCore:
@@ -90,6 +106,7 @@ class InstanceCore:
         self.counters = InstanceCounters()
         self.calls = CallTable(self.models)
         self.tool_gaps = GapTable(self.models)
+        self.kv_drift: collections.deque[KvDrift] = collections.deque(maxlen=KV_DRIFT_KEPT)
         self._max_tokens = {m.name: self._limit(m) for m in models}
         self._faults_logged: set[str] = set()  # exception types logged with a traceback
         # the session-aware slot order's estimate of each model's remaining work
@@ -219,6 +236,24 @@ class InstanceCore:
         return self.slots.stage_blocks
 
     @property
+    def layout(self) -> Layout:
+        """The fixed memory layout an executor of this instance is sized by."""
+        arena, kv, n = self.arena, self.kv, self.spec.n_devices
+        specs = list(self.models.values())
+        return Layout(
+            arena.arena_bytes,
+            arena.region_bytes,
+            tuple(arena.region_offset(r) for r in range(arena.n_regions)),
+            kv.device_blocks,
+            kv.host_blocks,
+            kv.block_bytes,
+            tuple(m.name for m in specs),
+            tuple(m.weight_bytes for m in specs),
+            tuple(m.kv_bytes_per_token_on(n) for m in specs),
+            tuple(kv.tpb(m.name) for m in specs),
+        )
+
+    @property
     def idle(self) -> bool:
         """Whether the instance holds no call."""
         return not self.calls.running and not self.calls.any_waiting()
@@ -335,30 +370,36 @@ class InstanceCore:
         repeat: int = 1,
         outputs: Mapping[CallKey, Sequence[int]] | None = None,
         stopped: Collection[CallKey] = (),
-        silent: Collection[CallKey] = (),
-        stage_copied: bool = True,
     ) -> list[Request]:
         """The one way a driver reports an executed ``sched`` (live loop, simulator,
-        benchmarks, every substrate); returns the calls it finished. Mutates the slot
-        state, the calls and KV.
+        benchmarks, scripts); returns the calls it finished. Mutates the slot state, the
+        calls and KV.
 
-        Its switch is done (the slot opens); its stage is done when the substrate copied it
-        inside the step (``stage_copied``; else ``stage_done`` when the copy lands); the
-        calls whose sampling failed (``done.failed``) are released; a call in ``stopped``
-        ended with its last token (end-of-sequence or a stop string), one in ``silent``
-        ended without a token this step (its engine finished it); a call that ended or
-        reached its answer length gets its history, its prompt plus ``outputs`` but the
-        last token, whose KV was never computed (substrates that make no tokens pass no
-        ``outputs``); then the step's tokens count (``repeat`` decode-only steps)."""
+        Its switch is done (the slot opens); its stage is done unless the executor copies it
+        in the background (``done.stage_pending``; then ``done.stage_landed`` of a later step
+        reports it, if the core still waits for that copy); the calls whose sampling failed
+        (``done.failed``) are released; a call in ``stopped`` ended with its last token
+        (end-of-sequence or a stop string), one in ``done.silent`` ended without a token
+        this step (its engine finished it); a call that ended or reached its answer length
+        gets its history, its prompt plus ``outputs`` but the last token, whose KV was never
+        computed (drivers that make no tokens pass no ``outputs``); then the step's tokens
+        count (``repeat`` decode-only steps)."""
         if sched.switch is not None:
             self.switch_done(sched.switch.model, now)
-        if sched.stage is not None and stage_copied:
+        if sched.stage is not None and not done.stage_pending:
             self.stage_done(sched.stage.model)
+        if done.stage_landed is not None:
+            model, blocks = done.stage_landed
+            if self.arena.staging_in_progress == model and self.stage_blocks == blocks:
+                self.stage_done(model)
         for req, why in done.failed:
             self.abort(req.key, why)
         step = sched.step
         if step is None:
             return []
+        for key, cached in done.cached:
+            self._engine_cached(sched.requests[key], cached)
+        silent = done.silent
         ended = [req for req, _ in done.sampled if req.key in stopped]
         ended += [self.calls.running[k] for k in silent if k in self.calls.running]
         for req in ended:
@@ -372,6 +413,15 @@ class InstanceCore:
             step = attrs.evolve(step, decode=tuple(k for k in step.decode if k not in silent))
         return self.complete_step(step, now, repeat)
 
+    def _engine_cached(self, req: Request, cached: int) -> None:
+        """An engine that keeps its own prefix cache (vLLM) found ``cached`` prompt tokens
+        of ``req``: they are the call's cached tokens (the core's estimate is kept in
+        ``kv_drift``)."""
+        estimate = min(req.prompt_len, req.reused_tokens + req.restored_tokens)
+        self.kv_drift.append(KvDrift(req.key, cached, estimate))
+        req.reused_tokens = min(cached, req.prompt_len)
+        req.restored_tokens = 0
+
     def release(self, sched: Schedule, now: float) -> None:
         """``sched`` will never complete (its step raised, or its instance was lost): its
         switch and stage are over, so that its calls can be released (``abort``)."""
@@ -381,11 +431,11 @@ class InstanceCore:
             self.stage_done(sched.stage.model)
 
     def switch_done(self, model: str, now: float) -> None:
-        """The substrate finished copying ``model``'s weights: its slot opens."""
+        """The executor finished copying ``model``'s weights: its slot opens."""
         self.slots.switch_done(model, now)
 
     def stage_done(self, model: str) -> None:
-        """The substrate finished staging ``model``'s weights."""
+        """The executor finished staging ``model``'s weights."""
         self.slots.stage_done(model)
 
     def _build_step(self, moves: tuple[MovePlan, ...]) -> StepPlan | None:
@@ -417,7 +467,7 @@ class InstanceCore:
 
     # ------------------------------------------------------------------ completion
     def complete_step(self, plan: StepPlan, now: float, repeat: int = 1) -> list[Request]:
-        """The substrate ran ``plan`` (``repeat`` decode-only times). Returns finished calls.
+        """The executor ran ``plan`` (``repeat`` decode-only times). Returns finished calls.
         A call of the plan that was released meanwhile (``abort``: its sampling failed, or
         its client went away) is skipped: the rest of the step commits."""
         running = self.calls.running
@@ -441,12 +491,12 @@ class InstanceCore:
     def stop(self, key: CallKey) -> None:
         """The running call ``key`` ended early (end-of-sequence): the next
         ``complete_step`` finishes it with the tokens generated so far. Set ``history``
-        first if the substrate builds it."""
+        first if the executor builds it."""
         self.calls.running[key].stopped = True
 
     def abort(self, key: CallKey, reason: str) -> Request | None:
         """Drop a waiting or running call without keeping what it computed (a client went
-        away, or the substrate failed while running it). Its KV blocks go back to the pool;
+        away, or the executor failed while running it). Its KV blocks go back to the pool;
         the session keeps what earlier calls cached. Returns the request, or None if the
         instance does not hold ``key``."""
         removed = self.calls.remove(key)

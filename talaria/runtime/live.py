@@ -4,16 +4,16 @@
 :class:`~talaria.runtime.cluster.ClusterCore` (router, admission with soft reservations,
 round scheduler with session-prefill); each instance has one driver task that asks its
 core for the next decision, executes it on a worker thread (the tensors), and reports back.
-Only the substrate (a :class:`~talaria.runtime.substrate.Substrate` per instance: the
-embedded engine's ``EngineRunner``, or any engine that plans, executes and commits the same
-way) and the clock differ from the simulation. This module imports no tensor library.
+Only the executor (a :class:`~talaria.executor.Executor` per instance: the embedded
+engine's ``EngineRunner``, vLLM engines, an engine in a Ray actor) and the clock differ from
+the simulation. This module imports no tensor library.
 
-Ownership and locking: every mutation of the cluster core, instance cores and session table
-happens on the event loop thread (``submit``, ``event``, ``cancel`` and the driver tasks'
-``plan`` / ``commit``); the worker thread runs the substrate's ``execute`` only, which
-touches the device and the substrate's outputs, never the core. Aborts of a call (client
-gone, failure) are applied by its instance's driver between steps. No lock is needed beyond
-that rule.
+Ownership and locking: the loop owns every core and every call's record. Every mutation of
+the cluster core, instance cores, session table and call records happens on the event loop
+thread (``submit``, ``event``, ``cancel`` and the driver tasks' plan and commit); the worker
+thread runs the executor's ``execute`` only, which reads the work's records and touches the
+device, never the core. Aborts of a call (client gone, failure) are applied by its
+instance's driver between steps. No lock is needed beyond that rule.
 
 A call's tokens reach its caller through an unbounded memory stream of :class:`Delta`,
 then one :class:`Finished` or :class:`Failed`. Text is produced by the call's
@@ -40,8 +40,6 @@ import attrs
 from anyio.streams.memory import MemoryObjectReceiveStream
 
 from talaria.clock import Clock, WallClock
-from talaria.cost.estimator import Estimator
-from talaria.cost.pricing import price
 from talaria.errors import (
     BadRequest,
     CallFailed,
@@ -51,16 +49,17 @@ from talaria.errors import (
     TalariaError,
     UnknownSession,
 )
+from talaria.executor import CallRecord, Executor, Work
 from talaria.generation import SamplingParams, StopChecker
 from talaria.memory.kv import CallKey
 from talaria.policy.gaps import check_hint_s, check_seconds
 from talaria.runtime.cluster import ClusterCore
 from talaria.runtime.gate import AdmissionGate
-from talaria.runtime.instance import Request, Schedule
+from talaria.runtime.local import commit_executed
 from talaria.runtime.sessions import LiveSession, SessionSummary
+from talaria.runtime.step_log import STEP_LOG, StepTiming
 from talaria.runtime.streams import Delta, Event, Failed, Finished, LiveCall, deliver
-from talaria.runtime.substrate import Substrate
-from talaria.schedule import Executed
+from talaria.schedule import Executed, Placement, Request, Schedule
 from talaria.types import Call, EventKind, SessionId, TokenSeq
 
 log = logging.getLogger(__name__)
@@ -70,53 +69,13 @@ IDLE_WAIT_S = 0.25  # an instance with no work wakes this often (staging, reserv
 MAX_CONSECUTIVE_FAILURES = 3  # an instance failing this many steps in a row is taken out
 RECOVER_AFTER_S = 5.0  # a downed instance is checked and brought back after this long ...
 RECOVER_MAX_S = 300.0  # ... doubling each time it goes down again, up to this
-STEP_LOG = 100_000  # executed schedules remembered for inspection (StepTiming)
 DEFAULT_MAX_CALLS = 1024  # calls in flight (queued or running) the loop takes at most
-
-
-@attrs.frozen
-class StepTiming:
-    """One executed schedule: what it did and how long the substrate took (seconds)."""
-
-    instance: str
-    start_s: float
-    seconds: float
-    model: str | None
-    prefill_tokens: int
-    decodes: int
-    context_tokens: int
-    switch_bytes: int
-    stage_bytes: int
-    kv_bytes: int
-    predicted_s: float  # the simulator's price of it (``talaria.cost.pricing``), serial part
-
-    @classmethod
-    def of(
-        cls, instance: str, sched: Schedule, start_s: float, seconds: float, est: Estimator
-    ) -> StepTiming:
-        step = sched.step
-        moves = list(sched.kv_moves) + (list(step.kv_moves) if step is not None else [])
-        kv = sum(m.nbytes for m in moves)
-        # the simulator's price of the same schedule: a stage runs alongside, not in series
-        predicted = price(est, sched).serial_s
-        return cls(
-            instance,
-            start_s,
-            seconds,
-            step.model if step is not None else None,
-            step.prefill_tokens if step is not None else 0,
-            len(step.decode) if step is not None else 0,
-            step.decode_context_tokens if step is not None else 0,
-            sched.switch.total_bytes if sched.switch is not None else 0,
-            sched.stage.total_bytes if sched.stage is not None else 0,
-            kv,
-            predicted,
-        )
 
 
 @attrs.define
 class _Driver:
-    runner: Substrate
+    runner: Executor
+    dropped: list[CallKey] = attrs.field(factory=list)  # ended calls the executor may forget
     wake: anyio.Event = attrs.field(factory=anyio.Event)
     aborts: list[tuple[CallKey, TalariaError]] = attrs.field(factory=list)
     failures: int = 0
@@ -140,7 +99,7 @@ class LiveCluster:
     def __init__(
         self,
         core: ClusterCore,
-        runners: Mapping[str, Substrate],
+        runners: Mapping[str, Executor],
         *,
         clock: Clock | None = None,
         session_idle_s: float = 600.0,
@@ -182,7 +141,7 @@ class LiveCluster:
         # because the KV was gone (evicted, or lost with its instance)
         self.tokens_recomputed = 0
         self.instances_lost = 0
-        self.kv_bytes_moved = 0  # KV block bytes copied by the substrates (offload, restore)
+        self.kv_bytes_moved = 0  # KV block bytes copied by the executors (offload, restore)
         self.events: dict[str, int] = {}  # hint events accepted, by kind
         self.steps: collections.deque[StepTiming] = collections.deque(maxlen=STEP_LOG)
         self._tg: anyio.abc.TaskGroup | None = None
@@ -276,9 +235,9 @@ class LiveCluster:
         self.gate.charge(tenant, cost, now)
         sess.tenant = tenant
         name = inst.spec.name
-        self.drivers[name].runner.prepare(call.key, params, vocab_limit, forced)
+        record = CallRecord(call.key, model, prompt.tokens(), params, vocab_limit, forced)
         send, receive = anyio.create_memory_object_stream[Event](math.inf)
-        lc = LiveCall(call, req, name, params, checker, send, vocab_limit, forced)
+        lc = LiveCall(call, req, name, record, checker, send)
         self.calls[call.key] = lc
         sess.calls += 1
         sess.in_flight += 1
@@ -406,15 +365,14 @@ class LiveCluster:
         """Move a call that had streamed from its lost instance to another one: its prompt
         becomes the prompt plus the ids it streamed, which the new instance prefills, and
         it goes on generating the rest of its budget there; the client's stream just
-        continues. The new substrate catches the call's sampling up with those ids
-        (``Substrate.prepare(resumed=...)``): greedy and seeded answers come out exactly as
-        without the loss (on the embedded engine; vLLM's sampler goes on afresh). False
-        (nothing changed) when there is nothing left to generate or no instance can take it.
+        continues. The new executor catches the call's sampling up with those ids (the
+        record's ``resumed``): greedy and seeded answers come out exactly as without the loss
+        (on the embedded engine; vLLM's sampler goes on afresh). False (nothing changed) when
+        there is nothing left to generate or no instance can take it.
         """
-        old = lc.instance
-        streamed = tuple(self.drivers[old].runner.outputs.get(lc.key, ()))[: lc.sent_tokens]
-        done = lc.resumed + len(streamed)
-        left = lc.params.max_tokens - done
+        old, rec = lc.instance, lc.record
+        streamed = tuple(rec.outputs[: lc.sent_tokens])
+        left = rec.params.max_tokens - len(streamed)
         if left <= 0:
             return False
         c = lc.call
@@ -422,18 +380,19 @@ class LiveCluster:
                     c.tenant, c.arrival_s)  # fmt: skip
         with contextlib.suppress(Exception):  # the lost core is discarded at restart
             self.core.instances[old].abort(lc.key, str(cause))
-        self.drivers[old].runner.forget(lc.key)
+        self.drivers[old].dropped.append(lc.key)
         try:
             inst, req, _ = self.core.place(call, left, None, self.clock.now())
         except TalariaError:
             return False
-        forced = lc.forced[done:] if lc.forced is not None else None
-        params = attrs.evolve(lc.params, max_tokens=left)
-        self.drivers[inst.spec.name].runner.prepare(
-            lc.key, params, lc.vocab_limit, forced, resumed=done
+        forced = rec.forced[len(streamed) :] if rec.forced is not None else None
+        params = attrs.evolve(rec.params, max_tokens=left)
+        done = rec.resumed + len(streamed)
+        lc.record = CallRecord(
+            lc.key, c.model, call.prompt.tokens(), params, rec.vocab_limit, forced, done
         )
         lc.call, lc.req, lc.instance = call, req, inst.spec.name
-        lc.resumed, lc.sent_tokens, lc.sent_logprobs = done, 0, 0
+        lc.sent_tokens, lc.sent_logprobs = 0, 0
         self.calls_resumed += 1
         self._wake(lc.instance)
         return True
@@ -444,7 +403,9 @@ class LiveCluster:
         old = lc.instance
         with contextlib.suppress(Exception):  # the lost core is discarded at restart
             self.core.instances[old].abort(lc.key, str(cause))
-        self.drivers[old].runner.forget(lc.key)
+        self.drivers[old].dropped.append(lc.key)
+        lc.record.outputs.clear()
+        lc.record.logprobs.clear()
         try:
             inst, req, _ = self.core.place(lc.call, lc.params.max_tokens, None, self.clock.now())
         except TalariaError as exc:
@@ -455,7 +416,6 @@ class LiveCluster:
             lc.send.close()
             return
         lc.instance, lc.req = inst.spec.name, req
-        self.drivers[lc.instance].runner.prepare(lc.key, lc.params, lc.vocab_limit, lc.forced)
         self.calls_rerouted += 1
         self._wake(lc.instance)
 
@@ -475,89 +435,100 @@ class LiveCluster:
                 lc.send.close()
 
     async def _drive_loop(self, name: str) -> None:
-        """Plan on the loop, execute on a thread, commit on the loop."""
+        """Plan on the loop, execute on a thread, commit on the loop. With nothing to do the
+        executor still gets the (empty) work between waits: the calls to drop, and a chance
+        to report what happened meanwhile (a stage landed, its process was lost)."""
         d = self.drivers[name]
-        runner = d.runner
         while True:
             self._apply_aborts(d)
             if d.down:
                 await self._recover(name, d)
                 continue
-            sched = runner.plan(self.clock.now())
-            if sched.empty:
-                busy = not runner.idle
-                await self._idle(d, IDLE_POLL_S if busy else IDLE_WAIT_S)
-                continue
+            inst = self.core.instances[name]
+            sched = inst.schedule(self.clock.now())
+            work = self._work(name, sched)
             started = self.clock.now()
             try:
-                done = await anyio.to_thread.run_sync(runner.execute, sched, limiter=d.limiter)
+                done = await anyio.to_thread.run_sync(d.runner.execute, work, limiter=d.limiter)
+                elapsed = self.clock.now() - started
             except InstanceLost:
                 self._abandon(name, sched)
                 raise
             except Exception as exc:  # the instance failed: its calls fail, others go on
                 log.exception("instance %s failed a step", name)
+                d.dropped.extend(work.dropped)
                 self._step_failed(name, d, sched, exc)
                 continue
-            d.failures = 0
-            self.steps.append(
-                StepTiming.of(
-                    name, sched, started, self.clock.now() - started, runner.core.estimator
-                )
-            )
-            if runner.executes_kv_moves:
-                self.kv_bytes_moved += sum(m.nbytes for m in sched.kv_moves)
-                if sched.step is not None:
-                    self.kv_bytes_moved += sum(m.nbytes for m in sched.step.kv_moves)
             self._committed(name, sched, done)
+            if sched.empty:
+                await self._idle(d, IDLE_WAIT_S if inst.idle else IDLE_POLL_S)
+                continue
+            d.failures = 0
+            self._timed(name, d, sched, started, elapsed)
             await anyio.lowlevel.checkpoint()
 
-    def _committed(self, name: str, sched: Schedule, done: Executed) -> None:
-        runner = self.drivers[name].runner
-        ended: set[CallKey] = set()
+    def _work(self, name: str, sched: Schedule) -> Work:
+        """``sched`` as the executor takes it: where it sits, its calls' records, and the
+        calls ended since the last step."""
+        d, inst = self.drivers[name], self.core.instances[name]
+        dropped, d.dropped = tuple(d.dropped), []
+        calls = {k: self.calls[k].record for k in sched.requests if k in self.calls}
+        return Work(sched, Placement.of(inst, sched), calls, dropped)
 
-        def ends(req: Request, token: int) -> bool:
+    def _timed(
+        self, name: str, d: _Driver, sched: Schedule, started: float, elapsed: float
+    ) -> None:
+        est = self.core.instances[name].estimator
+        self.steps.append(StepTiming.of(name, sched, started, elapsed, est))
+        if d.runner.executes_kv_moves:
+            self.kv_bytes_moved += sum(m.nbytes for m in sched.kv_moves)
+            if sched.step is not None:
+                self.kv_bytes_moved += sum(m.nbytes for m in sched.step.kv_moves)
+
+    def _committed(self, name: str, sched: Schedule, done: Executed) -> None:
+        stopped: set[CallKey] = set()
+        for req, token in done.sampled:  # each token through its call's stop checker
             lc = self.calls.get(req.key)
             if lc is None:
-                return False
+                continue
             update = lc.checker.update(token)
             if update.text:
                 lc.text.append(update.text)
             if update.finish_reason is not None:
-                ended.add(req.key)
-                return True
-            return False
-
+                stopped.add(req.key)
         for req, why in done.failed:  # released first: the core commits the rest
             self._fail(name, req.key, CallFailed(f"sampling this call failed ({why})"))
-        finished = runner.commit(sched, done, self.clock.now(), ends)
+        records = {req.key: self.calls[req.key].record for req, _ in done.sampled
+                   if req.key in self.calls}  # fmt: skip
+        inst = self.core.instances[name]
+        finished = commit_executed(inst, sched, done, self.clock.now(), records, stopped)
         for req, _ in done.sampled:
-            self._send_delta(req.key, runner)
+            self._send_delta(req.key)
         for req in finished:
             self._finished(name, req)
 
-    def _send_delta(self, key: CallKey, runner: Substrate) -> None:
+    def _send_delta(self, key: CallKey) -> None:
         lc = self.calls.get(key)
         if lc is None:
             return
-        out = runner.outputs.get(key, [])
+        out, every = lc.record.outputs, lc.record.logprobs
         text = "".join(lc.text)
         lc.text.clear()
         ids = tuple(out[lc.sent_tokens :])
         lc.sent_tokens = len(out)
-        every = runner.logprobs.get(key, ())
         logprobs = tuple(every[lc.sent_logprobs :])
         lc.sent_logprobs = len(every)
         if text or ids:
             deliver(lc, Delta(text, ids, logprobs))
 
     def _finished(self, name: str, req: Request) -> None:
-        runner = self.drivers[name].runner
         self.core.on_finished(req)
         self.tokens_recomputed += req.recomputed_tokens
-        out = runner.take_output(req.key)
+        self.drivers[name].dropped.append(req.key)
         lc = self.calls.pop(req.key, None)
         if lc is None:
             return
+        out = lc.record.outputs
         self._session_done(req.call.session_id)
         reason = lc.checker.finish_reason or ("stop" if req.stopped else "length")
         arrival = req.call.arrival_s
@@ -587,7 +558,7 @@ class LiveCluster:
         """Release ``key`` from its instance and tell its caller."""
         inst = self.core.instances[name]
         inst.abort(key, str(error))
-        self.drivers[name].runner.forget(key)
+        self.drivers[name].dropped.append(key)
         lc = self.calls.pop(key, None)
         self.calls_failed += 1
         if lc is not None:
@@ -656,19 +627,20 @@ class LiveCluster:
         log.warning("instance %s is back in service", name)
 
     async def _rejoin(self, name: str, d: _Driver) -> None:
-        """A lost instance asks its substrate to restart every ``recover_after_s`` (its
+        """A lost instance asks its executor to restart every ``recover_after_s`` (its
         process came back, or its actor was placed on a node that joined); then it serves a
         fresh core, its memory empty, and is routed to again."""
         await anyio.sleep(self.recover_after_s)
         fresh = self.core.fresh_instance(name)
         try:
-            await anyio.to_thread.run_sync(d.runner.restart, fresh, limiter=d.limiter)
+            await anyio.to_thread.run_sync(d.runner.restart, fresh.layout, limiter=d.limiter)
         except InstanceLost as exc:
             log.info("instance %s is still gone: %s", name, exc)
             return
         self.core.replace_instance(fresh)
         d.lost = d.down = False
         d.failures = 0
+        d.dropped.clear()  # the restarted executor holds no call
         self.core.mark_up(name)
         log.warning("instance %s rejoined with empty memory", name)
 
@@ -693,8 +665,8 @@ class LiveCluster:
                 raise RuntimeError(
                     f"instance {name}: core holds {sorted(held)} but the loop tracks {sorted(mine)}"
                 )
-            stray = set(d.runner.outputs) - mine
-            if stray:
+            revived = set(d.dropped) & mine
+            if revived:
                 raise RuntimeError(
-                    f"instance {name}: outputs of finished calls kept: {sorted(stray)}"
+                    f"instance {name}: calls {sorted(revived)} run but are to be dropped"
                 )

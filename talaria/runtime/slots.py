@@ -1,7 +1,7 @@
 """Slot control: switching an instance's active model, and staging the next one's weights.
 
 ``SlotControl`` carries out what the slot order (:mod:`talaria.policy.rounds`) decides: it
-commits a switch in the weight arena and hands the substrate the copy plan; it opens the new
+commits a switch in the weight arena and hands the executor the copy plan; it opens the new
 model's slot when the copy is done; and while a slot runs it stages the predicted next
 model's weights into free KV blocks lent for the purpose, keeping headroom for the open
 slot's queue. Mutates the arena, the round scheduler's slot, the KV pool's lent blocks and
@@ -71,14 +71,14 @@ class SlotControl:
         return Schedule(switch=plan)
 
     def switch_done(self, model: str, now: float) -> None:
-        """The substrate finished copying ``model``'s weights: its slot opens, and the KV
+        """The executor finished copying ``model``'s weights: its slot opens, and the KV
         blocks lent to staging (already copied from) go back to the pool."""
         self.kv.return_lent()
         self.stage_blocks = ()
         self.rounds.open(model, now)
 
     def stage_done(self, model: str) -> None:
-        """The substrate finished staging ``model`` (ignored if that stage was abandoned)."""
+        """The executor finished staging ``model`` (ignored if that stage was abandoned)."""
         if self.arena.staging_in_progress == model:
             self.arena.finish_stage(model)
 

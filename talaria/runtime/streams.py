@@ -16,6 +16,7 @@ import attrs
 from anyio.streams.memory import MemoryObjectSendStream
 
 from talaria.errors import TalariaError
+from talaria.executor import CallRecord
 from talaria.generation import SamplingParams, StopChecker, TokenLogprob
 from talaria.memory.kv import CallKey
 from talaria.schedule import Request
@@ -58,25 +59,32 @@ Event = Delta | Finished | Failed
 
 @attrs.define(eq=False)
 class LiveCall:
-    """One call in flight: its request, sampling state and the stream to its caller."""
+    """One call in flight: its request, its record (how to sample it, what it generated on
+    its current instance), its stop checker and the stream to its caller."""
 
     call: Call
     req: Request
     instance: str
-    params: SamplingParams
+    record: CallRecord
     checker: StopChecker
     send: MemoryObjectSendStream[Event]
-    vocab_limit: int | None = None
-    forced: tuple[int, ...] | None = None
     sent_tokens: int = 0  # of the ids its current instance generated
     sent_logprobs: int = 0
     text: list[str] = attrs.field(factory=list)
-    # ids of its answer generated on instances that were lost: they end ``call.prompt`` now
-    resumed: int = 0
 
     @property
     def key(self) -> CallKey:
         return self.call.key
+
+    @property
+    def params(self) -> SamplingParams:
+        return self.record.params
+
+    @property
+    def resumed(self) -> int:
+        """Ids of its answer generated on instances that were lost: they end
+        ``call.prompt`` now."""
+        return self.record.resumed
 
 
 def deliver(lc: LiveCall, event: Event) -> None:

@@ -37,11 +37,12 @@ from talaria.memory.kv import MovePlan
 from talaria.policy.gaps import GapModel
 from talaria.runtime.cluster import ClusterCore, GapLearner
 from talaria.runtime.counters import cluster_counters
-from talaria.runtime.instance import InstanceCore, Request, Schedule, StepPlan
-from talaria.schedule import Executed
+from talaria.runtime.instance import InstanceCore
+from talaria.schedule import Executed, Request, Schedule, StepPlan
 from talaria.types import EventKind, Link, SessionScript
 
-NOTHING_SAMPLED = Executed(())  # the simulator makes no tokens: it counts them
+# the simulator makes no tokens (it counts them) and lands a stage with its own event
+NOTHING_SAMPLED = Executed(stage_pending=True)
 IDLE_POLL_S = 0.05  # re-check an idle instance whose decision may change with time
 MAX_EVENTS = 50_000_000
 
@@ -114,7 +115,7 @@ class SlotRecord:
 
 class SlotLog:
     """Collects :class:`SlotRecord` s as an instance's driver switches models: ``switch``
-    when a switch is handed to the substrate, ``opened`` when its copy is done, ``records``
+    when a switch is handed to the executor, ``opened`` when its copy is done, ``records``
     at the end of the run (every stretch still open closes then). Mutates only itself."""
 
     def __init__(self) -> None:
@@ -142,7 +143,7 @@ class SlotLog:
 @attrs.frozen
 class SimResult:
     """One policy's run: every call answered, every session, the instances' counters, the
-    time the run ended and, where the substrate recorded them, the model slots of every
+    time the run ended and, where the executor recorded them, the model slots of every
     instance (``slots``, empty for a result that was merged from parts)."""
 
     policy: str
@@ -416,9 +417,7 @@ class _Run:
         inst = self.core.instances[name]
         if busy is not None and busy.sched is not None:
             # a stage copies in the background: STAGE_DONE reports it, not the commit
-            finished = inst.commit(
-                busy.sched, NOTHING_SAMPLED, self.now, repeat=busy.repeat, stage_copied=False
-            )
+            finished = inst.commit(busy.sched, NOTHING_SAMPLED, self.now, repeat=busy.repeat)
             if busy.sched.switch is not None:
                 self.slot_log.opened(name, busy.sched.switch.model, self.now)
             for req in finished:

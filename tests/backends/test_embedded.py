@@ -3,11 +3,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from talaria.backends.embedded import build_embedded
+from talaria.backends.embedded import EmbeddedInstance, build_embedded
 from talaria.config import InstanceSpec
 from talaria.errors import BadRequest, ConfigError, UnknownModel
 from talaria.policy.baselines import POLICIES
-from talaria.runtime.substrate import Substrate
+from talaria.runtime.local import LocalInstance
 from talaria.types import Call, TokenSeq
 
 GB = 10**9
@@ -25,27 +25,26 @@ def cpu_instance() -> InstanceSpec:
 
 
 @pytest.fixture(scope="module")
-def smol() -> object:
+def smol() -> EmbeddedInstance:
     return build_embedded(cpu_instance(), ["smollm2-135m"], POLICIES["talaria"], torch.bfloat16)
 
 
-def test_smollm2_answers_a_chat_and_keeps_serving_after_a_bad_request(smol: object) -> None:
-    inst = smol
-    substrate: Substrate = inst.runner  # type: ignore[attr-defined]
-    tok = inst.tokenizers["smollm2-135m"]  # type: ignore[attr-defined]
+def test_smollm2_answers_a_chat_and_keeps_serving_after_a_bad_request(
+    smol: EmbeddedInstance,
+) -> None:
+    local = smol.instance
+    tok = smol.tokenizers["smollm2-135m"]
     assert tok is not None
     text = tok.apply_chat_template([{"role": "user", "content": "What is 2 + 2?"}])
     prompt = TokenSeq(tok.encode(text, add_special_tokens=False))
     with pytest.raises(BadRequest, match="vocabulary"):
-        inst.runner.submit(  # type: ignore[attr-defined]
-            Call("bad", 0, "smollm2-135m", TokenSeq([10**6]), 8), now=0.0
-        )
+        local.submit(Call("bad", 0, "smollm2-135m", TokenSeq([10**6]), 8), now=0.0)
     call = Call("s", 0, "smollm2-135m", prompt, 16)
-    out = inst.runner.generate([call])  # type: ignore[attr-defined]
+    out = local.generate([call])
     answer = tok.decode(list(out[call.key]), skip_special_tokens=True)
     assert answer.strip()
-    assert substrate.idle
-    substrate.core.check_integrity()
+    assert local.idle and not local.records
+    local.core.check_integrity()
 
 
 def test_unknown_model_and_empty_list_are_refused() -> None:
@@ -71,8 +70,9 @@ def test_steps_use_the_builders_thread_count_on_whichever_thread_runs_them(
         cluster = tiny_cluster()
     finally:
         torch.set_num_threads(before)
-    runner = next(iter(cluster.runners.values()))
+    name, runner = next(iter(cluster.runners.items()))
     assert runner.threads == 1
+    local = LocalInstance(cluster.core.instances[name], runner)
     seen: list[tuple[int, int]] = []
     real = torch.set_num_threads
 
@@ -83,7 +83,7 @@ def test_steps_use_the_builders_thread_count_on_whichever_thread_runs_them(
     monkeypatch.setattr(torch, "set_num_threads", record)
     out: list[object] = []
     call = Call("s", 0, "llama-tiny", TokenSeq(range(1, 20)), 3)
-    worker = threading.Thread(target=lambda: out.append(runner.generate([call])))
+    worker = threading.Thread(target=lambda: out.append(local.generate([call])))
     worker.start()
     worker.join()
     assert out and seen  # it ran, and set the threads

@@ -19,10 +19,13 @@ from talaria.config import InstanceSpec, PolicyConfig
 from talaria.engine.arch import ModelArch
 from talaria.engine.runner import EngineRunner
 from talaria.engine.staging import BackgroundCopy, StreamCopy
-from talaria.errors import BadRequest
+from talaria.errors import BadRequest, ConfigError
+from talaria.generation import SamplingParams
 from talaria.memory.weights import SwitchPlan
 from talaria.policy.baselines import POLICIES
-from talaria.runtime.instance import InstanceCore, Request, Schedule
+from talaria.runtime.instance import InstanceCore
+from talaria.runtime.local import LocalInstance
+from talaria.schedule import Request, Schedule
 from talaria.types import Call, Link, TokenSeq
 from tests.helpers import RoundNumberEstimator as RoundEstimator
 from tests.helpers import hf_model, llama_config, qwen2_config
@@ -72,7 +75,7 @@ def make_runner(
     background_staging: bool = True,
     device: str = "cpu",
     regions: int = 1,
-) -> EngineRunner:
+) -> LocalInstance[EngineRunner]:
     archs = {name: ModelArch.from_hf_config(hf.config.to_dict()) for name, hf in hfs.items()}
     specs = [arch.to_spec(name, F32) for name, arch in archs.items()]
     block_bytes = BLOCK * max(a.kv_bytes_per_token(F32) for a in archs.values())
@@ -89,24 +92,25 @@ def make_runner(
     core = InstanceCore(spec, specs, policy, RoundEstimator())
     assert core.kv.device_blocks == device_blocks and core.kv.block_bytes == block_bytes
     models = {name: (archs[name], hf.state_dict()) for name, hf in hfs.items()}
-    return EngineRunner(
-        core,
+    runner = EngineRunner(
+        core.layout,
         models,
         dtype=F32,
         eos_token_ids=eos,
         background_staging=background_staging,
         device=device,
     )
+    return LocalInstance(core, runner, eos)
 
 
-def run_until_idle(runner: EngineRunner, now: float, ptr: int) -> float:
+def run_until_idle(runner: LocalInstance[EngineRunner], now: float, ptr: int) -> float:
     """Step (0.05 s a step) until the runner is idle, the weight region never moving from
     ``ptr`` (an idle slot may linger a while for its sessions' returns); returns the clock."""
     for _ in range(2000):
         if runner.idle:
             return now
         runner.step(now)
-        assert runner.region.data_ptr() == ptr
+        assert runner.executor.region.data_ptr() == ptr
         now += 0.05
     raise AssertionError("the runner never went idle")
 
@@ -115,11 +119,11 @@ def call(session: str, index: int, model: str, prompt: Sequence[int], out: int) 
     return Call(session, index, model, TokenSeq(prompt), out)
 
 
-def finished(runner: EngineRunner, session: str, index: int) -> Request:
+def finished(runner: LocalInstance[EngineRunner], session: str, index: int) -> Request:
     return next(r for r in runner.core.finished if r.key == (session, index))
 
 
-def assert_clean(runner: EngineRunner) -> None:
+def assert_clean(runner: LocalInstance[EngineRunner]) -> None:
     """Integrity holds, nothing runs, and once sessions end no KV block is held."""
     core = runner.core
     core.check_integrity()
@@ -214,16 +218,18 @@ def test_two_models_share_one_region(
     copy thread while A's steps ran) put in lent KV blocks; every answer is transformers'."""
     hfs = {"A": llama(5), "B": qwen2(6)}
     runner = make_runner(hfs, device_blocks=device_blocks, background_staging=background)
-    assert isinstance(runner._stager, BackgroundCopy) == background
+    assert isinstance(runner.executor._stager, BackgroundCopy) == background
     switches = alternate_with_staging(runner, hfs)
     assert tuple(step.link for step in switches[1].steps) == staged_links
 
 
-def alternate_with_staging(runner: EngineRunner, hfs: dict[str, Any]) -> list[SwitchPlan]:
+def alternate_with_staging(
+    runner: LocalInstance[EngineRunner], hfs: dict[str, Any]
+) -> list[SwitchPlan]:
     """Two rounds of two calls per model, slots alternating A, B, A (B staged while A runs);
     checks every answer against transformers, the region's fixed address and a clean end,
     and returns the switches."""
-    ptr = runner.region.data_ptr()
+    ptr = runner.executor.region.data_ptr()
     switches: list[SwitchPlan] = []
     schedule = runner.core.schedule
 
@@ -253,7 +259,7 @@ def alternate_with_staging(runner: EngineRunner, hfs: dict[str, Any]) -> list[Sw
     assert counters.staged_switches >= 1
     assert [s.model for s in switches] == ["A", "B", "A"]
     for name in hfs:  # every model's parameters are views of the one region
-        bound = runner.model(name, 0)
+        bound = runner.executor.model(name, 0)
         assert bound.embed.untyped_storage().data_ptr() == ptr
     assert_clean(runner)
     return switches
@@ -266,7 +272,7 @@ def test_with_a_region_each_two_models_stay_resident_and_switch_without_copies()
     hfs = {"A": llama(7), "B": qwen2(8)}
     runner = make_runner(hfs, device_blocks=64, regions=2)
     core = runner.core
-    ptr = runner.region.data_ptr()
+    ptr = runner.executor.region.data_ptr()
     now = 0.0
     expected: dict[tuple[str, int], list[int]] = {}
     for rnd in range(3):
@@ -287,7 +293,7 @@ def test_with_a_region_each_two_models_stay_resident_and_switch_without_copies()
     for name in hfs:
         region = core.arena.region_of(name)
         assert region is not None
-        bound = runner.model(name, region)
+        bound = runner.executor.model(name, region)
         assert bound.embed.untyped_storage().data_ptr() == ptr
         assert bound.embed.data_ptr() == ptr + offsets[name]
     assert_clean(runner)
@@ -301,9 +307,9 @@ def test_cuda_runner_matches_transformers_with_stable_addresses() -> None:
     (computed on the CPU)."""
     hfs = {"A": llama(5), "B": qwen2(6)}
     runner = make_runner(hfs, device_blocks=48, device="cuda")
-    assert runner.region.is_cuda
-    assert all(w.is_pinned() for w in runner.host_weights.values())
-    ptr = runner.region.data_ptr()
+    assert runner.executor.region.is_cuda
+    assert all(w.is_pinned() for w in runner.executor.host_weights.values())
+    ptr = runner.executor.region.data_ptr()
     now, expected = 0.0, {}
     for rnd in range(2):  # A, B, A, B: each round switches both models in
         for model in "AB":
@@ -315,7 +321,7 @@ def test_cuda_runner_matches_transformers_with_stable_addresses() -> None:
         assert list(runner.take_output(key)) == want, key
     assert runner.core.counters.model_switches >= 3
     for name in hfs:
-        assert runner.model(name, 0).embed.untyped_storage().data_ptr() == ptr
+        assert runner.executor.model(name, 0).embed.untyped_storage().data_ptr() == ptr
     assert_clean(runner)
 
 
@@ -327,9 +333,9 @@ def test_cuda_stages_the_next_model_on_a_side_stream() -> None:
     and every answer is transformers'."""
     hfs = {"A": llama(5), "B": qwen2(6)}
     runner = make_runner(hfs, device_blocks=160, device="cuda")
-    stager = runner._stager
+    stager = runner.executor._stager
     assert isinstance(stager, StreamCopy)
-    assert stager.stream != torch.cuda.current_stream(runner.device)
+    assert stager.stream != torch.cuda.current_stream(runner.executor.device)
     switches = alternate_with_staging(runner, hfs)
     assert tuple(step.link for step in switches[1].steps) == (Link.DEVICE_TO_DEVICE,)
     assert not stager.active
@@ -339,7 +345,7 @@ def test_bad_token_id_is_refused_before_queueing() -> None:
     runner = make_runner({"A": llama(7)}, device_blocks=16)
     with pytest.raises(BadRequest, match="vocabulary"):
         runner.submit(call("s", 0, "A", [1, 2, 500], 4), 0.0)
-    assert runner.idle and not runner.outputs
+    assert runner.idle and not runner.records
 
 
 def test_calls_with_a_whole_cached_prompt_share_a_batch() -> None:
@@ -349,7 +355,7 @@ def test_calls_with_a_whole_cached_prompt_share_a_batch() -> None:
     and every answer is transformers'."""
     hfs = {"A": llama(5)}
     runner = make_runner(hfs, device_blocks=48)
-    tpb = runner.paged["A"].tokens_per_block
+    tpb = runner.executor.paged["A"].tokens_per_block
     p = prompt_ids(2 * tpb, seed=61)
     want = reference(hfs["A"], p, 4)
     assert runner.generate([call("s0", 0, "A", p, 4)]) == {("s0", 0): tuple(want)}
@@ -358,3 +364,26 @@ def test_calls_with_a_whole_cached_prompt_share_a_batch() -> None:
     for i in (1, 2, 3):
         assert finished(runner, f"s{i}", 0).reused_tokens == tpb
     assert_clean(runner)
+
+
+def test_a_finished_call_leaves_no_sampling_state_after_the_next_work() -> None:
+    """A seeded call's generator lives in the runner while it runs; once its driver takes
+    its output, the next work names it as dropped and the runner lets it go."""
+    runner = make_runner({"A": llama(7)}, device_blocks=16)
+    params = SamplingParams(max_tokens=4, temperature=1.0, seed=3)
+    runner.submit(call("s", 0, "A", prompt_ids(9, seed=1), 4), 0.0, params=params)
+    now = run_until_idle(runner, 0.0, runner.executor.region.data_ptr())
+    assert set(runner.executor._sampling) == {("s", 0)}
+    assert len(runner.take_output(("s", 0))) == 4
+    runner.step(now)  # nothing to run: the work only carries the drop
+    assert not runner.executor._sampling and not runner.records
+
+
+def test_a_restart_keeps_the_buffers_only_for_the_same_layout() -> None:
+    runner = make_runner({"A": llama(7)}, device_blocks=16)
+    layout = runner.core.layout
+    with pytest.raises(ConfigError, match="layout"):
+        runner.executor.restart(attrs.evolve(layout, device_blocks=layout.device_blocks + 1))
+    runner.executor.restart(layout)
+    want = reference(llama(7), prompt_ids(9, seed=2), 3)
+    assert runner.generate([call("s", 0, "A", prompt_ids(9, seed=2), 3)]) == {("s", 0): tuple(want)}

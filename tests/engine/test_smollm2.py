@@ -30,6 +30,7 @@ from talaria.engine.weight_layout import bind_weights
 from talaria.memory.kv import MovePlan
 from talaria.policy.baselines import POLICIES
 from talaria.runtime.instance import InstanceCore
+from talaria.runtime.local import LocalInstance
 from talaria.types import Call, Link, TokenSeq
 from tests.helpers import RoundNumberEstimator
 
@@ -293,7 +294,9 @@ def test_logits_match_with_prefix_blocks_from_another_sequence(
 # ----------------------------------------------------------------------------- generation
 
 
-def make_runner(smol: LoadedModel, device_blocks: int = 32, host_blocks: int = 16) -> EngineRunner:
+def make_runner(
+    smol: LoadedModel, device_blocks: int = 32, host_blocks: int = 16
+) -> LocalInstance[EngineRunner]:
     arch = smol.arch
     block_bytes = BLOCK * arch.kv_bytes_per_token(F32)
     weights = arch.weight_bytes(F32)
@@ -309,12 +312,9 @@ def make_runner(smol: LoadedModel, device_blocks: int = 32, host_blocks: int = 1
     model_spec = arch.to_spec(NAME, F32, source=str(GGUF_PATH))
     core = InstanceCore(spec, [model_spec], policy, RoundNumberEstimator())
     assert core.kv.device_blocks == device_blocks and core.kv.block_bytes == block_bytes
-    return EngineRunner(
-        core,
-        {NAME: (arch, smol.tensors)},
-        dtype=F32,
-        eos_token_ids={NAME: set(smol.eos_token_ids)},
-    )
+    eos = {NAME: set(smol.eos_token_ids)}
+    runner = EngineRunner(core.layout, {NAME: (arch, smol.tensors)}, dtype=F32, eos_token_ids=eos)
+    return LocalInstance(core, runner, eos)
 
 
 def test_greedy_generation_is_token_identical_to_transformers(

@@ -17,7 +17,9 @@ import pytest
 
 from benchmarks.serve_process import KEY, TINY, start, stop, tiny_fields
 from talaria.api import Talaria
+from talaria.executor import Work
 from talaria.runtime.live import MAX_CONSECUTIVE_FAILURES
+from talaria.schedule import Executed
 from tests.reliability.inprocess import requires_tiny_model, serve_talaria
 
 pytestmark = requires_tiny_model
@@ -79,6 +81,17 @@ def failing(*_: Any) -> Any:
     raise RuntimeError("injected: the device faulted")
 
 
+def failing_steps(execute: Callable[[Work], Executed]) -> Callable[[Work], Executed]:
+    """``execute`` whose every step raises (an empty work, nothing to run, still passes)."""
+
+    def faulty(work: Work) -> Executed:
+        if not work.schedule.empty:
+            failing()
+        return execute(work)
+
+    return faulty
+
+
 def test_an_instance_whose_steps_fail_loses_no_answer_elsewhere(served: Served) -> None:
     with served.client() as c:
         expected = {i: alone(c, i) for i in range(12)}
@@ -90,7 +103,7 @@ def test_an_instance_whose_steps_fail_loses_no_answer_elsewhere(served: Served) 
         # first failing step takes it out (however few steps its calls were batched into)
         driver.backoff_s = 3600.0
         driver.failures = MAX_CONSECUTIVE_FAILURES - 1
-        runner.execute = failing  # every step of cpu-1 raises from now on
+        runner.execute = failing_steps(runner.execute)  # every step of cpu-1 raises from now on
 
         def ask(batch: int) -> Callable[[int], httpx.Response]:
             def one(i: int) -> httpx.Response:
@@ -124,8 +137,8 @@ def test_an_instance_whose_steps_fail_loses_no_answer_elsewhere(served: Served) 
 def test_a_driver_that_dies_fails_only_its_calls(served: Served) -> None:
     with served.client() as c:
         expected = {i: alone(c, i) for i in range(8)}
-        runner = served.runner("cpu-1")
-        runner.plan = failing  # the driver's planning raises: the driver task stops
+        core = served.talaria.live.core.instances["cpu-1"]
+        core.schedule = failing  # type: ignore[method-assign]  # the driver task stops
 
         first = concurrently(
             8, lambda i: c.post(CHAT, json=body(i), headers={"X-Session-ID": f"d{i}"})
@@ -137,7 +150,7 @@ def test_a_driver_that_dies_fails_only_its_calls(served: Served) -> None:
             else:
                 assert r.status_code == 503, r.text
                 assert r.json()["error"]["code"] == "instance_failed"
-        del runner.plan
+        del core.schedule
         after = [c.post(CHAT, json=body(i)) for i in range(4)]
         assert [r.status_code for r in after] == [200] * 4
         health = served.integrity()

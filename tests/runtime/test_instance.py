@@ -19,7 +19,8 @@ from talaria.errors import ConfigError, ContextTooLong, UnknownModel, UnknownSes
 from talaria.memory.kv import SessionKV
 from talaria.policy.baselines import POLICIES
 from talaria.runtime.cluster import ClusterCore
-from talaria.runtime.instance import InstanceCore, Request, Schedule
+from talaria.runtime.instance import InstanceCore
+from talaria.schedule import Request, Schedule
 from talaria.types import Call, EventKind, Link, TokenSeq
 from tests.helpers import RoundNumberEstimator as FakeEstimator
 from tests.helpers import examples, tiny_spec

@@ -140,11 +140,11 @@ async def test_a_failing_step_fails_its_calls_and_the_instance_keeps_serving() -
     real = runner.execute
     calls = {"n": 0}
 
-    def flaky(sched: Any) -> Any:
-        if sched.step is not None and calls["n"] == 0:
+    def flaky(work: Any) -> Any:
+        if work.schedule.step is not None and calls["n"] == 0:
             calls["n"] += 1
             raise RuntimeError("injected device fault")
-        return real(sched)
+        return real(work)
 
     runner.execute = flaky  # type: ignore[method-assign]
     async with live_of(c) as live:
@@ -166,10 +166,10 @@ async def test_a_sampling_failure_fails_that_call_alone_and_the_step_commits() -
     runner = c.runners["cpu-0"]
     real = runner._draw
 
-    def draw(logits: Any, req: Any) -> int:
-        if req.call.session_id == "victim":
+    def draw(logits: Any, rec: Any) -> Any:
+        if rec.key[0] == "victim":
             raise ValueError("injected sampler fault")
-        return real(logits, req)
+        return real(logits, rec)
 
     runner._draw = draw  # type: ignore[method-assign]
     async with live_of(c) as live:
@@ -319,8 +319,8 @@ async def test_a_failure_in_planning_takes_the_instance_out_only_for_a_while() -
     routing, and after the recovery wait (integrity checked) it serves again: no input
     takes an instance down for ever."""
     c = tiny_cluster()
-    runner = c.runners["cpu-0"]
-    real = runner.plan
+    core = c.core.instances["cpu-0"]
+    real = core.schedule
     broken = {"left": 1}
 
     def plan(now: float) -> Any:
@@ -330,7 +330,7 @@ async def test_a_failure_in_planning_takes_the_instance_out_only_for_a_while() -
             raise RuntimeError("injected planning bug")
         return sched
 
-    runner.plan = plan  # type: ignore[method-assign]
+    core.schedule = plan  # type: ignore[method-assign]
     async with live_of(c, recover_after_s=0.05) as live:
         with pytest.raises(InstanceFailed, match="injected planning bug"):
             await run_call(live, "victim", "llama-tiny", prompt_for(2))

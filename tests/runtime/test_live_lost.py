@@ -1,5 +1,5 @@
 """An instance whose process is lost (``InstanceLost``: a Ray actor, a node) in the live
-loop, on tiny in-process engines whose substrate can be made to vanish: out of routing at
+loop, on tiny in-process engines whose executor can be made to vanish: out of routing at
 once, its calls that streamed nothing answered by another instance with the same ids, a
 streaming one failed with ``InstanceLost``, and the instance back on a fresh core (its
 memory empty) once its process answers again."""
@@ -13,12 +13,11 @@ import pytest
 
 from talaria.engine.runner import EngineRunner
 from talaria.errors import InstanceLost
+from talaria.executor import Layout, Work
 from talaria.generation import SamplingParams, StopChecker
-from talaria.runtime.instance import InstanceCore
 from talaria.runtime.live import LiveCluster
 from talaria.runtime.streams import Delta, Failed, Finished
-from talaria.runtime.substrate import SubstrateWrapper
-from talaria.schedule import Executed, Schedule
+from talaria.schedule import Executed
 from talaria.types import TokenSeq
 from tests.helpers import tiny_cluster
 from tests.runtime.test_live import prompt_for, run_call
@@ -31,13 +30,13 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
-class Vanishing(SubstrateWrapper):
+class Vanishing:
     """An ``EngineRunner`` that behaves like an instance in another process: while
-    ``gone``, ``plan`` and ``execute`` raise ``InstanceLost`` and so does ``restart``;
+    ``gone``, ``execute`` raises ``InstanceLost`` and so does ``restart``;
     ``dies_in_step``: it goes while executing its next step (the node died mid-step)."""
 
     def __init__(self, runner: EngineRunner) -> None:
-        super().__init__(runner)
+        self.inner = runner
         self.gone = False
         self.dies_in_step = False
         self.restarts = 0
@@ -46,19 +45,23 @@ class Vanishing(SubstrateWrapper):
         if self.gone:
             raise InstanceLost("the test took it away")
 
-    def plan(self, now: float) -> Schedule:
-        self._check()
-        return self.inner.plan(now)
+    @property
+    def executes_kv_moves(self) -> bool:
+        return self.inner.executes_kv_moves
 
-    def execute(self, sched: Schedule) -> Executed:
-        self.gone = self.gone or self.dies_in_step
-        self._check()
-        return self.inner.execute(sched)
+    def vocab_size(self, model: str) -> int | None:
+        return self.inner.vocab_size(model)
 
-    def restart(self, core: InstanceCore) -> None:
+    def execute(self, work: Work) -> Executed:
+        if not work.schedule.empty:
+            self.gone = self.gone or self.dies_in_step
+        self._check()
+        return self.inner.execute(work)
+
+    def restart(self, layout: Layout) -> None:
         self._check()
         self.restarts += 1
-        self.inner.restart(core)
+        self.inner.restart(layout)
 
 
 def vanishing_cluster() -> tuple[LiveCluster, dict[str, Vanishing]]:
@@ -175,7 +178,7 @@ async def test_a_streaming_call_with_nowhere_to_go_fails_and_the_instance_rejoin
         fresh = live.core.instances[victim]
         assert fresh is not old_core and subs[victim].restarts == 1
         assert fresh.arena.active_model is None and fresh.kv.device_free == fresh.kv.device_blocks
-        assert subs[victim].core is fresh
+        assert subs[victim].inner.layout == fresh.layout
         await live.check_integrity_between_steps()
         _, again = await run_call(live, "a", "llama-tiny", prompt)
         assert again.instance == victim and live.tokens_recomputed > 0

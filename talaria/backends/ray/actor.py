@@ -2,19 +2,20 @@
 
 :class:`InstanceWorker` is the class a Ray actor runs (``cluster.py`` wraps it with
 ``ray.remote``; nothing here imports Ray, so it is tested in process too). It holds an
-:class:`~talaria.engine.runner.EngineRunner` over a *layout core*: an
-:class:`~talaria.runtime.instance.InstanceCore` built from the same spec, models and
-policy as the serving process's core, whose fixed layout (arena regions, KV pool sizes,
-block bytes) the runner reads and whose decisions are never asked for. The decisions come
-over the wire (:class:`~talaria.backends.ray.wire.WireSchedule`) with the
-:class:`~talaria.schedule.Placement` the serving core planned them at.
+:class:`~talaria.engine.runner.EngineRunner` sized by the serving core's
+:class:`~talaria.executor.Layout` (sent with ``attach``: the actor builds no core) and a
+mirror of the records of the calls it runs (the prompt and the ids sampled so far, what the
+engine reads). The decisions come over the wire (:class:`~talaria.backends.ray.wire.
+WireSchedule`) with the :class:`~talaria.schedule.Placement` the serving core planned them
+at.
 
 The constructor stores its arguments only; ``attach`` loads the models (from this node's
-catalog: nothing is shipped) and drops every call's state. Ray runs the constructor again
-when it restarts the actor, so the serving process calls ``attach`` after every loss.
-Stages copy inline (no background thread): the serving core hears ``stage_done`` at the
-commit of the step that carried the stage. ``execute`` and ``attach`` are called by one
-caller at a time (the instance's driver); ``ping`` may run beside them.
+catalog: nothing is shipped) if this process has not yet, checks them against the layout,
+and drops every call's state. Ray runs the constructor again when it restarts the actor, so
+the serving process calls ``attach`` after every loss. Stages copy inline (no background
+thread): the serving core hears ``stage_done`` at the commit of the step that carried the
+stage. ``execute`` and ``attach`` are called by one caller at a time (the instance's
+driver); ``ping`` may run beside them.
 """
 
 from __future__ import annotations
@@ -28,45 +29,16 @@ import torch
 
 from talaria.backends.embedded import load_catalog_model
 from talaria.backends.ray.wire import NewCall, WireResult, WireSchedule
-from talaria.config import InstanceSpec, ModelSpec, PolicyConfig
-from talaria.cost import estimator_for
 from talaria.engine.kernels import optional_decode_kernel
 from talaria.engine.runner import EngineRunner
 from talaria.errors import ConfigError
+from talaria.executor import CallRecord, Layout, Work
 from talaria.generation import SamplingParams
 from talaria.memory.kv import CallKey
-from talaria.runtime.instance import InstanceCore
 from talaria.schedule import Request, Schedule
 from talaria.types import Call, TokenSeq
 
-__all__ = ["InstanceWorker", "Layout", "WorkerInfo", "layout_of"]
-
-GREEDY = SamplingParams(temperature=0.0)
-
-
-@attrs.frozen
-class Layout:
-    """An instance core's fixed memory layout: the serving core and the actor's layout core
-    must agree on it, or the blocks and regions one names are not the other's."""
-
-    arena_bytes: int
-    region_bytes: int
-    device_blocks: int
-    host_blocks: int
-    block_bytes: int
-    models: tuple[str, ...]
-
-
-def layout_of(core: InstanceCore) -> Layout:
-    arena, kv = core.arena, core.kv
-    return Layout(
-        arena.arena_bytes,
-        arena.region_bytes,
-        kv.device_blocks,
-        kv.host_blocks,
-        kv.block_bytes,
-        tuple(core.models),
-    )
+__all__ = ["InstanceWorker", "WorkerInfo"]
 
 
 @attrs.frozen
@@ -85,24 +57,23 @@ class WorkerInfo:
 class InstanceWorker:
     """Executes one instance's schedules on the embedded engine (see the module docstring).
 
-    ``models`` in the order the serving core's instance lists them; ``threads``: torch
-    intra-op threads (the CPUs Ray reserved for the actor); ``node_id`` names the node in
-    ``WorkerInfo`` (Ray's runtime context in an actor, anything in process)."""
+    ``name``: the instance's; ``models`` in the order the serving core's instance lists
+    them; ``threads``: torch intra-op threads (the CPUs Ray reserved for the actor);
+    ``node_id`` names the node in ``WorkerInfo`` (Ray's runtime context in an actor,
+    anything in process)."""
 
     def __init__(
         self,
-        spec: InstanceSpec,
+        name: str,
         models: Sequence[str],
-        policy: PolicyConfig,
         dtype: str = "bfloat16",
         device: str = "cpu",
         threads: int | None = None,
         native_kernels: bool = True,
         node_id: str = "",
     ) -> None:
-        self.spec = spec
+        self.name = name
         self.model_names = tuple(models)
-        self.policy = policy
         self.dtype = getattr(torch, dtype)
         if not isinstance(self.dtype, torch.dtype):
             raise ConfigError(f"unknown dtype {dtype!r}")
@@ -112,23 +83,27 @@ class InstanceWorker:
         self.node_id = node_id
         self._runner: EngineRunner | None = None
         self._requests: dict[CallKey, Request] = {}
+        self._records: dict[CallKey, CallRecord] = {}
 
-    def attach(self) -> WorkerInfo:
-        """Load the models if this process has not yet, drop every call's state; what the
-        serving process checks before it routes here."""
+    def attach(self, layout: Layout) -> WorkerInfo:
+        """Load the models if this process has not yet (into buffers of ``layout``), drop
+        every call's state; what the serving process checks before it routes here. Raises
+        ``ConfigError`` when this node's models do not fit ``layout`` (other dtype, other
+        shapes)."""
         if self.threads is not None:
             torch.set_num_threads(self.threads)
-        if self._runner is None:
-            self._runner = self._load()
+        if self._runner is None or self._runner.layout != layout:
+            self._runner = self._load(layout)
         else:
-            self._runner.restart(self._core_of(list(self._runner.core.models.values())))
+            self._runner.restart(layout)
         self._requests.clear()
+        self._records.clear()
         runner = self._runner
         return WorkerInfo(
             self.node_id,
             socket.gethostname(),
             os.getpid(),
-            layout_of(runner.core),
+            runner.layout,
             {m: a.vocab_size for m, a in runner.archs.items()},
             {m: tuple(sorted(ids)) for m, ids in runner.eos.items()},
             torch.get_num_threads(),
@@ -137,15 +112,10 @@ class InstanceWorker:
     def ping(self) -> str:
         return self.node_id
 
-    def _core_of(self, specs: Sequence[ModelSpec]) -> InstanceCore:
-        # the shipped profile: the layout core is never asked to decide, so never prices
-        return InstanceCore(self.spec, specs, self.policy, estimator_for(self.spec, specs))
-
-    def _load(self) -> EngineRunner:
+    def _load(self, layout: Layout) -> EngineRunner:
         loaded = {m: load_catalog_model(m, self.dtype) for m in self.model_names}
-        specs = [lm.arch.to_spec(m, self.dtype, source=lm.source) for m, lm in loaded.items()]
         return EngineRunner(
-            self._core_of(specs),
+            layout,
             {m: (lm.arch, lm.tensors) for m, lm in loaded.items()},
             dtype=self.dtype,
             device=self.device,
@@ -157,13 +127,14 @@ class InstanceWorker:
 
     def execute(self, wire: WireSchedule) -> WireResult:
         """Run one schedule: forget the dropped calls, take in the new ones, then the KV
-        moves, switch, stage, forward and sampling as ``EngineRunner.execute`` does."""
+        moves, switch, stage, forward and sampling as ``EngineRunner.execute`` does; the
+        sampled ids grow the calls' records here too."""
         runner = self._runner
         if runner is None:
             raise RuntimeError("the worker executes nothing before attach()")
         for key in wire.drop:
-            runner.forget(key)
             self._requests.pop(key, None)
+            self._records.pop(key, None)
         for new in wire.new:
             self._take(runner, new)
         running: dict[CallKey, Request] = {}
@@ -180,26 +151,28 @@ class InstanceWorker:
             kv_moves=wire.kv_moves,
             requests=running,
         )
-        done = runner.execute_at(sched, wire.placement)
-        logprobs = tuple(
-            (req.key, runner.logprobs[req.key][-1])
-            for req, _ in done.sampled
-            if runner.logprobs.get(req.key)
-        )
+        calls = {key: self._records[key] for key in running}
+        done = runner.execute(Work(sched, wire.placement, calls, wire.drop))
+        logprobs = dict(done.logprobs)
+        for req, token in done.sampled:
+            self._records[req.key].add(token, logprobs.get(req.key))
         return WireResult(
             tuple((req.key, token) for req, token in done.sampled),
-            logprobs,
+            done.logprobs,
             tuple((req.key, why) for req, why in done.failed),
         )
 
     def _take(self, runner: EngineRunner, new: NewCall) -> None:
         vocab = runner.vocab_size(new.model)
         if vocab is None:
-            raise ConfigError(f"model {new.model} is not served by instance {self.spec.name}")
+            raise ConfigError(f"model {new.model} is not served by instance {self.name}")
         sid, index = new.key
         call = Call(sid, index, new.model, TokenSeq(new.prompt), new.target_output)
         self._requests[new.key] = Request(call, None, new.target_output, 0.0)
-        runner.prepare(new.key, new.params or GREEDY, new.vocab_limit, new.forced, new.resumed)
+        params = new.params or SamplingParams(max_tokens=new.target_output, temperature=0.0)
+        self._records[new.key] = CallRecord(
+            new.key, new.model, new.prompt, params, new.vocab_limit, new.forced, new.resumed
+        )
 
     def held(self) -> tuple[CallKey, ...]:
         """The calls whose state this worker keeps (the serving process checks it holds

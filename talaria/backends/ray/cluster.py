@@ -4,14 +4,14 @@
 process from the models' descriptions (no weights are loaded here), starts one
 :class:`~talaria.backends.ray.actor.InstanceWorker` actor per instance and attaches them
 (each loads its models on its own node, in parallel), and wraps each in a
-:class:`~talaria.backends.ray.substrate.RaySubstrate`.
+:class:`~talaria.backends.ray.executor.RayExecutor`.
 
 Placement: each actor asks for one unit of the custom resource ``resource`` (default
 ``talaria_instance``), ``cpus`` CPUs and, on CUDA, the instance's devices as GPUs; a node
 offers as many instances as it has units (``ray start --resources
 '{"talaria_instance": 1}'``). Actors restart without limit: when a node dies Ray places the
 lost instance's actor on a node with a unit free (one that joined), and the loop re-attaches
-it (``LiveCluster`` and ``RaySubstrate.restart``).
+it (``LiveCluster`` and ``RayExecutor.restart``).
 """
 
 from __future__ import annotations
@@ -25,11 +25,12 @@ import torch
 
 from talaria.backends.embedded import load_catalog_model
 from talaria.backends.ray.actor import InstanceWorker, WorkerInfo
-from talaria.backends.ray.substrate import ATTACH_TIMEOUT_S, STEP_TIMEOUT_S, RaySubstrate
+from talaria.backends.ray.executor import ATTACH_TIMEOUT_S, STEP_TIMEOUT_S, RayExecutor
 from talaria.backends.served import ServedCluster
 from talaria.config import ClusterConfig, InstanceSpec, PolicyConfig
 from talaria.cost import HardwareProfile, cluster_estimators
 from talaria.errors import ConfigError
+from talaria.executor import Layout
 from talaria.runtime.cluster import ClusterCore
 from talaria.session.gaps import GapPredictor
 
@@ -68,14 +69,14 @@ def connect(address: str, instances: int, resource: str = DEFAULT_RESOURCE) -> b
 class _RayWorker(InstanceWorker):
     """The worker as an actor: it names the node Ray placed it on."""
 
-    def attach(self) -> WorkerInfo:
+    def attach(self, layout: Layout) -> WorkerInfo:
         self.node_id = ray.get_runtime_context().get_node_id()
-        return super().attach()
+        return super().attach(layout)
 
 
 @attrs.define
-class RayCluster(ServedCluster[RaySubstrate]):
-    """A cluster core over Ray actors: one ``RaySubstrate`` per instance, and per model its
+class RayCluster(ServedCluster[RayExecutor]):
+    """A cluster core over Ray actors: one ``RayExecutor`` per instance, and per model its
     architecture, tokenizer and source, as ``EmbeddedCluster``. ``close`` kills the actors
     and disconnects from Ray if this cluster connected."""
 
@@ -137,15 +138,17 @@ def build_ray_cluster(
     actors: dict[str, Any] = {}
     try:
         _start_workers(
-            actors, instances, core, policy, dtype=dtype, device=device, resource=resource,
+            actors, instances, core, dtype=dtype, device=device, resource=resource,
             cpus=cpus, native_kernels=native_kernels,
         )  # fmt: skip
+        layouts = {name: inst.layout for name, inst in core.instances.items()}
         infos: list[WorkerInfo] = ray.get(
-            [a.attach.remote() for a in actors.values()], timeout=ATTACH_TIMEOUT_S
+            [a.attach.remote(layouts[name]) for name, a in actors.items()],
+            timeout=ATTACH_TIMEOUT_S,
         )
         timeout = STEP_TIMEOUT_S if step_timeout_s is None else step_timeout_s
         runners = {
-            name: RaySubstrate(core.instances[name], actor, info, step_timeout_s=timeout)
+            name: RayExecutor(name, layouts[name], actor, info, step_timeout_s=timeout)
             for (name, actor), info in zip(actors.items(), infos, strict=True)
         }
     except BaseException:
@@ -167,7 +170,6 @@ def _start_workers(
     actors: dict[str, Any],
     instances: Sequence[InstanceSpec],
     core: ClusterCore,
-    policy: PolicyConfig,
     *,
     dtype: str,
     device: str,
@@ -197,9 +199,8 @@ def _start_workers(
             max_task_retries=0,
             max_concurrency=2,  # a ping answers while a step runs
         ).remote(
-            spec,
+            spec.name,
             tuple(core.instances[spec.name].models),
-            policy,
             dtype,
             device,
             max(1, int(cpus)),

@@ -28,7 +28,7 @@ import attrs
 from talaria.backends.served import ServedCluster
 from talaria.backends.vllm.catalog import DEFAULT_CPU_KV_GIB, VllmModel
 from talaria.backends.vllm.engines import EngineSet
-from talaria.backends.vllm.substrate import VllmSubstrate
+from talaria.backends.vllm.executor import VllmExecutor
 from talaria.config import ClusterConfig, InstanceSpec, PolicyConfig
 from talaria.cost import cluster_estimators
 from talaria.engine.arch import ModelArch
@@ -41,7 +41,7 @@ GIB = 2**30
 
 
 @attrs.frozen
-class VllmCluster(ServedCluster[VllmSubstrate]):
+class VllmCluster(ServedCluster[VllmExecutor]):
     """A cluster core over the vLLM instances; per model its shape, tokenizer, directory and
     end ids, and the engines themselves."""
 
@@ -187,8 +187,8 @@ def cluster_over(
     cluster = ClusterConfig([m.spec(archs[m.name]) for m in models], specs)
     core = ClusterCore(cluster, policy, cluster_estimators(cluster), learner=GapPredictor.default())
     runners = {
-        name: VllmSubstrate(
-            inst,
+        name: VllmExecutor(
+            list(inst.models),
             engines,
             vocab_sizes={n: a.vocab_size for n, a in archs.items()},
             eos_token_ids=eos,

@@ -1,8 +1,8 @@
-"""vLLM engines, one per model, on a private asyncio loop: what the vLLM substrate drives.
+"""vLLM engines, one per model, on a private asyncio loop: what the vLLM executor drives.
 
 :class:`EngineSet` starts one ``vllm.v1.engine.async_llm.AsyncLLM`` per catalog model (each
 runs its engine core in its own process, as vLLM does) on an event loop of its own, in a
-daemon thread, so the substrate's ``execute`` (a worker thread of the live loop) and a
+daemon thread, so the executor's ``execute`` (a worker thread of the live loop) and a
 synchronous replay can both use it. Every request's outputs (vLLM's ``DELTA`` kind: the new
 token ids of each engine step) are pumped into a :class:`Stream` that any thread reads
 under the set's condition variable.

@@ -1,6 +1,6 @@
 """KV block accounting for one instance: a device tier, a host tier and a prefix index.
 
-Pure accounting: no torch, no I/O, no clock reads (callers pass ``now``). A substrate executes
+Pure accounting: no torch, no I/O, no clock reads (callers pass ``now``). An executor executes
 the block moves this module plans (``MovePlan``); the simulator prices them.
 
 Model of the memory

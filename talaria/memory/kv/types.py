@@ -1,8 +1,8 @@
 """Plain data of the KV block manager: call keys, the results its methods return, its
 cumulative counters and the error an invariant check raises.
 
-No behaviour beyond derived properties: :mod:`.manager` builds these, substrates and policies
-read them (``MovePlan`` is what a substrate executes and the simulator prices).
+No behaviour beyond derived properties: :mod:`.manager` builds these, executors and policies
+read them (``MovePlan`` is what an executor executes and the simulator prices).
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ class PrefixMatch:
 
 @attrs.frozen
 class MovePlan:
-    """Block copies for a substrate to execute, as (source block id, destination block id)."""
+    """Block copies for an executor to execute, as (source block id, destination block id)."""
 
     link: Link
     moves: tuple[tuple[int, int], ...] = ()
@@ -78,7 +78,7 @@ class Allocation:
 
     ``reused_tokens`` were on device, ``restored_tokens`` come back from host by the
     ``restore`` plan, ``computed_tokens`` of the prompt must be prefilled. ``evicted`` is what
-    was demoted or dropped to make room; a substrate executes ``evicted.demoted`` before
+    was demoted or dropped to make room; an executor executes ``evicted.demoted`` before
     ``restore`` (block ids may be reused). ``device_blocks`` is the call's block table in token
     order: block ``i`` holds tokens ``[i * tpb, (i + 1) * tpb)`` of the prompt then the output.
     """

@@ -1,9 +1,9 @@
-"""The vLLM substrate's contract with the live loop, against engines that need no vLLM.
+"""The vLLM executor's contract with the live loop, against engines that need no vLLM.
 
 ``FakeEngines`` is an :class:`~talaria.backends.vllm.engines.EngineSet` whose requests are
 answered by a background thread (a token per millisecond, each id a function of the prompt
 and its position; prefix-cache hits in whole blocks of the prompts it saw), so the
-substrate's admission, token hand-out, ends, switches and failures are checked exactly in
+executor's admission, token hand-out, ends, switches and failures are checked exactly in
 the default suite. The real engines are tested under the ``vllm`` marker."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import pytest
 from talaria.backends.vllm.catalog import VllmModel
 from talaria.backends.vllm.cluster import instance_specs
 from talaria.backends.vllm.engines import EngineSet, Stream, SwitchTiming
-from talaria.backends.vllm.substrate import VllmSubstrate
+from talaria.backends.vllm.executor import VllmExecutor
 from talaria.config import ClusterConfig
 from talaria.cost import cluster_estimators
 from talaria.engine.arch import ModelArch
@@ -182,8 +182,8 @@ def make_live(
     pol = attrs.evolve(POLICIES[policy], slot_max_s=0.2, slot_linger_s=0.02)
     core = ClusterCore(cluster, pol, cluster_estimators(cluster))
     runners = {
-        name: VllmSubstrate(
-            inst,
+        name: VllmExecutor(
+            list(inst.models),
             engines,
             vocab_sizes=dict.fromkeys(names, arch.vocab_size),
             eos_token_ids=dict.fromkeys(names, (EOS,)),
@@ -241,10 +241,8 @@ async def test_a_call_gets_the_engines_tokens_session_and_tenant() -> None:
     assert fin2.cached_tokens == 64  # the engine's whole blocks, not Talaria's estimate
     first = engines.submitted[0]
     assert (first.session_id, first.cache_salt, first.prompt) == ("s1", "acme", p.tokens())
-    runner = live.drivers["vllm-0"].runner
-    assert isinstance(runner, VllmSubstrate)
-    assert [d.vllm_cached for d in runner.kv_drift] == [0, 64]
-    assert not runner.outputs  # nothing kept after the calls ended
+    drift = live.core.instances["vllm-0"].kv_drift
+    assert [(d.engine_cached, d.core_cached) for d in drift] == [(0, 0), (64, 64)]
 
 
 async def test_an_end_token_stops_the_call_and_the_engine_request() -> None:
