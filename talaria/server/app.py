@@ -36,7 +36,7 @@ import attrs
 import uvicorn
 from fastapi import FastAPI
 
-from talaria.server import routes
+from talaria.server import handling, routes
 from talaria.server.backend import Backend
 from talaria.server.error_handlers import GuardedRoute, install_error_handlers
 from talaria.server.metrics import ServerMetrics
@@ -89,7 +89,7 @@ def create_app(
         redoc_url=None,
     )
     metrics = ServerMetrics(talaria.stats)
-    setattr(app.state, routes.STATE, routes.Context(talaria, metrics))
+    setattr(app.state, handling.STATE, handling.Context(talaria, metrics))
     app.router.route_class = GuardedRoute
     install_error_handlers(app)
     routes.add_routes(app)
