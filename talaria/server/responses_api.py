@@ -49,7 +49,7 @@ from typing import Annotated, Any, Literal
 import attrs
 from fastapi import Request, Response
 from fastapi.responses import JSONResponse
-from pydantic import ConfigDict, Discriminator, Field, Tag
+from pydantic import ConfigDict, Discriminator, Field, Tag, model_validator
 
 from talaria.api.results import ChatChunk
 from talaria.server import handling, responses_stream, streaming
@@ -279,7 +279,7 @@ class ResponsesRequest(req.StrictModel):
 
     model_config = ConfigDict(strict=True, extra="allow", allow_inf_nan=False)
     model: str = Field(min_length=1)
-    input: str | list[InputItem] = Field(min_length=1)
+    input: list[InputItem] = Field(min_length=1)
     instructions: str | None = None
     tools: list[Tool] | None = None
     tool_choice: Literal["auto", "none", "required"] | FunctionChoice | None = None
@@ -297,6 +297,14 @@ class ResponsesRequest(req.StrictModel):
     metadata: dict[str, str] | None = None
     previous_response_id: str | None = None
     user: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_message(cls, data: Any) -> Any:
+        """A string ``input`` is one user message."""
+        if isinstance(data, dict) and isinstance(data.get("input"), str):
+            return {**data, "input": [{"role": "user", "content": data["input"]}]}
+        return data
 
     def check(self) -> None:
         """Refuse what this server cannot honour (see the module docstring). Raises
@@ -369,12 +377,9 @@ def to_chat(body: ResponsesRequest) -> ChatCall:
     messages: list[dict[str, Any]] = []
     if body.instructions:
         messages.append({"role": "system", "content": body.instructions})
-    if isinstance(body.input, str):
-        messages.append({"role": "user", "content": body.input})
-    else:
-        calls: set[str] = set()
-        for i, item in enumerate(body.input):
-            item.add_to(messages, calls, i)
+    calls: set[str] = set()
+    for i, item in enumerate(body.input):
+        item.add_to(messages, calls, i)
     names: dict[str, FunctionName] = {}
     tools: list[dict[str, Any]] = []
     for tool in body.tools or ():
