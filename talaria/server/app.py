@@ -1,7 +1,8 @@
 """The OpenAI-compatible HTTP server over the in-process API (``talaria.api.Talaria``).
 
 Endpoints: ``POST /v1/chat/completions``, ``POST /v1/completions`` (both stream with
-``stream: true``), ``GET /v1/models[/{id}]``, ``POST /v1/sessions/{id}/events``, ``GET
+``stream: true``), ``POST /v1/responses`` (OpenAI's Responses API, for Codex CLI),
+``GET /v1/models[/{id}]``, ``POST /v1/sessions/{id}/events``, ``GET
 /health`` and ``GET /metrics``. Every error is OpenAI's ``{"error": {...}}`` shape.
 
 Sessions: a call names its session in the ``X-Session-ID`` header or the body field
@@ -16,10 +17,11 @@ are refused with 413 before parsing, whether sent with ``Content-Length`` or chu
 
 This module builds the app (:func:`create_app`, :func:`app_for_config`) and runs it
 (:func:`serve`). The pieces: ``routes`` (endpoints and request handling), ``streaming``
-(SSE), ``middleware`` (metrics observation, API keys and tenants, body limit),
-``error_handlers`` (exceptions to responses), ``errors`` (the error shapes), ``requests``
-and ``responses`` (request schemas, answer shapes), ``backend`` (what the server needs from
-the in-process API) and ``metrics`` (the Prometheus registry).
+(SSE), ``handling`` (request handling the endpoints share), ``responses_api`` and
+``responses_stream`` (the Responses API), ``middleware`` (metrics observation, API keys
+and tenants, body limit), ``error_handlers`` (exceptions to responses), ``errors`` (the
+error shapes), ``requests`` and ``responses`` (request schemas, answer shapes), ``backend``
+(what the server needs from the in-process API) and ``metrics`` (the Prometheus registry).
 """
 
 from __future__ import annotations

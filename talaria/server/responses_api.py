@@ -27,7 +27,8 @@ Hosted tools (``web_search``, ``web_search_preview``, ``file_search``, ``local_s
 and never shown to the model nor called; any other tool type is a 400.
 
 Fields: honoured ``model``, ``input``, ``instructions``, ``tools``, ``tool_choice``
-(``auto``, ``none``, ``required``, ``{"type": "function", "name"}``),
+(``auto``, ``none``, ``required``, ``{"type": "function", "name"}``, the name a top-level
+function's, or a namespaced function's NAME or NAMESPACE.NAME),
 ``parallel_tool_calls``, ``max_output_tokens``, ``temperature``, ``top_p``, ``stream``,
 ``prompt_cache_key`` (the session, when no session header is sent; see
 :func:`_session_id`). Accepted and ignored (echoed where the response has them):
