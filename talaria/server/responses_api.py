@@ -19,12 +19,13 @@ string ``input`` is one user message; ``instructions`` is a system message place
 Tools: ``function`` tools (``name``, ``description``, ``parameters``; ``strict`` is
 accepted but arguments are checked to be a JSON object, not against the schema) and
 ``namespace`` tools (``{"type": "namespace", "name", "description", "tools": [...]}``, as
-the ``openai`` SDK's ``NamespaceTool``): each nested function is shown to the model as
-``NAMESPACE.NAME`` and its calls come back as ``function_call`` items with ``name`` NAME and
-``namespace`` NAMESPACE (a history item with ``namespace`` is rendered the same way).
-Hosted tools (``web_search``, ``web_search_preview``, ``file_search``, ``local_shell``,
-``code_interpreter``, ``image_generation``) and ``custom`` (free-form) tools are accepted
-and never shown to the model nor called; any other tool type is a 400.
+the ``openai`` SDK's ``NamespaceTool`` and Codex send them): each nested function is shown
+to the model as ``NAMESPACE.NAME`` (at most 64 characters, as any function name) and its
+calls come back as ``function_call`` items with ``name`` NAME and ``namespace`` NAMESPACE
+(a history item with ``namespace`` is rendered the same way). Hosted tools
+(``web_search``, ``web_search_preview``, ``file_search``, ``local_shell``,
+``code_interpreter``, ``image_generation``, ``tool_search``) and ``custom`` (free-form)
+tools are accepted and never shown to the model nor called; any other tool type is a 400.
 
 Fields: honoured ``model``, ``input``, ``instructions``, ``tools``, ``tool_choice``
 (``auto``, ``none``, ``required``, ``{"type": "function", "name"}``, the name a top-level
@@ -243,6 +244,7 @@ class HostedTool(_Item):
         "local_shell",
         "code_interpreter",
         "image_generation",
+        "tool_search",
     ]
 
     def functions(self) -> list[tuple[FunctionName, FunctionTool]]:

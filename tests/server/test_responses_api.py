@@ -146,6 +146,7 @@ def test_items_translate_to_chat_messages_exactly() -> None:
             "tools": [
                 WEATHER,
                 {"type": "web_search"},
+                {"type": "tool_search", "execution": "client", "parameters": {}},
                 {"type": "custom", "name": "apply_patch", "format": {"type": "text"}},
                 {
                     "type": "namespace",
@@ -246,12 +247,9 @@ def test_sdk_whole_answer_equals_the_in_process_api(
     )
     assert r.usage.total_tokens == same.usage.total_tokens
     assert r.usage.output_tokens_details.reasoning_tokens == 0
-    if same.finish_reason == "length":
-        assert r.status == "incomplete" and r.incomplete_details is not None
-        assert r.incomplete_details.reason == "max_output_tokens"
-        assert item.status == "incomplete"
-    else:
-        assert r.status == "completed" and r.incomplete_details is None
+    assert same.finish_reason == "length" and r.usage.output_tokens == 12  # cut by the cap
+    assert r.status == "incomplete" and r.incomplete_details is not None
+    assert r.incomplete_details.reason == "max_output_tokens" and item.status == "incomplete"
     assert (r.temperature, r.top_p, r.max_output_tokens, r.store) == (0, 1, 12, False)
     assert r.instructions == "Be brief." and r.tools == [] and r.tool_choice == "auto"
 
@@ -303,6 +301,29 @@ def test_sdk_stream_carries_the_documented_events_and_the_same_answer(
         helper = [e.type for e in s]
         final = s.get_final_response()
     assert helper == kinds and final.output_text == same.text
+
+
+@requires_smollm2
+def test_a_streamed_answer_cut_by_the_cap_ends_with_response_incomplete(
+    http: httpx.Client,
+) -> None:
+    body = {"model": MODEL, "input": PROMPT, "temperature": 0, "max_output_tokens": 3}
+    events = sse_events(http.post(PATH, json={**body, "stream": True}))
+    kinds = [e["type"] for e in events]
+    assert [k for k in kinds if k != "response.output_text.delta"] == [
+        *TEXT_EVENTS,
+        "response.incomplete",
+    ]
+    last = events[-1]["response"]
+    assert last["status"] == "incomplete" and last["incomplete_details"] == {
+        "reason": "max_output_tokens"
+    }
+    assert last["output"][0]["status"] == "incomplete" and last["usage"]["output_tokens"] == 3
+    whole = http.post(PATH, json=body).json()
+    assert whole["output"][0]["content"] == last["output"][0]["content"]
+    assert whole["status"] == "incomplete"
+    metrics = http.get("/metrics").text
+    assert 'endpoint="responses",model="smollm2-135m",status="200"' in metrics
 
 
 @requires_smollm2
