@@ -1,7 +1,8 @@
 """The OpenAI-compatible HTTP server over the in-process API (``talaria.api.Talaria``).
 
 Endpoints: ``POST /v1/chat/completions``, ``POST /v1/completions`` (both stream with
-``stream: true``), ``GET /v1/models[/{id}]``, ``POST /v1/sessions/{id}/events``, ``GET
+``stream: true``), ``POST /v1/responses`` (OpenAI's Responses API, for Codex CLI),
+``GET /v1/models[/{id}]``, ``POST /v1/sessions/{id}/events``, ``GET
 /health`` and ``GET /metrics``. Every error is OpenAI's ``{"error": {...}}`` shape.
 
 Sessions: a call names its session in the ``X-Session-ID`` header or the body field
@@ -16,10 +17,11 @@ are refused with 413 before parsing, whether sent with ``Content-Length`` or chu
 
 This module builds the app (:func:`create_app`, :func:`app_for_config`) and runs it
 (:func:`serve`). The pieces: ``routes`` (endpoints and request handling), ``streaming``
-(SSE), ``middleware`` (metrics observation, API keys and tenants, body limit),
-``error_handlers`` (exceptions to responses), ``errors`` (the error shapes), ``requests``
-and ``responses`` (request schemas, answer shapes), ``backend`` (what the server needs from
-the in-process API) and ``metrics`` (the Prometheus registry).
+(SSE), ``handling`` (request handling the endpoints share), ``responses_api`` and
+``responses_stream`` (the Responses API), ``middleware`` (metrics observation, API keys
+and tenants, body limit), ``error_handlers`` (exceptions to responses), ``errors`` (the
+error shapes), ``requests`` and ``responses`` (request schemas, answer shapes), ``backend``
+(what the server needs from the in-process API) and ``metrics`` (the Prometheus registry).
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ import attrs
 import uvicorn
 from fastapi import FastAPI
 
-from talaria.server import routes
+from talaria.server import handling, routes
 from talaria.server.backend import Backend
 from talaria.server.error_handlers import GuardedRoute, install_error_handlers
 from talaria.server.metrics import ServerMetrics
@@ -89,7 +91,7 @@ def create_app(
         redoc_url=None,
     )
     metrics = ServerMetrics(talaria.stats)
-    setattr(app.state, routes.STATE, routes.Context(talaria, metrics))
+    setattr(app.state, handling.STATE, handling.Context(talaria, metrics))
     app.router.route_class = GuardedRoute
     install_error_handlers(app)
     routes.add_routes(app)

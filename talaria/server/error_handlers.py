@@ -69,7 +69,8 @@ def _route_error(request: Request, status: int) -> HttpError:
         return HttpError(
             404,
             f"No endpoint at {path[:200]}. This server serves POST /v1/chat/completions, "
-            "POST /v1/completions, GET /v1/models, POST /v1/sessions/{id}/events, GET /health "
+            "POST /v1/completions, POST /v1/responses, GET /v1/models, "
+            "POST /v1/sessions/{id}/events, GET /health "
             "and GET /metrics.",
             code="not_found",
         )

@@ -30,6 +30,7 @@ _FIELD_HINTS: Mapping[str, str] = {
     "prompt": "must be a string, a list of token ids, or a list holding one of either",
     "content": "must be a string, a list of text parts, or null",
     "tool_choice": "must be a string or an object",
+    "output": "must be a string or a list of text parts",
 }
 
 

@@ -28,7 +28,7 @@ def _endpoint(path: str) -> str | None:
     """The metrics label of a path; None for paths not counted (/health, /metrics)."""
     if path in ("/health", "/metrics"):
         return None
-    if path in ("/v1/chat/completions", "/v1/completions"):
+    if path in ("/v1/chat/completions", "/v1/completions", "/v1/responses"):
         return path.removeprefix("/v1/").replace("/", "_")
     if path == "/v1/models" or path.startswith("/v1/models/"):
         return "models"

@@ -104,7 +104,7 @@ UNHONOURED: Mapping[str, tuple[object, ...]] = types.MappingProxyType(
 )
 
 
-def _neutral(value: object, accepted: tuple[object, ...]) -> bool:
+def neutral(value: object, accepted: tuple[object, ...]) -> bool:
     """Whether ``value`` (parsed JSON) is one of ``accepted``: lists compare as tuples, an
     empty object as ``()``, and booleans only with booleans (``0`` is not ``false``)."""
     if isinstance(value, list):
@@ -200,7 +200,7 @@ class SamplingFields(StrictModel):
         Raises ``HttpError`` (400) naming the field; logs the unknown fields it ignores."""
         for name, value in (self.model_extra or {}).items():
             accepted = UNHONOURED.get(name)
-            if accepted is not None and not _neutral(value, accepted):
+            if accepted is not None and not neutral(value, accepted):
                 raise bad_request(
                     f"{name} is not supported by this server; leave it out.",
                     name,

@@ -1,13 +1,15 @@
 """The HTTP endpoints and how each request is turned into an API call and answered.
 
 Endpoints: ``POST /v1/chat/completions``, ``POST /v1/completions`` (both stream with
-``stream: true``, see ``talaria.server.streaming``), ``GET /v1/models[/{id}]``, ``POST
+``stream: true``, see ``talaria.server.streaming``), ``POST /v1/responses`` (OpenAI's
+Responses API, see ``talaria.server.responses_api``), ``GET /v1/models[/{id}]``, ``POST
 /v1/sessions/{id}/events``, ``POST /tokenize`` and ``POST /detokenize`` (vLLM's),
 ``GET /health`` and ``GET /metrics``. Bodies are validated by ``talaria.server.requests``
 and answered in the shapes of ``talaria.server.responses``; failures raise
-``talaria.server.errors.HttpError``. Each app
-holds its :class:`Context` (the backend and the app's metrics) on ``app.state``, put there
-by ``talaria.server.app.create_app``.
+``talaria.server.errors.HttpError``. Each app holds its ``talaria.server.handling.Context``
+(the backend and the app's metrics) on ``app.state``, put there by
+``talaria.server.app.create_app``; ``handling`` has the request handling every endpoint
+shares.
 
 Sessions: a call names its session in the ``X-Session-ID`` header or the body field
 ``session_id``; if both are sent they must be equal (a 400 otherwise, rather than silently
@@ -19,38 +21,19 @@ preferring one). Without either, the call is a one-call session. Answers carry t
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import AsyncIterator, Callable
-from typing import Any, TypeVar
+from typing import Any
 
-import attrs
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
-from pydantic import ValidationError
 
 from talaria.api.results import ChatChunk, Logprob, ModelInfo, ToolCall, Usage
-from talaria.server import openapi, streaming
+from talaria.server import handling, openapi, responses_api, streaming
 from talaria.server import requests as req
 from talaria.server import responses as resp
-from talaria.server.backend import Backend
-from talaria.server.errors import HttpError, bad_request, from_validation
-from talaria.server.metrics import ServerMetrics
+from talaria.server.errors import bad_request
 
 log = logging.getLogger(__name__)
-
-Body = TypeVar("Body", bound=req.StrictModel)
-STATE = "talaria"  # app.state attribute holding the Context
-
-
-@attrs.frozen
-class Context:
-    backend: Backend
-    metrics: ServerMetrics
-
-
-def _ctx(request: Request) -> Context:
-    ctx: Context = getattr(request.app.state, STATE)
-    return ctx
 
 
 def add_routes(app: FastAPI) -> None:
@@ -62,6 +45,7 @@ def add_routes(app: FastAPI) -> None:
         ("/v1/sessions/{session_id:path}/events", _session_event, req.EventRequest),
         ("/tokenize", _tokenize, req.TokenizeRequest),
         ("/detokenize", _detokenize, req.DetokenizeRequest),
+        ("/v1/responses", responses_api.create_response, responses_api.ResponsesRequest),
     )
     for path, handler, model in posts:
         app.add_api_route(
@@ -81,10 +65,10 @@ def add_routes(app: FastAPI) -> None:
 
 async def _chat_completions(request: Request) -> Response:
     """OpenAI chat completions (streamed or not) through the model's chat template."""
-    body = await _parse(request, req.ChatCompletionRequest)
+    body = await handling.parse(request, req.ChatCompletionRequest)
     args = _call_args(request, body, body.new_tokens())
     messages = body.api_messages()
-    ctx = _ctx(request)
+    ctx = handling.context(request)
 
     def open_stream() -> AsyncIterator[ChatChunk]:
         return ctx.backend.chat_stream(
@@ -101,10 +85,10 @@ async def _chat_completions(request: Request) -> Response:
 
 async def _completions(request: Request) -> Response:
     """OpenAI (legacy) text completions of a raw prompt, no chat template."""
-    body = await _parse(request, req.CompletionRequest)
+    body = await handling.parse(request, req.CompletionRequest)
     args = _call_args(request, body, body.max_tokens)
     prompt = body.prompt_value()
-    ctx = _ctx(request)
+    ctx = handling.context(request)
 
     def open_stream() -> AsyncIterator[ChatChunk]:
         return ctx.backend.complete_stream(prompt, body.model, **args)
@@ -115,10 +99,10 @@ async def _completions(request: Request) -> Response:
 async def _tokenize(request: Request) -> Response:
     """vLLM's ``/tokenize``: ``{"count", "max_model_len", "tokens", "token_strs"}``
     (``token_strs`` null unless ``return_token_strs``)."""
-    body = await _parse(request, req.TokenizeRequest)
+    body = await handling.parse(request, req.TokenizeRequest)
     model = _default_model(request, body.model)
     messages = None if body.messages is None else [m.to_api(i) for i, m in enumerate(body.messages)]
-    out = _ctx(request).backend.tokenize(
+    out = handling.context(request).backend.tokenize(
         model,
         prompt=body.prompt,
         messages=messages,
@@ -138,17 +122,18 @@ async def _tokenize(request: Request) -> Response:
 
 async def _detokenize(request: Request) -> Response:
     """vLLM's ``/detokenize``: ``{"prompt": text}`` (special tokens kept)."""
-    body = await _parse(request, req.DetokenizeRequest)
+    body = await handling.parse(request, req.DetokenizeRequest)
     model = _default_model(request, body.model)
-    return JSONResponse({"prompt": _ctx(request).backend.detokenize(model, body.tokens)})
+    backend = handling.context(request).backend
+    return JSONResponse({"prompt": backend.detokenize(model, body.tokens)})
 
 
 def _default_model(request: Request, name: str | None) -> str:
     """``name`` if served (404 otherwise), or the one served model when ``name`` is None
     (a 400 asking for ``model`` when several are served)."""
     if name is not None:
-        return _require_model(request, name).name
-    served = [m.name for m in _ctx(request).backend.models()]
+        return handling.require_model(request, name).name
+    served = [m.name for m in handling.context(request).backend.models()]
     if len(served) != 1:
         raise bad_request(
             f"model is required: this server serves {', '.join(served) or 'no models'}.",
@@ -159,13 +144,13 @@ def _default_model(request: Request, name: str | None) -> str:
 
 async def _list_models(request: Request) -> Response:
     """``{"object": "list", "data": [model cards]}``."""
-    cards = [_card(m) for m in _ctx(request).backend.models()]
+    cards = [_card(m) for m in handling.context(request).backend.models()]
     return JSONResponse({"object": "list", "data": cards})
 
 
 async def _get_model(request: Request, model: str) -> Response:
     """One model card; 404 naming the served models when ``model`` is not one of them."""
-    info = _require_model(request, model)
+    info = handling.require_model(request, model)
     return JSONResponse(_card(info))
 
 
@@ -174,20 +159,20 @@ async def _session_event(request: Request, session_id: str) -> Response:
     ``"summary": {"sct_s", "calls"}`` for ``end`` (and observes SCT). 404 for a session the
     server never saw."""
     sid = req.check_session_id(session_id, "the session id in the path")
-    event = await _parse(request, req.EventRequest)
-    summary = await _ctx(request).backend.event(
+    event = await handling.parse(request, req.EventRequest)
+    summary = await handling.context(request).backend.event(
         sid,
         event.event,
         tool=event.tool,
         expected_s=event.expected_s,
         measured_s=event.measured_s,
-        tenant=_tenant(request),
+        tenant=handling.tenant(request),
     )
     out: dict[str, Any] = {"session_id": sid, "event": event.event}
     if summary is not None:
-        _ctx(request).metrics.sct.observe(max(summary.sct_s, 0.0))
+        handling.context(request).metrics.sct.observe(max(summary.sct_s, 0.0))
         out["summary"] = {"sct_s": summary.sct_s, "calls": summary.calls}
-    return JSONResponse(out, headers={"X-Session-ID": _header(sid)})
+    return JSONResponse(out, headers={"X-Session-ID": handling.header_value(sid)})
 
 
 async def _health(request: Request) -> Response:
@@ -197,7 +182,7 @@ async def _health(request: Request) -> Response:
     invariant of the runtime and its memory managers between engine steps (a deep check for
     operators and soak tests, not for a load balancer's probe): ``"integrity": "ok"``, or 503
     with ``"integrity"`` listing what is broken."""
-    backend = _ctx(request).backend
+    backend = handling.context(request).backend
     try:
         names = [m.name for m in backend.models()]
         instances = {
@@ -224,30 +209,11 @@ async def _health(request: Request) -> Response:
 
 async def _metrics(request: Request) -> Response:
     """Prometheus exposition text of this app's registry."""
-    data, content_type = _ctx(request).metrics.render()
+    data, content_type = handling.context(request).metrics.render()
     return Response(data, media_type=content_type)
 
 
 # --- request handling --------------------------------------------------------------------------
-
-
-async def _parse(request: Request, model: type[Body]) -> Body:
-    """Validate the raw body as ``model`` (strict JSON) and run its ``check``. Raises
-    ``HttpError`` (400) naming the field at fault."""
-    raw = await request.body()
-    try:
-        body = model.model_validate_json(raw)
-    except ValidationError as exc:
-        raise from_validation(exc) from None
-    check = getattr(body, "check", None)
-    if check is not None:
-        check()
-    return body
-
-
-def _tenant(request: Request) -> str:
-    """The caller's tenant: its API key's, or ``default`` when the server has no keys."""
-    return str(getattr(request.state, "talaria_tenant", "default"))
 
 
 def _call_args(
@@ -256,7 +222,7 @@ def _call_args(
     """Keyword arguments for ``chat_stream`` / ``complete_stream``, after checking the model
     and resolving the session id (header and body must agree). Records the model for
     metrics."""
-    _require_model(request, body.model)
+    handling.require_model(request, body.model)
     request.state.talaria_model = body.model
     header = request.headers.get("x-session-id")
     sid = body.session_id
@@ -272,40 +238,19 @@ def _call_args(
     elif sid is not None:
         sid = req.check_session_id(sid, "session_id")
     if body.user is not None:  # OpenAI's end-user id: recorded, never a tenant or a scope
-        log.info(
-            "call of tenant %s, session %s, for user %r", _tenant(request), sid, body.user[:256]
-        )
+        tenant = handling.tenant(request)
+        log.info("call of tenant %s, session %s, for user %r", tenant, sid, body.user[:256])
     request.state.talaria_ignored = body.unknown_fields()
     return {
         "session_id": sid,
-        "tenant": _tenant(request),
+        "tenant": handling.tenant(request),
         "max_tokens": max_tokens,
         **body.sampling_args(),
     }
 
 
-def _require_model(request: Request, name: str) -> ModelInfo:
-    """The served model called ``name``; raises ``HttpError`` (404) listing the served ones."""
-    served = list(_ctx(request).backend.models())
-    for info in served:
-        if info.name == name:
-            return info
-    available = ", ".join(m.name for m in served) or "none"
-    raise HttpError(
-        404,
-        f"The model {name[:100]!r} does not exist on this server. Available models: {available}.",
-        code="model_not_found",
-        param="model",
-    )
-
-
 def _card(info: ModelInfo) -> dict[str, Any]:
     return resp.model_card(info.name, info.context_length, info.source, info.created)
-
-
-def _header(value: str) -> str:
-    """``value`` made safe for an HTTP header (printable ASCII)."""
-    return "".join(c if 32 <= ord(c) < 127 else "?" for c in value)[:512]
 
 
 async def _answer(
@@ -317,30 +262,12 @@ async def _answer(
 ) -> Response:
     """Run one call and answer it, streamed (SSE) or whole.
 
-    The first chunk is awaited before any byte is sent, so errors raised before generation
-    starts (unknown model, context too long, overloaded) get their own HTTP status; later
-    errors become an SSE error event (streamed) or the HTTP error (not streamed). Time to
-    first token is observed here for both kinds.
+    The first chunk is awaited before any byte is sent (``handling.first_chunk``), so errors
+    raised before generation starts get their own HTTP status; later errors become an SSE
+    error event (streamed) or the HTTP error (not streamed).
     """
-    ctx = _ctx(request)
-    stream = open_stream()
-    try:
-        first = await anext(stream)
-    except StopAsyncIteration:
-        await streaming.close(stream)
-        raise HttpError(500, "The model produced no output; retry.", code="empty_stream") from None
-    except BaseException:
-        await streaming.close(stream)
-        raise
-    received = float(request.state.talaria_received)
-    ctx.metrics.ttft.labels(body.model).observe(max(time.perf_counter() - received, 0.0))
-    headers = {
-        "X-Talaria-Instance": _header(first.instance),
-        "X-Session-ID": _header(first.session_id),
-    }
-    ignored = getattr(request.state, "talaria_ignored", [])
-    if ignored:
-        headers["X-Talaria-Ignored-Fields"] = _header(",".join(ignored))
+    first, stream = await handling.first_chunk(request, open_stream, body.model)
+    headers = handling.answer_headers(request, first)
     if body.stream:
         head = resp.ChunkHead(first.id, first.model, first.created, body.include_usage)
         events = streaming.sse(request, first, stream, head, chat, body.n)

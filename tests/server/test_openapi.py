@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import httpx
 
-from talaria.server import requests
+from talaria.server import requests, responses_api
 from talaria.server.openapi import REQUEST_ERRORS, request_bodies
 
 POSTS = {
@@ -14,6 +14,7 @@ POSTS = {
     ("POST", "/v1/sessions/{session_id}/events"): requests.EventRequest,
     ("POST", "/tokenize"): requests.TokenizeRequest,
     ("POST", "/detokenize"): requests.DetokenizeRequest,
+    ("POST", "/v1/responses"): responses_api.ResponsesRequest,
 }
 
 
