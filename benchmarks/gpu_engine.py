@@ -43,6 +43,7 @@ if __package__ in (None, ""):  # run as a script: the repository root on the pat
 
 from benchmarks.gpu_configs import LLAMA31_8B, QWEN25_7B
 from talaria.config import InstanceSpec
+from talaria.core.instance import InstanceCore
 from talaria.cost import estimator_for
 from talaria.engine.arch import ModelArch
 from talaria.engine.batch import BatchInput, SeqInput
@@ -50,7 +51,6 @@ from talaria.engine.runner import EngineRunner
 from talaria.memory.kv.types import MovePlan
 from talaria.memory.weights import CopyStep, SwitchPlan
 from talaria.policy.baselines import POLICIES
-from talaria.runtime.instance import InstanceCore
 from talaria.runtime.local import LocalInstance
 from talaria.types import Call, Link, TokenSeq
 

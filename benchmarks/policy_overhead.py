@@ -32,12 +32,12 @@ from rich.progress import track
 from rich.table import Table
 
 from talaria.config import ClusterConfig
+from talaria.core.cluster import ClusterCore
+from talaria.core.instance import InstanceCore
 from talaria.cost.cost_model import CostModel
 from talaria.cost.estimator import CostModelEstimator, Estimator
 from talaria.cost.hardware import profile
 from talaria.policy.baselines import POLICIES
-from talaria.runtime.cluster import ClusterCore
-from talaria.runtime.instance import InstanceCore
 from talaria.schedule import Executed, Request
 from talaria.sim.catalog import PAPER_MODELS
 from talaria.types import Call, EventKind, TokenSeq

@@ -43,12 +43,12 @@ from talaria.backends.ray.actor import WorkerInfo
 from talaria.backends.ray.executor import RayExecutor
 from talaria.backends.ray.wire import WireResult, WireSchedule
 from talaria.config import ClusterConfig, InstanceSpec
+from talaria.core.cluster import ClusterCore
 from talaria.cost import cluster_estimators
 from talaria.executor import Layout
 from talaria.generation import SamplingParams, StopChecker
 from talaria.memory.kv import CallKey
 from talaria.policy.baselines import POLICIES
-from talaria.runtime.cluster import ClusterCore
 from talaria.runtime.live import LiveCluster
 from talaria.runtime.streams import Failed, Finished
 from talaria.types import TokenSeq

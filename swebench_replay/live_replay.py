@@ -37,6 +37,8 @@ from talaria.backends.calibration_plan import CalibrationPlan
 from talaria.backends.embedded import cluster_from_loaded, load_catalog_model
 from talaria.clock import Clock, WallClock
 from talaria.config import ClusterConfig, InstanceSpec, PolicyConfig
+from talaria.core.cluster import ClusterCore
+from talaria.core.counters import cluster_counters
 from talaria.cost.calibration import Calibration, CalibrationMode
 from talaria.cost.estimator import Estimator
 from talaria.cost.hardware import HardwareProfile
@@ -48,8 +50,6 @@ from talaria.executor import Executor, Layout, Work
 from talaria.generation import SamplingParams, StopChecker
 from talaria.policy.baselines import TALARIA
 from talaria.policy.knobs import knobs_of
-from talaria.runtime.cluster import ClusterCore
-from talaria.runtime.counters import cluster_counters
 from talaria.runtime.live import LiveCluster
 from talaria.runtime.local import LocalInstance
 from talaria.runtime.step_log import StepTiming

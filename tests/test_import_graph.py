@@ -12,6 +12,7 @@ ROOT = Path(__file__).resolve().parents[1] / "talaria"
 # Imports under ``if TYPE_CHECKING:`` are annotations only and are not dependencies.
 TORCH_FREE = (
     "executor",
+    "core",
     "policy",
     "memory",
     "cost",
@@ -116,7 +117,8 @@ def test_the_runtime_reaches_executors_only_through_the_protocol() -> None:
     loop), and the protocol itself sits below both."""
     edges, _ = _graph()
     assert not edges["runtime"] & {"engine", "backends", "sim", "server", "api"}
-    assert not edges["engine"] & {"runtime", "policy", "sim", "backends", "server", "api"}
+    assert not edges["core"] & {"runtime", "engine", "backends", "sim", "server", "api"}
+    assert not edges["engine"] & {"core", "runtime", "policy", "sim", "backends", "server", "api"}
     assert edges["executor"] <= {"generation", "memory", "schedule"}
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from talaria.runtime.counters import instance_counters
+from talaria.core.counters import instance_counters
 from talaria.runtime.live import LiveCluster
 
 

@@ -27,6 +27,8 @@ import torch
 from talaria.backends.calibration_plan import cached_profiles
 from talaria.backends.served import ServedCluster
 from talaria.config import ClusterConfig, InstanceSpec, PolicyConfig
+from talaria.core.cluster import ClusterCore
+from talaria.core.instance import InstanceCore
 from talaria.cost import HardwareProfile, cluster_estimators, estimator_for
 from talaria.engine.catalog import Source, entry
 from talaria.engine.kernels import optional_decode_kernel
@@ -41,8 +43,6 @@ from talaria.engine.loader import (
 from talaria.engine.runner import EngineRunner
 from talaria.engine.tokenizer import Tokenizer
 from talaria.errors import ConfigError
-from talaria.runtime.cluster import ClusterCore
-from talaria.runtime.instance import InstanceCore
 from talaria.runtime.local import LocalInstance
 from talaria.session.gaps import GapPredictor
 

@@ -8,9 +8,9 @@ from typing import Generic, TypeVar
 
 import attrs
 
+from talaria.core.cluster import ClusterCore
 from talaria.engine.arch import ModelArch
 from talaria.engine.tokenizer import Tokenizer
-from talaria.runtime.cluster import ClusterCore
 
 R = TypeVar("R")  # the backend's executor, one per instance
 

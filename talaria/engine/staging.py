@@ -1,7 +1,7 @@
 """Background weight staging: a low-priority thread on CPU, a side stream on CUDA.
 
 A stage copies the first bytes of the next model's host weights into device KV blocks lent
-for the purpose (:meth:`talaria.runtime.instance.InstanceCore._maybe_stage`). Done inline it
+for the purpose (:meth:`talaria.core.instance.InstanceCore._maybe_stage`). Done inline it
 stalls the step that carries it; :class:`BackgroundCopy` does it on a thread of its own so
 steps go on while it runs:
 

@@ -153,7 +153,7 @@ def route(
 
 
 class Candidate(Protocol):
-    """An instance as ``search`` sees it (``talaria.runtime.estimates.InstanceEstimates``)."""
+    """An instance as ``search`` sees it (``talaria.core.estimates.InstanceEstimates``)."""
 
     @property
     def name(self) -> str: ...

@@ -1,7 +1,7 @@
 """The live cluster loop: the cluster core and real engines on anyio, with the wall clock.
 
 :class:`LiveCluster` is the simulator's event loop made real. Calls are routed by the same
-:class:`~talaria.runtime.cluster.ClusterCore` (router, admission with soft reservations,
+:class:`~talaria.core.cluster.ClusterCore` (router, admission with soft reservations,
 round scheduler with session-prefill); each instance has one driver task that asks its
 core for the next decision, executes it on a worker thread (the tensors), and reports back.
 Only the executor (a :class:`~talaria.executor.Executor` per instance: the embedded
@@ -40,6 +40,7 @@ import attrs
 from anyio.streams.memory import MemoryObjectReceiveStream
 
 from talaria.clock import Clock, WallClock
+from talaria.core.cluster import ClusterCore
 from talaria.errors import (
     BadRequest,
     CallFailed,
@@ -53,7 +54,6 @@ from talaria.executor import CallRecord, Executor, Work
 from talaria.generation import SamplingParams, StopChecker
 from talaria.memory.kv import CallKey
 from talaria.policy.gaps import check_hint_s, check_seconds
-from talaria.runtime.cluster import ClusterCore
 from talaria.runtime.gate import AdmissionGate
 from talaria.runtime.local import commit_executed
 from talaria.runtime.sessions import LiveSession, SessionSummary

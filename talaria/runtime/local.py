@@ -1,7 +1,7 @@
 """One instance driven step by step in the caller's thread: for tests, scripts and benchmarks.
 
 :class:`LocalInstance` is the smallest driver of the executor protocol
-(:mod:`talaria.executor`): it owns an :class:`~talaria.runtime.instance.InstanceCore`, the
+(:mod:`talaria.executor`): it owns an :class:`~talaria.core.instance.InstanceCore`, the
 records of its calls and an executor, and each ``step`` is plan -> execute -> commit, with
 the calls' records growing from what the executor sampled. The live loop
 (:mod:`talaria.runtime.live`) does the same for many instances under load, with routing,
@@ -17,11 +17,11 @@ import time
 from collections.abc import Collection, Iterable, Mapping
 from typing import Final, Generic, TypeVar
 
+from talaria.core.instance import InstanceCore
 from talaria.errors import BadRequest
 from talaria.executor import CallRecord, Executor, Work
 from talaria.generation import SamplingParams
 from talaria.memory.kv import CallKey
-from talaria.runtime.instance import InstanceCore
 from talaria.schedule import Executed, Placement, Request, Schedule
 from talaria.types import Call
 

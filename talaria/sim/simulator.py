@@ -30,14 +30,14 @@ from collections.abc import Callable, Mapping, Sequence
 import attrs
 
 from talaria.config import ClusterConfig, PolicyConfig
+from talaria.core.cluster import ClusterCore, GapLearner
+from talaria.core.counters import cluster_counters
+from talaria.core.instance import InstanceCore
 from talaria.cost.estimator import Estimator
 from talaria.cost.pricing import moves_s, price, step_s
 from talaria.errors import TalariaError
 from talaria.memory.kv import MovePlan
 from talaria.policy.gaps import GapModel
-from talaria.runtime.cluster import ClusterCore, GapLearner
-from talaria.runtime.counters import cluster_counters
-from talaria.runtime.instance import InstanceCore
 from talaria.schedule import Executed, Request, Schedule, StepPlan
 from talaria.types import EventKind, Link, SessionScript
 

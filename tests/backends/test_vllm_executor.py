@@ -23,13 +23,13 @@ from talaria.backends.vllm.cluster import instance_specs
 from talaria.backends.vllm.engines import EngineSet, Stream, SwitchTiming
 from talaria.backends.vllm.executor import VllmExecutor
 from talaria.config import ClusterConfig
+from talaria.core.cluster import ClusterCore
 from talaria.cost import cluster_estimators
 from talaria.engine.arch import ModelArch
 from talaria.engine.catalog import entry
 from talaria.errors import InstanceFailed
 from talaria.generation import SamplingParams, StopChecker
 from talaria.policy.baselines import POLICIES
-from talaria.runtime.cluster import ClusterCore
 from talaria.runtime.live import LiveCluster
 from talaria.runtime.streams import Delta, Failed, Finished
 from talaria.types import TokenSeq

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from talaria.config import InstanceSpec, PolicyConfig
+from talaria.core.instance import InstanceCore
 from talaria.engine.arch import ModelArch
 from talaria.engine.runner import EngineRunner
 from talaria.engine.staging import BackgroundCopy, StreamCopy
@@ -23,7 +24,6 @@ from talaria.errors import BadRequest, ConfigError
 from talaria.generation import SamplingParams
 from talaria.memory.weights import SwitchPlan
 from talaria.policy.baselines import POLICIES
-from talaria.runtime.instance import InstanceCore
 from talaria.runtime.local import LocalInstance
 from talaria.schedule import Request, Schedule
 from talaria.types import Call, Link, TokenSeq

@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from talaria.config import InstanceSpec
+from talaria.core.instance import InstanceCore
 from talaria.engine.batch import BatchInput, SeqInput
 from talaria.engine.kv_pool import KVPool
 from talaria.engine.loader import LoadedModel, ModelLoadError, load_gguf, smollm2_gguf
@@ -29,7 +30,6 @@ from talaria.engine.tokenizer import Tokenizer
 from talaria.engine.weight_layout import bind_weights
 from talaria.memory.kv import MovePlan
 from talaria.policy.baselines import POLICIES
-from talaria.runtime.instance import InstanceCore
 from talaria.runtime.local import LocalInstance
 from talaria.types import Call, Link, TokenSeq
 from tests.helpers import RoundNumberEstimator

@@ -16,10 +16,10 @@ import attrs
 import pytest
 
 from talaria.config import ClusterConfig, InstanceSpec, ModelSpec, PolicyConfig
+from talaria.core.cluster import ClusterCore
 from talaria.cost import cluster_estimators
 from talaria.cost.estimator import Estimator
 from talaria.policy.baselines import POLICIES
-from talaria.runtime.cluster import ClusterCore
 from talaria.sim import simulator
 from talaria.sim.catalog import paper_cluster
 from talaria.sim.simulator import SimResult, Simulator, _Run

@@ -28,10 +28,10 @@ from talaria.backends.ray.actor import InstanceWorker, WorkerInfo
 from talaria.backends.ray.executor import ATTACH_TIMEOUT_S, STEP_TIMEOUT_S, RayExecutor
 from talaria.backends.served import ServedCluster
 from talaria.config import ClusterConfig, InstanceSpec, PolicyConfig
+from talaria.core.cluster import ClusterCore
 from talaria.cost import HardwareProfile, cluster_estimators
 from talaria.errors import ConfigError
 from talaria.executor import Layout
-from talaria.runtime.cluster import ClusterCore
 from talaria.session.gaps import GapPredictor
 
 __all__ = ["DEFAULT_RESOURCE", "LOCAL", "RayCluster", "build_ray_cluster", "connect"]

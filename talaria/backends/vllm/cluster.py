@@ -1,7 +1,7 @@
 """Build a Talaria cluster whose one instance runs vLLM engines (``talaria serve --backend
 vllm``, ``talaria replay --substrate vllm``).
 
-The instance core is the same :class:`~talaria.runtime.instance.InstanceCore` the embedded
+The instance core is the same :class:`~talaria.core.instance.InstanceCore` the embedded
 engine and the simulator use, sized from what vLLM will hold:
 
 * with sleep mode (CUDA), one model is awake at a time, so the instance's device budget is
@@ -30,11 +30,11 @@ from talaria.backends.vllm.catalog import DEFAULT_CPU_KV_GIB, VllmModel
 from talaria.backends.vllm.engines import EngineSet
 from talaria.backends.vllm.executor import VllmExecutor
 from talaria.config import ClusterConfig, InstanceSpec, PolicyConfig
+from talaria.core.cluster import ClusterCore
 from talaria.cost import cluster_estimators
 from talaria.engine.arch import ModelArch
 from talaria.engine.tokenizer import Tokenizer
 from talaria.errors import ConfigError
-from talaria.runtime.cluster import ClusterCore
 from talaria.session.gaps import GapPredictor
 
 GIB = 2**30

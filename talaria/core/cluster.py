@@ -14,11 +14,11 @@ from typing import Protocol
 import attrs
 
 from talaria.config import ClusterConfig, PolicyConfig
+from talaria.core.instance import InstanceCore
 from talaria.cost.estimator import Estimator
 from talaria.errors import ContextTooLong, Overloaded, UnknownSession
 from talaria.policy.gaps import GapModel
 from talaria.policy.router import Decision, search
-from talaria.runtime.instance import InstanceCore
 from talaria.schedule import Request
 from talaria.types import Call, EventKind, SessionId, TokenSeq
 

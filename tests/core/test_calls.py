@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from talaria.runtime.calls import CallTable
+from talaria.core.calls import CallTable
 from talaria.schedule import Request
 from talaria.types import Call, TokenSeq
 from tests.helpers import examples

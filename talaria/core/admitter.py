@@ -27,15 +27,15 @@ import collections
 from collections.abc import Sequence
 
 from talaria.config import PolicyConfig, QueueOrder
+from talaria.core.calls import CallTable
+from talaria.core.counters import InstanceCounters
+from talaria.core.estimates import FaultHandler, InstanceEstimates
+from talaria.core.slots import SlotControl
+from talaria.core.tool_gaps import GapTable
 from talaria.memory.kv import Allocation, KVManager, MovePlan
 from talaria.policy.admission import Admission, Reservation
 from talaria.policy.rounds import RoundScheduler
 from talaria.policy.tenant_share import fair_order
-from talaria.runtime.calls import CallTable
-from talaria.runtime.counters import InstanceCounters
-from talaria.runtime.estimates import FaultHandler, InstanceEstimates
-from talaria.runtime.slots import SlotControl
-from talaria.runtime.tool_gaps import GapTable
 from talaria.schedule import Request
 from talaria.types import SessionId, TokenSeq
 

@@ -7,7 +7,7 @@ model's weights into free KV blocks lent for the purpose, keeping headroom for t
 slot's queue. Mutates the arena, the round scheduler's slot, the KV pool's lent blocks and
 the instance's switch counters; reads the call table. The reservations of the slot a switch
 ends are released through ``release_reservations`` (the admitter's, in
-:mod:`talaria.runtime.admitter`).
+:mod:`talaria.core.admitter`).
 
 Not thread-safe: the instance core's single driver owns it.
 """
@@ -18,11 +18,11 @@ import math
 from collections.abc import Callable, Mapping
 
 from talaria.config import ModelSpec, PolicyConfig
+from talaria.core.calls import CallTable
+from talaria.core.counters import InstanceCounters
 from talaria.memory.kv import KVManager
 from talaria.memory.weights import SwitchPlan, WeightArena
 from talaria.policy.rounds import RoundScheduler, SlotDemand
-from talaria.runtime.calls import CallTable
-from talaria.runtime.counters import InstanceCounters
 from talaria.schedule import Schedule
 from talaria.types import Residency
 

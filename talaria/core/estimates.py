@@ -18,6 +18,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 
 from talaria.config import InstanceSpec, ModelSpec, PolicyConfig, SlotOrder
+from talaria.core.calls import CallTable
+from talaria.core.tool_gaps import GapTable
 from talaria.cost.estimator import Estimator
 from talaria.cost.pricing import plan_copy_s
 from talaria.memory.kv import KVManager, PrefixMatch
@@ -26,8 +28,6 @@ from talaria.policy.admission import Admission
 from talaria.policy.remaining import CallCost, SessionLengths
 from talaria.policy.rounds import RoundScheduler, SlotDemand
 from talaria.policy.router import InstanceView, estimate
-from talaria.runtime.calls import CallTable
-from talaria.runtime.tool_gaps import GapTable
 from talaria.types import Call, Link, SessionId
 
 FaultHandler = Callable[[SessionId, Exception], None]

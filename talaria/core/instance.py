@@ -3,12 +3,12 @@
 ``InstanceCore`` owns the instance's KV manager, weight arena, round scheduler and
 reservations, and composes the roles that act on them, one file each:
 
-* :mod:`talaria.runtime.calls`: the calls it holds (waiting per model, running, finished);
-* :mod:`talaria.runtime.tool_gaps`: the sessions it served last that are in a tool gap;
-* :mod:`talaria.runtime.estimates`: what it expects (the router's views and bound, each
+* :mod:`talaria.core.calls`: the calls it holds (waiting per model, running, finished);
+* :mod:`talaria.core.tool_gaps`: the sessions it served last that are in a tool gap;
+* :mod:`talaria.core.estimates`: what it expects (the router's views and bound, each
   model's slot demand), derived from those tables and never cleared by hand;
-* :mod:`talaria.runtime.slots`: slot control (model switches, weight staging);
-* :mod:`talaria.runtime.admitter`: admission and reservations.
+* :mod:`talaria.core.slots`: slot control (model switches, weight staging);
+* :mod:`talaria.core.admitter`: admission and reservations.
 
 It never touches tensors and never reads a clock: a driver (the simulator, pricing with the
 cost model; the live loop or a :class:`~talaria.runtime.local.LocalInstance`, over an
@@ -40,6 +40,12 @@ from collections.abc import Collection, Mapping, Sequence
 import attrs
 
 from talaria.config import InstanceSpec, ModelSpec, PolicyConfig
+from talaria.core.admitter import Admitter
+from talaria.core.calls import CallTable
+from talaria.core.counters import InstanceCounters
+from talaria.core.estimates import InstanceEstimates
+from talaria.core.slots import SlotControl
+from talaria.core.tool_gaps import GapTable, ToolGap
 from talaria.cost.estimator import Estimator
 from talaria.errors import ConfigError, ContextTooLong, UnknownModel
 from talaria.executor import Layout
@@ -49,12 +55,6 @@ from talaria.policy.admission import Admission
 from talaria.policy.gaps import GapModel
 from talaria.policy.remaining import COST_WINDOW, PRIOR_OUTPUT_TOKENS, CallCost, SessionLengths
 from talaria.policy.rounds import RoundScheduler
-from talaria.runtime.admitter import Admitter
-from talaria.runtime.calls import CallTable
-from talaria.runtime.counters import InstanceCounters
-from talaria.runtime.estimates import InstanceEstimates
-from talaria.runtime.slots import SlotControl
-from talaria.runtime.tool_gaps import GapTable, ToolGap
 from talaria.schedule import Executed, Request, Schedule, StepPlan
 from talaria.types import Call, SessionId
 

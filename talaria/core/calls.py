@@ -2,7 +2,7 @@
 record of recently finished calls.
 
 ``CallTable`` is bookkeeping, not policy: the instance core decides who moves where
-(admission in :mod:`talaria.runtime.admitter`, completion in :mod:`talaria.runtime.instance`)
+(admission in :mod:`talaria.core.admitter`, completion in :mod:`talaria.core.instance`)
 and moves calls only through the mutators here, which keep the totals the estimates read
 (running calls and queued prompt tokens per model, prompt + answer tokens of every call
 held) in step with the tables. ``changes`` counts the mutations, so estimates derived from

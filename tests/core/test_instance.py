@@ -15,11 +15,11 @@ import attrs
 import pytest
 
 from talaria.config import ClusterConfig, InstanceSpec, ModelSpec, PolicyConfig
+from talaria.core.cluster import ClusterCore
+from talaria.core.instance import InstanceCore
 from talaria.errors import ConfigError, ContextTooLong, UnknownModel, UnknownSession
 from talaria.memory.kv import SessionKV
 from talaria.policy.baselines import POLICIES
-from talaria.runtime.cluster import ClusterCore
-from talaria.runtime.instance import InstanceCore
 from talaria.schedule import Request, Schedule
 from talaria.types import Call, EventKind, Link, TokenSeq
 from tests.helpers import RoundNumberEstimator as FakeEstimator
