@@ -2,7 +2,7 @@
 
 Writes the measured rates to ``talaria/cost/cpu_profile.json`` (or ``--json PATH``), which
 :func:`talaria.cost.hardware.load_cpu_profile` turns into a :class:`HardwareProfile`. The
-measurements are the library's (:mod:`talaria.backends.machine_rates`, which the
+measurements are the library's (:mod:`talaria.calibration.machine`, which the
 calibration ``talaria replay --substrate embedded`` makes where it runs also uses), on
 ``--threads`` cores (default 2): dense matmul FLOP/s in bf16 and fp32, a large tensor copy
 (read + write traffic), a memcpy between preallocated buffers (payload), a disk file written
@@ -24,7 +24,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from talaria.backends.machine_rates import RateSizes, measure_rates
+from talaria.calibration.machine import RateSizes, measure_rates
 
 DEFAULT_JSON = Path(__file__).resolve().parents[1] / "talaria" / "cost" / "cpu_profile.json"
 

@@ -1,8 +1,8 @@
 """Calibrate the shipped ``cpu`` profile from engine microbenchmarks.
 
-The measuring and the fit are the library's (:mod:`talaria.backends.engine_calibration`,
+The measuring and the fit are the library's (:mod:`talaria.calibration.engine`,
 one implementation for this script and for the calibration ``talaria replay --substrate
-embedded`` makes where it runs, :mod:`talaria.backends.calibrate`): each catalog model of
+embedded`` makes where it runs, :mod:`talaria.calibration.calibrate`): each catalog model of
 the embedded replay stepped as the live runtime steps it (plan and commit on an event loop,
 ``EngineRunner.execute`` on a worker thread), fitted to a decode weight-read bandwidth, a
 step overhead, a prefill FLOP rate, a KV read rate, an attention FLOP rate and a time per
@@ -26,9 +26,9 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from talaria.backends.calibration_plan import EngineBench
 from talaria.backends.embedded import load_catalog_model
-from talaria.backends.engine_calibration import fit, measure_engine
+from talaria.calibration.engine import fit, measure_engine
+from talaria.calibration.plan import EngineBench
 from talaria.engine.catalog import DEFAULT_MODELS
 from talaria.engine.loader import LoadedModel
 

@@ -33,7 +33,7 @@ if __package__ in (None, ""):  # run as a script: the repository root on the pat
 
 from benchmarks.gpu_configs import LLAMA31_8B, QWEN25_7B, QWEN25_14B
 from benchmarks.gpu_engine import TINY_LLAMA, TINY_QWEN, RandomWeights
-from talaria.cost.calibration import CalibrationMode
+from talaria.calibration.cache import CalibrationMode
 from talaria.engine.arch import ModelArch
 from talaria.engine.loader import LoadedModel
 from talaria.policy.baselines import parse_policies

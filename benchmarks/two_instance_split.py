@@ -23,10 +23,10 @@ import attrs
 import torch
 
 from talaria.backends.embedded import load_catalog_model
+from talaria.calibration.cache import shipped_calibration
 from talaria.cli import EMBEDDED_CALLS, EMBEDDED_CONTEXT, EMBEDDED_SESSIONS, EMBEDDED_TOKEN_SCALE
 from talaria.config import ClusterConfig, Routing
 from talaria.cost import cluster_estimators
-from talaria.cost.calibration import shipped_calibration
 from talaria.engine.catalog import DEFAULT_MODELS
 from talaria.policy.baselines import POLICIES
 from talaria.session.gaps import GapPredictor

@@ -13,7 +13,7 @@ Every policy runs on a fresh cluster built from the same loaded weights (one war
 first, so no policy pays for first-touch allocation). For simulator fidelity the same scripts
 also run through the simulator on the same cluster configuration, priced by the same
 estimators as the live routers: the ``cpu`` profile of the calibration
-(:func:`talaria.backends.calibrate.calibrate`) that ``EmbeddedOptions.calibration`` asks
+(:func:`talaria.calibration.calibrate.calibrate`) that ``EmbeddedOptions.calibration`` asks
 for. By default (``auto``) that is this machine's cached calibration when its key (machine
 and code) matches, else one measured here first, on the weights already loaded, before any
 policy runs; ``shipped`` takes the shipped profile, ``fresh`` measures again. A calibration
@@ -32,14 +32,14 @@ import anyio
 import attrs
 import torch
 
-from talaria.backends.calibrate import calibrate
-from talaria.backends.calibration_plan import CalibrationPlan
 from talaria.backends.embedded import cluster_from_loaded, load_catalog_model
+from talaria.calibration.cache import Calibration, CalibrationMode
+from talaria.calibration.calibrate import calibrate
+from talaria.calibration.plan import CalibrationPlan
 from talaria.clock import Clock, WallClock
 from talaria.config import ClusterConfig, InstanceSpec, PolicyConfig
 from talaria.core.cluster import ClusterCore
 from talaria.core.counters import cluster_counters
-from talaria.cost.calibration import Calibration, CalibrationMode
 from talaria.cost.estimator import Estimator
 from talaria.cost.hardware import HardwareProfile
 from talaria.engine.catalog import DEFAULT_MODELS
@@ -83,7 +83,7 @@ class EmbeddedOptions:
     host budget keeps every model's weights on host (as the runner does) plus 2.27 GB of
     host KV. ``calibration`` picks the ``cpu`` profile that prices the routers and the
     prediction (``calibration_plan``: its sizes, default the library's; ``cache_dir``: where
-    it is cached, default :func:`talaria.cost.calibration.cache_dir`).
+    it is cached, default :func:`talaria.calibration.cache.cache_dir`).
 
     ``instances`` such instances (``cpu-0``, ``cpu-1``, ...) serve the replay side by side,
     each with its own device and host budgets and its own engine, sharing only the host

@@ -19,7 +19,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from rich.table import Table
 
-from talaria.cost.calibration import describe_line
+from talaria.calibration.cache import describe_line
 
 
 def _gb(n: float) -> str:

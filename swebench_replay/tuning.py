@@ -25,8 +25,8 @@ from typing import Any
 import attrs
 
 import talaria
+from talaria.calibration.cache import source_hash
 from talaria.config import PolicyConfig, cache_dir
-from talaria.cost.calibration import source_hash
 from talaria.errors import ConfigError
 from talaria.policy import knobs as knob_grids
 from talaria.policy.knobs import Knobs, best, grid, with_knobs

@@ -24,8 +24,8 @@ import attrs
 from talaria.backends.vllm.catalog import VllmModel
 from talaria.backends.vllm.cluster import VllmCluster, cluster_over
 from talaria.backends.vllm.engines import EngineSet
+from talaria.calibration.cache import shipped_calibration
 from talaria.config import PolicyConfig
-from talaria.cost.calibration import shipped_calibration
 from talaria.errors import ConfigError
 from talaria.sim.simulator import SimResult
 from talaria.swebench_replay.driver import to_scripts

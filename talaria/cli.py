@@ -387,7 +387,7 @@ def _cmd_replay_live(args: argparse.Namespace, console: Console) -> int:
 def _replay_embedded(
     args: argparse.Namespace, console: Console, workload: Any, policies: Any
 ) -> int:
-    from talaria.cost.calibration import CalibrationMode
+    from talaria.calibration.cache import CalibrationMode
     from talaria.swebench_replay.live_replay import EmbeddedOptions, run_embedded_replay
 
     options = EmbeddedOptions(

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from talaria.backends.engine_calibration import fit
+from talaria.calibration.engine import fit
 from talaria.cost.hardware import cpu_profile_from_dict, load_cpu_profile
 from talaria.errors import ConfigError
 
@@ -168,9 +168,9 @@ def test_cpu_profile_takes_stage_contention_from_the_fit() -> None:
 def test_a_model_is_measured_alone_and_beside_a_stage_copy() -> None:
     import torch
 
-    from talaria.backends.calibration_plan import EngineBench
     from talaria.backends.embedded import load_catalog_model
-    from talaria.backends.engine_calibration import measure_model
+    from talaria.calibration.engine import measure_model
+    from talaria.calibration.plan import EngineBench
 
     tiny = load_catalog_model("smollm2-tiny-dummy", torch.float32)
     bench = EngineBench(

@@ -11,10 +11,10 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from talaria.api.config import TalariaConfig
-from talaria.backends.calibration_plan import cached_profiles
 from talaria.backends.embedded import build_embedded_cluster
 from talaria.backends.served import ServedCluster
 from talaria.backends.vllm.cluster import build_vllm_cluster
+from talaria.calibration.plan import cached_profiles
 
 Builder = Callable[[TalariaConfig], ServedCluster[Any]]
 

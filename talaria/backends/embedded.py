@@ -10,7 +10,7 @@ executes the core's decisions on tensors, driven step by step by a
 Which ``cpu`` profile the router's estimates use: ``build_embedded`` and
 ``build_embedded_cluster`` (what ``talaria serve`` and ``talaria.Talaria`` start) take this
 machine's cached calibration when one exists
-(:func:`~talaria.backends.calibration_plan.cached_profiles`: same machine, same code, the
+(:func:`~talaria.calibration.plan.cached_profiles`: same machine, same code, the
 default models in the serving dtype) and the shipped profile otherwise; they never measure
 (``talaria replay --substrate embedded`` measures and caches one). ``cluster_from_loaded``
 prices with exactly the profiles its caller passes (default: the shipped ones), so a replay
@@ -24,8 +24,8 @@ from collections.abc import Mapping, Sequence
 import attrs
 import torch
 
-from talaria.backends.calibration_plan import cached_profiles
 from talaria.backends.served import ServedCluster
+from talaria.calibration.plan import cached_profiles
 from talaria.config import ClusterConfig, InstanceSpec, PolicyConfig
 from talaria.core.cluster import ClusterCore
 from talaria.core.instance import InstanceCore

@@ -39,7 +39,7 @@ def estimator_for(
 ) -> CostModelEstimator:
     """The cost-model estimator of one instance: its hardware profile, its tensor-parallel
     degree, the models it serves. ``hardware`` maps profile names to profiles that replace
-    the shipped ones (a calibration of this machine, ``talaria.cost.calibration``); a name
+    the shipped ones (a calibration of this machine, ``talaria.calibration.cache``); a name
     it lacks is the shipped profile."""
     chosen = (hardware or {}).get(spec.hardware) or profile(spec.hardware)
     return CostModelEstimator(CostModel(chosen, spec.n_devices), models)

@@ -4,7 +4,7 @@ The simulator prices steps and copies with it; the router ranks placements with 
 ``CostModelEstimator`` implements it with the roofline cost model of ``talaria.cost`` for
 one instance (a hardware profile and a tensor-parallel degree); a live runtime uses the same
 class with a profile measured on its own hardware (``talaria.cost.estimator_for`` with this
-machine's cached calibration, :mod:`talaria.cost.calibration`, when the embedded executor
+machine's cached calibration, :mod:`talaria.calibration.cache`, when the embedded executor
 finds one; the shipped profile otherwise).
 """
 

@@ -17,7 +17,7 @@ Two profiles ship (:func:`profiles`):
   ``benchmarks/cpu_profile.py`` and ``benchmarks/engine_calibration.py`` write by measuring
   it (achieved rates, so the efficiency factors are 1).
 
-Another machine runs the engine at other rates: :mod:`talaria.cost.calibration` keeps a
+Another machine runs the engine at other rates: :mod:`talaria.calibration.cache` keeps a
 ``cpu`` profile measured where Talaria runs (same document, same :func:`cpu_profile_from_dict`),
 which the embedded replay and server use in place of the shipped one.
 """

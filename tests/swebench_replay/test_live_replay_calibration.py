@@ -11,17 +11,17 @@ from typing import Any
 import attrs
 import pytest
 import torch
+from tests.backends.test_calibrate import TINY_PLAN, QuietWatch, tiny_models
 
-import talaria.backends.calibrate as calibrate_module
+import talaria.calibration.calibrate as calibrate_module
 import talaria.swebench_replay.live_replay as live_replay
+from talaria.calibration.cache import MEASURED_HERE, SHIPPED, CalibrationMode
 from talaria.cli import main
-from talaria.cost.calibration import MEASURED_HERE, SHIPPED, CalibrationMode
 from talaria.engine.loader import LoadedModel
 from talaria.engine.runner import flatten_weights
 from talaria.policy.baselines import POLICIES
 from talaria.swebench_replay.live_replay import EmbeddedOptions, run_embedded_replay
 from talaria.swebench_replay.setup import Workload, load_workload
-from tests.backends.test_calibrate import TINY_PLAN, QuietWatch, tiny_models
 
 MB = 2**20
 MODELS = ("llama-tiny", "qwen-tiny")

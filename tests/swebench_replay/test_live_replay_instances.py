@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import talaria.swebench_replay.live_replay as live_replay
-from talaria.cost.calibration import CalibrationMode
+from talaria.calibration.cache import CalibrationMode
 from talaria.errors import ConfigError
 from talaria.policy.baselines import POLICIES
 from talaria.sim.simulator import SimResult

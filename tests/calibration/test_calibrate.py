@@ -12,9 +12,18 @@ import attrs
 import pytest
 import torch
 
-import talaria.backends.calibrate as calibrate_module
-from talaria.backends.calibrate import calibrate
-from talaria.backends.calibration_plan import (
+import talaria.calibration.calibrate as calibrate_module
+from talaria.backends.embedded import build_embedded_cluster
+from talaria.calibration.cache import (
+    MEASURED_HERE,
+    SHIPPED,
+    CalibrationMode,
+    read_cached,
+    write_cached,
+)
+from talaria.calibration.calibrate import calibrate
+from talaria.calibration.machine import CpuWatch, RateSizes
+from talaria.calibration.plan import (
     CALIBRATION_MODELS,
     STEP_TIME_SOURCES,
     CalibrationPlan,
@@ -23,17 +32,8 @@ from talaria.backends.calibration_plan import (
     calibration_key,
     this_machine,
 )
-from talaria.backends.embedded import build_embedded_cluster
-from talaria.backends.machine_rates import CpuWatch, RateSizes
 from talaria.config import CACHE_ENV, InstanceSpec
 from talaria.cost import profile
-from talaria.cost.calibration import (
-    MEASURED_HERE,
-    SHIPPED,
-    CalibrationMode,
-    read_cached,
-    write_cached,
-)
 from talaria.cost.hardware import read_cpu_document
 from talaria.engine.loader import LoadedModel, load_dummy
 from talaria.policy.baselines import POLICIES
@@ -106,7 +106,7 @@ def test_calibrate_measures_caches_hits_the_cache_and_fresh_replaces_it(
     assert any("measuring qwen-tiny" in m for m in heard)
     stored = json.loads(Path(measured.path).read_text())
     assert set(stored["engine"]["models"]) == {"llama-tiny", "qwen-tiny"}
-    assert stored["engine"]["method"].startswith("talaria.backends.calibrate:")
+    assert stored["engine"]["method"].startswith("talaria.calibration.calibrate:")
 
     def no_measuring(*_args: Any, **_kwargs: Any) -> Any:
         raise AssertionError("a cache hit measures nothing")

@@ -17,10 +17,10 @@ What is measured, on the process's torch threads:
 machine makes every rate slower than the engine will run when it is quiet).
 
 :func:`measure_rates` returns the ``cpu_profile.json`` document (without its ``engine``
-section, which :mod:`talaria.backends.engine_calibration` measures);
+section, which :mod:`talaria.calibration.engine` measures);
 :func:`talaria.cost.hardware.cpu_profile_from_dict` turns it into a profile.
 ``benchmarks/cpu_profile.py`` runs it with the shipped sizes and writes the shipped file;
-:mod:`talaria.backends.calibrate` runs it with smaller ones when it calibrates where Talaria
+:mod:`talaria.calibration.calibrate` runs it with smaller ones when it calibrates where Talaria
 runs. Results use units in the key names (``_flop_s``, ``_B_s``, ``_s``).
 """
 

@@ -1,23 +1,23 @@
 """Calibrate where you run: the ``cpu`` profile of this machine, measured once and cached.
 
-:func:`calibrate` returns the :class:`~talaria.cost.calibration.Calibration` that prices a
+:func:`calibrate` returns the :class:`~talaria.calibration.cache.Calibration` that prices a
 prediction of the embedded engine on this machine:
 
 - ``auto``: this machine's cached calibration when its key
-  (:func:`~talaria.backends.calibration_plan.calibration_key`: machine and code) matches
+  (:func:`~talaria.calibration.plan.calibration_key`: machine and code) matches
   and it was not measured on a busy machine (other processes over
-  :data:`~talaria.cost.calibration.BUSY_SHARE` of the CPUs,
-  :class:`~talaria.backends.machine_rates.CpuWatch`); otherwise
+  :data:`~talaria.calibration.cache.BUSY_SHARE` of the CPUs,
+  :class:`~talaria.calibration.machine.CpuWatch`); otherwise
   it measures one and caches it;
 - ``fresh``: measure again now and replace the cached one;
 - ``shipped``: the shipped profile (measured on another machine), nothing measured.
 
-Measuring runs the raw machine rates (:mod:`talaria.backends.machine_rates`, seconds) and
-the engine microbenchmarks (:mod:`talaria.backends.engine_calibration`) on models the caller
+Measuring runs the raw machine rates (:mod:`talaria.calibration.machine`, seconds) and
+the engine microbenchmarks (:mod:`talaria.calibration.engine`) on models the caller
 has already loaded, sharing their flat host weights, so a replay pays for the measurements
 only, not for loading again. Its inputs are the models and the plan: a calibration never
 sees a replay's (or anyone's) results. The server side, which only reads the cache, is
-:func:`~talaria.backends.calibration_plan.cached_profiles`.
+:func:`~talaria.calibration.plan.cached_profiles`.
 """
 
 from __future__ import annotations
@@ -29,19 +29,19 @@ from typing import Final
 
 import torch
 
-from talaria.backends.calibration_plan import CalibrationPlan, calibration_key
-from talaria.backends.engine_calibration import measure_engine
-from talaria.backends.machine_rates import CpuWatch, measure_rates
-from talaria.cost.calibration import (
+from talaria.calibration.cache import (
     Calibration,
     CalibrationMode,
     read_cached,
     shipped_calibration,
     write_cached,
 )
+from talaria.calibration.engine import measure_engine
+from talaria.calibration.machine import CpuWatch, measure_rates
+from talaria.calibration.plan import CalibrationPlan, calibration_key
 from talaria.engine.loader import LoadedModel
 
-MEASURED_BY: Final = "talaria.backends.calibrate"
+MEASURED_BY: Final = "talaria.calibration.calibrate"
 
 
 def calibrate(
@@ -56,7 +56,7 @@ def calibrate(
     """The calibration ``mode`` asks for, for ``models`` (their descriptions; with
     ``host_weights``, flat host weights by name, they may carry no tensors) in ``dtype``,
     measured under ``plan`` (default sizes) and cached in ``directory`` (default
-    :func:`~talaria.cost.calibration.cache_dir`). ``on_status`` hears what it is doing
+    :func:`~talaria.calibration.cache.cache_dir`). ``on_status`` hears what it is doing
     (cache hit, measuring which model, how long it took). Writes only the cache file."""
     say = on_status or (lambda _msg: None)
     if mode is CalibrationMode.SHIPPED:

@@ -1,17 +1,17 @@
 """What a calibration of this machine measures, what it is keyed by, and the cached lookup.
 
-A calibration (:mod:`talaria.backends.calibrate` measures it) is planned by a
+A calibration (:mod:`talaria.calibration.calibrate` measures it) is planned by a
 :class:`CalibrationPlan`: the raw machine rates' sizes
-(:class:`~talaria.backends.machine_rates.RateSizes`) and the engine microbenchmarks' sizes
+(:class:`~talaria.calibration.machine.RateSizes`) and the engine microbenchmarks' sizes
 (:class:`EngineBench`). Its key (:func:`calibration_key`,
-:class:`~talaria.cost.calibration.CalibrationKey`) is :func:`this_machine` and a hash of
+:class:`~talaria.calibration.cache.CalibrationKey`) is :func:`this_machine` and a hash of
 :data:`STEP_TIME_SOURCES` (the engine and its kernels, the cost model, the embedded
 executor and the measuring code) together with the plan's sizes, the models and the dtype.
 
 :func:`cached_profiles` is the server's side: this machine's cached calibration of the
 default models, if any, as a profile override; it reads the cache and never measures.
-Imports no module that builds instances (``engine_calibration`` and ``calibrate`` import
-this one, and ``embedded`` uses :func:`cached_profiles`).
+Imports no module that builds instances (``engine`` and ``calibrate`` import this one, and
+``talaria.backends.embedded`` uses :func:`cached_profiles`).
 """
 
 from __future__ import annotations
@@ -24,14 +24,14 @@ from typing import Any, Final
 import attrs
 import torch
 
-from talaria.backends.machine_rates import RateSizes, cpu_model, ram_bytes, visible_cpus
-from talaria.cost.calibration import (
+from talaria.calibration.cache import (
     CalibrationKey,
     CalibrationWarning,
     Machine,
     read_cached,
     source_hash,
 )
+from talaria.calibration.machine import RateSizes, cpu_model, ram_bytes, visible_cpus
 from talaria.cost.hardware import HardwareProfile
 from talaria.engine.catalog import DEFAULT_MODELS
 from talaria.errors import ConfigError
@@ -43,10 +43,8 @@ STEP_TIME_SOURCES: Final = (
     "engine/csrc/*.c",
     "cost/cost_model.py",
     "backends/embedded.py",
-    "backends/machine_rates.py",
-    "backends/engine_calibration.py",
-    "backends/calibration_plan.py",
-    "backends/calibrate.py",
+    "runtime/local.py",
+    "calibration/*.py",
 )
 """Source files (globs under ``talaria/``) that decide the engine's step time or how it is
 measured: any change to one of them misses every cached calibration."""
@@ -145,7 +143,7 @@ def cached_profiles(
     and one is cached for this machine and code (and was not measured on a busy machine);
     else ``{}`` (the shipped profiles price).
     Never measures: ``talaria replay --substrate embedded`` (or
-    :func:`talaria.backends.calibrate.calibrate`) is what fills the cache. A cache file that
+    :func:`talaria.calibration.calibrate.calibrate`) is what fills the cache. A cache file that
     cannot be trusted is ignored with a :class:`CalibrationWarning`."""
     if torch.device(device).type != "cpu":
         return {}

@@ -3,7 +3,7 @@
 The shipped ``cpu`` profile (``cpu_profile.json``, :mod:`talaria.cost.hardware`) was measured
 on one machine; another, even of the same kind, runs the embedded engine at other rates. A
 *calibration* is the same document measured where Talaria runs (the raw machine rates and the
-engine microbenchmarks of :mod:`talaria.backends.calibrate`; never replay results), kept in
+engine microbenchmarks of :mod:`talaria.calibration.calibrate`; never replay results), kept in
 a user cache directory under a :class:`CalibrationKey` made of
 
 - the machine (:class:`Machine`): CPU model, CPUs visible to the process, torch threads,

@@ -1,7 +1,7 @@
 """Engine microbenchmarks and the fit that turns them into the ``cpu`` profile's step costs.
 
 The simulator prices a step as ``max(FLOPs / flop rate, bytes read / bandwidth) + a fixed
-overhead``. Raw machine rates (:mod:`talaria.backends.machine_rates`: a square matmul, a
+overhead``. Raw machine rates (:mod:`talaria.calibration.machine`: a square matmul, a
 memcpy) are upper bounds the engine does not reach, so this module measures the embedded
 engine itself through its serving path, stepped as the live runtime steps it (plan and
 commit on an event loop, ``EngineRunner.execute`` on a worker thread), on each model
@@ -23,8 +23,8 @@ commit on an event loop, ``EngineRunner.execute`` on a worker thread), on each m
 which :func:`talaria.cost.hardware.cpu_profile_from_dict` prefers to the raw rates. It takes
 models already loaded (a replay's weights are reused, not loaded again) and never sees replay
 results. ``benchmarks/engine_calibration.py`` runs it for the shipped profile;
-:mod:`talaria.backends.calibrate` runs it where Talaria runs. The sizes are an
-:class:`~talaria.backends.calibration_plan.EngineBench` (tests pass tiny ones).
+:mod:`talaria.calibration.calibrate` runs it where Talaria runs. The sizes are an
+:class:`~talaria.calibration.plan.EngineBench` (tests pass tiny ones).
 """
 
 from __future__ import annotations
@@ -40,9 +40,11 @@ import anyio
 import numpy as np
 import torch
 
-from talaria.backends.calibration_plan import EngineBench
-from talaria.backends.embedded import cluster_from_loaded
+from talaria.calibration.plan import EngineBench
 from talaria.config import InstanceSpec
+from talaria.core.instance import InstanceCore
+from talaria.cost import estimator_for
+from talaria.engine.kernels import optional_decode_kernel
 from talaria.engine.loader import LoadedModel
 from talaria.engine.runner import EngineRunner
 from talaria.engine.staging import BackgroundCopy
@@ -218,6 +220,30 @@ async def _timed_tick(probe: _Probe) -> float:
     return time.perf_counter() - t0
 
 
+def _probe_instance(
+    name: str,
+    model: LoadedModel,
+    bench: EngineBench,
+    dtype: torch.dtype,
+    host_weights: torch.Tensor | None,
+) -> tuple[InstanceCore, EngineRunner]:
+    """A fresh one-model instance (the talaria policy, the shipped profile's prices) and
+    the runner executing it as a server's would: the native decode kernel where it builds,
+    this thread's torch threads on whichever thread runs a step."""
+    inst = _instance(bench)
+    specs = [model.arch.to_spec(name, dtype, source=model.source)]
+    core = InstanceCore(inst, specs, POLICIES["talaria"], estimator_for(inst, specs))
+    runner = EngineRunner(
+        core.layout,
+        {name: (model.arch, model.tensors)},
+        dtype=dtype,
+        host_weights={name: host_weights} if host_weights is not None else None,
+        decode_kernel=optional_decode_kernel("cpu"),
+        threads=torch.get_num_threads(),
+    )
+    return core, runner
+
+
 def measure_model(
     name: str,
     model: LoadedModel,
@@ -229,17 +255,12 @@ def measure_model(
     needs. ``model`` may carry no tensors when ``host_weights`` (its flat host weights, as
     an ``EngineRunner`` keeps them) is given: they are shared, not copied. Runs its own
     event loop (``anyio.run``): call it from synchronous code."""
-    shared = {name: host_weights} if host_weights is not None else None
-    cluster = cluster_from_loaded(
-        [_instance(bench)], {name: model}, POLICIES["talaria"], dtype, host_weights=shared
-    )
-    runner = cluster.runners["cal-0"]
-    core = cluster.core.instances["cal-0"]
+    core, runner = _probe_instance(name, model, bench, dtype, host_weights)
     spec = core.models[name]
     probe = _Probe(LocalInstance(core, runner), runner, name, min(30000, model.arch.vocab_size))
     b = bench
     timings = anyio.run(_timings, probe, b)
-    del cluster, runner, core, probe
+    del runner, core, probe
     gc.collect()
     return {
         "weight_bytes": spec.weight_bytes,

@@ -10,9 +10,7 @@ from typing import Any
 import attrs
 import pytest
 
-from talaria.config import CACHE_ENV, InstanceSpec, cache_dir
-from talaria.cost import estimator_for, profile
-from talaria.cost.calibration import (
+from talaria.calibration.cache import (
     MEASURED_HERE,
     SCHEMA,
     SHIPPED,
@@ -26,6 +24,8 @@ from talaria.cost.calibration import (
     source_hash,
     write_cached,
 )
+from talaria.config import CACHE_ENV, InstanceSpec, cache_dir
+from talaria.cost import estimator_for, profile
 from talaria.cost.hardware import read_cpu_document
 from talaria.errors import ConfigError
 from talaria.sim.catalog import PAPER_MODELS
