@@ -63,6 +63,19 @@ def snapshot(live: LiveCluster) -> dict[str, Any]:
         },
         "instances_lost": live.instances_lost,
         "events": dict(live.events),
+        "tool_gaps": _tool_gaps(live),
         "model_switches": switches,
         "bytes_moved": moved,
+    }
+
+
+def _tool_gaps(live: LiveCluster) -> dict[str, dict[str, float]]:
+    """What the server learned of tool gaps, per key (a tool's name, ``untold`` for gaps
+    nothing named): expected seconds and how many gaps taught it."""
+    learner = live.core.learner
+    if learner is None:
+        return {}
+    return {
+        key: {"expected_s": seconds, "observations": learner.observations(key)}
+        for key, seconds in sorted(learner.estimates().items())
     }

@@ -30,6 +30,7 @@ from talaria.api.results import (
     Logprob,
     ModelInfo,
     Tokenized,
+    ToolCall,
     TopLogprob,
     Usage,
 )
@@ -540,6 +541,7 @@ class Talaria:
                 )
                 if i == 0:
                     first, instance = ev, inst
+                    self._note_tool_calls(p, choices[0].tool_calls)
         if first is None or len(choices) != len(ps):
             raise TalariaError("the call ended without an answer")  # a stream ends with one
         ordered = tuple(choices[i] for i in range(len(ps)))
@@ -574,11 +576,13 @@ class Talaria:
             int(time.time()),
         )
         readers = [AnswerReader(p.tools) for _ in ps]
+        called: list[ToolCall] = []  # choice 0's
         async with aclosing(self._merged(ps)) as events:
             async for i, inst, ev in events:
                 reader, first_call = readers[i], readers[i].calls_made
                 if isinstance(ev, Delta):
                     piece = reader.feed(ev.text)
+                    called += piece.calls if i == 0 else ()
                     lps = self._logprobs(p, ev.logprobs) if asked else None
                     yield attrs.evolve(
                         base,
@@ -592,6 +596,8 @@ class Talaria:
                     )
                     continue
                 piece, reason = reader.finish(ev.finish_reason)
+                if i == 0:
+                    self._note_tool_calls(p, [*called, *piece.calls])
                 lps = () if asked else None
                 if piece:
                     yield attrs.evolve(
@@ -607,6 +613,13 @@ class Talaria:
                 yield attrs.evolve(
                     base, finish_reason=reason, usage=usage, instance=inst, logprobs=lps, index=i
                 )
+
+    def _note_tool_calls(self, p: _Prepared, calls: Sequence[ToolCall]) -> None:
+        """An answer that ends in tool calls opens a gap named for its tools, no client hint
+        needed: the server predicts it and learns it under their names
+        (``LiveCluster.tool_calls``). Nothing for a one-call session."""
+        if calls and not p.one_shot:
+            self.live.tool_calls(p.scoped_id, [c.name for c in calls])
 
     # ------------------------------------------------------------------ sessions
     async def event(

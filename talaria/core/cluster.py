@@ -8,7 +8,7 @@ and the chosen instance's queue; raises typed errors (``UnknownModel``, ``Contex
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 import attrs
@@ -38,6 +38,10 @@ class GapLearner(Protocol):
 
     def follow(self, estimate_s: float | None, observed_s: float) -> float: ...
 
+    def observations(self, key: str) -> int: ...
+
+    def estimates(self) -> dict[str, float]: ...
+
 
 @attrs.define
 class SessionInfo:
@@ -52,7 +56,7 @@ class SessionInfo:
     last_answer_s: float | None = None  # when its last call was answered
     gap_key: str | None = None  # the tool of the gap it is in (from tool_start)
     gap_start_s: float | None = None  # when that tool started (tool_start's time)
-    hinted: bool = False  # a hint described the current gap
+    hinted: bool = False  # a client's hint described the current gap
     gap_s: float | None = None  # its own hint-less gaps, by the learner's rule (``follow``)
 
 
@@ -177,13 +181,38 @@ class ClusterCore:
             self.instances[info.last_instance].hint(req.call.session_id, predicted, now)
 
     def _learn_untold_gap(self, info: SessionInfo, now: float) -> None:
-        """A continuation arrived after a gap no hint described: learn its length."""
+        """A continuation arrived after a gap no client hint described: learn its length,
+        under the tool's name if the answer before it called one tool (``tool_calls``),
+        else as an untold gap (globally and for the session)."""
         if self.learner is None or info.last_answer_s is None or info.hinted:
             return
         observed = max(0.0, now - info.last_answer_s)
-        self.learner.observe(UNTOLD_KEY, observed)
-        info.gap_s = self.learner.follow(info.gap_s, observed)
+        if info.gap_key is not None:
+            self.learner.observe(info.gap_key, observed)
+        else:
+            self.learner.observe(UNTOLD_KEY, observed)
+            info.gap_s = self.learner.follow(info.gap_s, observed)
         info.last_answer_s = None
+        info.gap_key = None
+
+    def tool_calls(self, session: SessionId, tools: Sequence[str], now: float) -> None:
+        """The session's last answer ended in calls of ``tools``: the gap it starts is theirs,
+        with no hint from the client. The instance it ran on gets the learner's expected gap
+        (the sum over the tools of an answer that called several) in place of the untold
+        one, and the next call's arrival measures the gap: learned under the tool's name
+        when the answer called one tool (by name; several calls of it count as one gap), as
+        an untold gap otherwise. A client's own hints (``event``) take over from this.
+        Nothing without a learner or tools; ``UnknownSession`` as ``event``."""
+        info = self._known(session)
+        if self.learner is None or not tools or info.hinted:
+            return
+        keys = [self.learner.key_for(tool) for tool in tools]
+        info.gap_key = keys[0] if len(set(keys)) == 1 else None
+        info.gap_start_s = now
+        inst = self.instances.get(info.last_instance or "")
+        if inst is not None:
+            expected = sum(self.learner.predict(k) for k in dict.fromkeys(keys))
+            inst.hint(session, expected, now, tool=tools[0])
 
     def _learn_tool(
         self,
@@ -222,11 +251,7 @@ class ClusterCore:
     ) -> None:
         """A client hint. ``UnknownSession`` if the session was never seen or has ended.
         ``tool`` (tool_start) and ``measured_s`` (tool_end) feed the gap learner."""
-        info = self.sessions.get(session)
-        if info is None or info.ended:
-            raise UnknownSession(
-                f"unknown session {session!r}: send a call with this session id first"
-            )
+        info = self._known(session)
         if kind is not EventKind.END:
             expected_s = self._learn_tool(info, kind, tool, expected_s, measured_s, now)
         inst = self.instances.get(info.last_instance or "")
@@ -238,6 +263,14 @@ class ClusterCore:
             info.ended = True
             if inst is not None:
                 inst.end_session(session)
+
+    def _known(self, session: SessionId) -> SessionInfo:
+        info = self.sessions.get(session)
+        if info is None or info.ended:
+            raise UnknownSession(
+                f"unknown session {session!r}: send a call with this session id first"
+            )
+        return info
 
     def forget(self, session: SessionId) -> None:
         """Drop an ended session's entry (a later call under its id starts a new session)."""

@@ -31,7 +31,7 @@ import collections
 import contextlib
 import logging
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import anyio
@@ -293,6 +293,17 @@ class LiveCluster:
             sess.last_s = now
             return None
         return self._end(session_id, sess, now, expired=False)
+
+    def tool_calls(self, session_id: SessionId, tools: Sequence[str]) -> None:
+        """The session's last answer ended in calls of ``tools`` (the API parsed them): its
+        gap is theirs, predicted and learned under their names without a client hint
+        (``ClusterCore.tool_calls``). Nothing for a session that ended or never called."""
+        info = self.core.sessions.get(session_id)
+        if session_id not in self.sessions or info is None or info.ended:
+            return
+        self.core.tool_calls(session_id, tools, self.clock.now())
+        for d in self.drivers.values():
+            d.wake.set()
 
     def _end(
         self, session_id: SessionId, sess: LiveSession, now: float, expired: bool

@@ -196,7 +196,14 @@ def _cluster_families(snapshot: Mapping[str, Any]) -> Iterator[Metric]:
     )
     for key, value in sorted(_mapping(snapshot.get("events")).items()):
         _add(events, [str(key)], value)
-    yield from (switches, moved, active, ended, started, expired, calls, events)
+    gaps = GaugeMetricFamily(
+        "talaria_tool_gap_expected_seconds",
+        "The tool gap the server expects, learned per tool name (untold: gaps nothing named)",
+        labels=["tool"],
+    )
+    for key, value in sorted(_mapping(snapshot.get("tool_gaps")).items()):
+        _add(gaps, [str(key)], _mapping(value).get("expected_s"))
+    yield from (switches, moved, active, ended, started, expired, calls, events, gaps)
 
 
 def _add(

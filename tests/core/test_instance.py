@@ -467,6 +467,47 @@ def test_without_hints_the_time_to_the_next_call_is_learned_per_session() -> Non
     cc.check_integrity()
 
 
+def test_an_answer_ending_in_a_tool_call_names_the_gap_no_hint_needed() -> None:
+    """After an answer that called ``Bash``, the instance expects the learner's gap for
+    Bash (not the untold one), and the next call's arrival teaches Bash's key, not the
+    untold one; an answer calling two different tools expects the sum and is learned as
+    an untold gap."""
+    cc, learner = learning_core()
+    inst = cc.instances["i0"]
+    bash = learner.key_for("Bash")  # type: ignore[attr-defined]
+    first = one_call(cc, "s", 0, TokenSeq(tokens(8)), 0.0)
+    assert first.finished_s is not None and first.history is not None
+    cc.tool_calls("s", ["Bash"], first.finished_s)
+    assert inst.tool_gaps["s"].expected_s == learner.predict(bash)  # type: ignore[attr-defined]
+    back = first.finished_s + 5.0
+    second = one_call(cc, "s", 1, first.history.extend(tokens(2)), back)
+    assert learner.observations(bash) == 1  # type: ignore[attr-defined]
+    assert learner.observations("untold") == 0  # type: ignore[attr-defined]
+    assert second.finished_s is not None and second.history is not None
+    read = learner.key_for("Read")  # type: ignore[attr-defined]
+    cc.tool_calls("s", ["Bash", "Read", "Bash"], second.finished_s)
+    both = learner.predict(bash) + learner.predict(read)  # type: ignore[attr-defined]
+    assert inst.tool_gaps["s"].expected_s == pytest.approx(both)
+    one_call(cc, "s", 2, second.history.extend(tokens(2)), second.finished_s + 2.0)
+    assert learner.observations(bash) == 1  # type: ignore[attr-defined]
+    assert learner.observations("untold") == 1  # type: ignore[attr-defined]
+    cc.check_integrity()
+
+
+def test_a_clients_hint_takes_over_from_the_answers_tool_calls() -> None:
+    cc, learner = learning_core()
+    first = one_call(cc, "s", 0, TokenSeq(tokens(8)), 0.0)
+    assert first.finished_s is not None and first.history is not None
+    cc.tool_calls("s", ["Bash"], first.finished_s)
+    cc.event("s", EventKind.TOOL_START, None, first.finished_s, tool="tests")
+    cc.event("s", EventKind.TOOL_END, None, first.finished_s + 4.0)
+    one_call(cc, "s", 1, first.history.extend(tokens(2)), first.finished_s + 4.5)
+    assert learner.observations("tests") == 1  # type: ignore[attr-defined]
+    assert learner.observations(learner.key_for("Bash")) == 0  # type: ignore[attr-defined]
+    with pytest.raises(UnknownSession):
+        cc.tool_calls("nobody", ["Bash"], 1.0)
+
+
 # ---------------------------------------------------------------------------- Continuum
 
 

@@ -13,6 +13,7 @@ the call's opening, and the model writes the rest."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,6 +24,7 @@ import torch
 
 from talaria.api import TalariaConfig
 from talaria.server.app import app_for_config
+from talaria.session.gaps import GapPredictor
 from tests.server.conftest import requires_smollm2, sse
 from tests.server.server_fakes import live_server
 
@@ -211,3 +213,25 @@ def test_bad_tool_fields_are_400s(url: str, fields: dict[str, Any], words: str) 
         assert r.status_code == 400, r.text
         assert words in r.json()["error"]["message"]
         assert http.get("/health?integrity=true").json()["integrity"] == "ok"
+
+
+def test_an_answer_ending_in_a_call_names_the_gap_the_server_learns(
+    url: str, client: openai.OpenAI
+) -> None:
+    """No hint from the client: the answer's ``get_weather`` call opens a gap, the session's
+    next call closes it, and the server learns it under the tool's name (``/metrics``)."""
+    key = GapPredictor.key_for("get_weather")
+    line = f'talaria_tool_gap_expected_seconds{{tool="{key}"}}'
+    sid = {"X-Session-ID": "gap-named"}
+    messages = ask("Lima")
+    r = create(client, messages, tools=[WEATHER], tool_choice="required", extra_headers=sid)
+    (call,) = r.choices[0].message.tool_calls or []
+    assert line not in httpx.get(url + "/metrics").text
+    time.sleep(0.3)  # the tool runs
+    messages += [
+        {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+        {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"weather": "misty"})},
+    ]
+    create(client, messages, tools=[WEATHER], max_tokens=4, extra_headers=sid)
+    learned = [x for x in httpx.get(url + "/metrics").text.splitlines() if x.startswith(line)]
+    assert len(learned) == 1 and float(learned[0].split()[-1]) > 0
