@@ -12,7 +12,9 @@ per-request logits processing of ``talaria.engine.logits``).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import enum
+import json
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal, Protocol
 
 import attrs
@@ -98,6 +100,38 @@ def _to_ids(value: Iterable[int] | None) -> tuple[int, ...]:
     return items
 
 
+def _check_grammar(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if value is not None and not isinstance(value, Grammar):
+        raise BadRequest(f"grammar must be a Grammar or None, got {type(value).__name__}")
+
+
+class GrammarKind(enum.Enum):
+    """How a :class:`Grammar`'s source is written."""
+
+    JSON_SCHEMA = "json_schema"  # a JSON schema, as JSON text
+    LARK = "lark"  # a Lark grammar in llguidance's dialect (it may embed %json{...} schemas)
+
+
+@attrs.frozen
+class Grammar:
+    """What an answer must match, token by token (constrained decoding): a JSON schema or a
+    Lark grammar. Plain data: the API builds it (``response_format``, a forced tool call),
+    each executor compiles it (llguidance in the embedded engine, vLLM's structured outputs
+    on vLLM)."""
+
+    kind: GrammarKind
+    source: str
+
+    @classmethod
+    def json_schema(cls, schema: Mapping[str, Any]) -> Grammar:
+        """Answers that are JSON valid against ``schema`` (``{"type": "object"}``: any object)."""
+        return cls(GrammarKind.JSON_SCHEMA, json.dumps(schema, sort_keys=True))
+
+    @classmethod
+    def lark(cls, text: str) -> Grammar:
+        return cls(GrammarKind.LARK, text)
+
+
 @attrs.frozen
 class SamplingParams:
     """One request's sampling knobs.
@@ -117,7 +151,8 @@ class SamplingParams:
     count + presence * (count > 0)`` from each token's logit, ``count`` its occurrences in the
     output so far. ``logprobs`` (None: off) asks for each drawn token's log-probability under
     the model (the raw distribution, before any processing, as vLLM reports it by default) and
-    that many most likely alternatives. ``max_tokens`` must be >= ``min_tokens``.
+    that many most likely alternatives. ``grammar`` (None: free text) constrains every drawn
+    token to keep the answer within it. ``max_tokens`` must be >= ``min_tokens``.
     Invalid values raise BadRequest.
     """
 
@@ -141,6 +176,7 @@ class SamplingParams:
         default=0.0, validator=_check_penalty("frequency_penalty", -MAX_PENALTY, MAX_PENALTY)
     )
     logprobs: int | None = attrs.field(default=None, validator=_check_logprobs)
+    grammar: Grammar | None = attrs.field(default=None, validator=_check_grammar)
 
     def __attrs_post_init__(self) -> None:
         if self.min_tokens > self.max_tokens:

@@ -104,6 +104,7 @@ def build_embedded(
         device=device,
         eos_token_ids=eos,
         decode_kernel=optional_decode_kernel(device) if native_kernels else None,
+        tokenizers={name: m.tokenizer for name, m in loaded.items()},
     )
     return EmbeddedInstance(
         LocalInstance(core, runner, eos),
@@ -180,6 +181,7 @@ def cluster_from_loaded(
             host_weights=host_weights,
             decode_kernel=kernel,
             threads=torch.get_num_threads() if threads is None else threads,
+            tokenizers={m: loaded[m].tokenizer for m in inst.models},
         )
         for name, inst in core.instances.items()
     }

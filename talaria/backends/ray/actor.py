@@ -123,6 +123,7 @@ class InstanceWorker:
             decode_kernel=optional_decode_kernel(self.device) if self.native_kernels else None,
             background_staging=False,
             threads=self.threads,  # on whichever thread Ray runs execute
+            tokenizers={m: lm.tokenizer for m, lm in loaded.items()},
         )
 
     def execute(self, wire: WireSchedule) -> WireResult:
