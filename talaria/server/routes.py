@@ -11,9 +11,11 @@ by ``talaria.server.app.create_app``.
 
 Sessions: a call names its session in the ``X-Session-ID`` header or the body field
 ``session_id``; if both are sent they must be equal (a 400 otherwise, rather than silently
-preferring one). Without either, the call is a one-call session. Answers carry the headers
+preferring one); else in what coding agents send (``talaria.server.session_ids`` gives the
+precedence). Without any, the call is a one-call session. Answers carry the headers
 ``X-Session-ID`` (the session the call ran in, generated for one-call sessions) and
-``X-Talaria-Instance``.
+``X-Talaria-Instance``, and ``X-Talaria-Max-Tokens-Clamped`` when the call's
+``max_tokens`` did not fit the context beside its prompt and was lowered to what fits.
 """
 
 from __future__ import annotations
@@ -35,11 +37,15 @@ from talaria.server import responses as resp
 from talaria.server.backend import Backend
 from talaria.server.errors import HttpError, bad_request, from_validation
 from talaria.server.metrics import ServerMetrics
+from talaria.server.session_ids import session_of
 
 log = logging.getLogger(__name__)
 
 Body = TypeVar("Body", bound=req.StrictModel)
 STATE = "talaria"  # app.state attribute holding the Context
+# the output cap granted when max_tokens did not fit beside the prompt (TalariaConfig's
+# strict_max_tokens is off): the answer is at most this many tokens
+CLAMPED_HEADER = "X-Talaria-Max-Tokens-Clamped"
 
 
 @attrs.frozen
@@ -254,23 +260,11 @@ def _call_args(
     request: Request, body: req.SamplingFields, max_tokens: int | None
 ) -> dict[str, Any]:
     """Keyword arguments for ``chat_stream`` / ``complete_stream``, after checking the model
-    and resolving the session id (header and body must agree). Records the model for
+    and resolving the session id (``talaria.server.session_ids``). Records the model for
     metrics."""
     _require_model(request, body.model)
     request.state.talaria_model = body.model
-    header = request.headers.get("x-session-id")
-    sid = body.session_id
-    if header is not None:
-        header = req.check_session_id(header, "the X-Session-ID header")
-        if sid is not None and sid != header:
-            raise bad_request(
-                f"The X-Session-ID header ({header!r}) and the body's session_id ({sid!r}) "
-                "differ; send the session id once, or the same in both.",
-                "session_id",
-            )
-        sid = header
-    elif sid is not None:
-        sid = req.check_session_id(sid, "session_id")
+    sid = session_of(request.headers, body.session_id, prompt_cache_key=body.prompt_cache_key)
     if body.user is not None:  # OpenAI's end-user id: recorded, never a tenant or a scope
         log.info(
             "call of tenant %s, session %s, for user %r", _tenant(request), sid, body.user[:256]
@@ -338,6 +332,8 @@ async def _answer(
         "X-Talaria-Instance": _header(first.instance),
         "X-Session-ID": _header(first.session_id),
     }
+    if first.max_tokens_clamped is not None:
+        headers[CLAMPED_HEADER] = str(first.max_tokens_clamped)
     ignored = getattr(request.state, "talaria_ignored", [])
     if ignored:
         headers["X-Talaria-Ignored-Fields"] = _header(",".join(ignored))
