@@ -62,6 +62,7 @@ class _Prepared:
     tenant: str
     id_prefix: str = "chatcmpl"  # OpenAI's: "chatcmpl" for chats, "cmpl" for completions
     tools: ToolPlan | None = None  # how the answer's tool calls are read (None: no tools)
+    clamped: int | None = None  # the output cap granted, when less than max_tokens asked
 
     @property
     def scoped_id(self) -> str:
@@ -217,9 +218,7 @@ class Talaria:
             raise BadRequest("prompt must be a string or a list of non-negative token ids")
         if not ids:
             raise BadRequest("the prompt is empty; send at least one token of text")
-        limit = self._require_cluster().archs[model].max_context - len(ids)
-        if max_tokens is None:
-            max_tokens = max(1, min(self._config.default_max_tokens, limit))
+        max_tokens, clamped = self._output_cap(model, len(ids), max_tokens)
         end = tools.stop if tools is not None else None
         if end is not None:  # the forced call ends the answer (see ToolPlan.stop)
             given = sampling.get("stop")
@@ -230,7 +229,29 @@ class Talaria:
         sid = session_id if session_id is not None else f"call-{uuid.uuid4().hex}"
         if not sid or len(sid) > 256:
             raise BadRequest("session_id must be a non-empty string of at most 256 characters")
-        return _Prepared(sid, one_shot, model, TokenSeq(ids), params, tok, tenant, tools=tools)
+        return _Prepared(
+            sid, one_shot, model, TokenSeq(ids), params, tok, tenant, tools=tools, clamped=clamped
+        )
+
+    def _output_cap(
+        self, model: str, prompt_tokens: int, asked: int | None
+    ) -> tuple[int, int | None]:
+        """(the output cap a call runs with, that cap when it is less than ``asked``).
+
+        The room is what the model's context and the largest KV pool serving it leave beside
+        the prompt. Without ``asked`` a call gets ``default_max_tokens`` or the room if less.
+        An ``asked`` over the room is clamped to it (agents send ``max_tokens: 32000``
+        whatever the model), unless ``strict_max_tokens``: then it stands and the call is
+        refused (``ContextTooLong``) when submitted, as OpenAI does. A prompt that leaves
+        no room is refused when submitted either way."""
+        cluster = self._require_cluster()
+        limit = cluster.core.token_limit(model) or cluster.archs[model].max_context
+        room = limit - prompt_tokens
+        if asked is None:
+            return max(1, min(self._config.default_max_tokens, room)), None
+        if asked <= room or room < 1 or self._config.strict_max_tokens:
+            return asked, None
+        return room, room
 
     async def _events(self, p: _Prepared) -> AsyncGenerator[tuple[str, Delta | Finished]]:
         """Run one prepared call; yields (instance, event): deltas then one ``Finished``;
@@ -537,6 +558,7 @@ class Talaria:
                     usage,
                     tuple(logprobs[i]) if asked else None,
                     head.calls + tail.calls,
+                    ev.stop_sequence,
                 )
                 if i == 0:
                     first, instance = ev, inst
@@ -558,6 +580,8 @@ class Talaria:
             ordered,
             c0.logprobs,
             c0.tool_calls,
+            c0.stop_sequence,
+            p.clamped,
         )
 
     async def _chunks(self, ps: list[_Prepared]) -> AsyncIterator[ChatChunk]:
@@ -572,6 +596,8 @@ class Talaria:
             "",
             p.session_id,
             int(time.time()),
+            prompt_tokens=len(p.prompt),
+            max_tokens_clamped=p.clamped,
         )
         readers = [AnswerReader(p.tools) for _ in ps]
         async with aclosing(self._merged(ps)) as events:
@@ -605,7 +631,13 @@ class Talaria:
                     )
                 usage = Usage(ev.prompt_tokens, ev.completion_tokens, ev.cached_tokens)
                 yield attrs.evolve(
-                    base, finish_reason=reason, usage=usage, instance=inst, logprobs=lps, index=i
+                    base,
+                    finish_reason=reason,
+                    usage=usage,
+                    instance=inst,
+                    logprobs=lps,
+                    index=i,
+                    stop_sequence=ev.stop_sequence,
                 )
 
     # ------------------------------------------------------------------ sessions
