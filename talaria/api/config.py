@@ -93,7 +93,9 @@ class TalariaConfig:
     # a max_tokens that the prompt leaves no room for: false (the default) answers with
     # what the context leaves (ChatResult / ChatChunk.max_tokens_clamped says how many);
     # true refuses the call with ContextTooLong, as OpenAI does
-    strict_max_tokens: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    strict_max_tokens: bool = attrs.field(
+        default=False, validator=attrs.validators.instance_of(bool)
+    )
     # model -> how it writes tool calls (a talaria.api.tool_parsers.ToolFormat value, a TOML
     # [tool_parsers] table); a model not listed gets the format its chat template teaches
     tool_parsers: Mapping[str, str] = attrs.field(factory=dict, converter=dict)

@@ -331,17 +331,23 @@ class Talaria:
         add_special_tokens: bool | None = None,
         add_generation_prompt: bool = True,
         tools: Sequence[Mapping[str, Any]] | None = None,
+        tool_choice: str | Mapping[str, Any] | None = None,
+        parallel_tool_calls: bool | None = None,
     ) -> Tokenized:
         """``prompt`` (a text) or ``messages`` (rendered by the chat template, with the
         generation prompt unless ``add_generation_prompt`` is false) as ``model``'s tokens,
         as vLLM's ``/tokenize`` does. ``add_special_tokens`` defaults as vLLM's: true for a
         prompt, false for messages (the template writes them). Note that calls encode their
-        text without special tokens. BadRequest unless exactly one of the two is given."""
+        text without special tokens. With ``tool_choice`` forcing a call, the conversation
+        ends with the call's opening, as a chat call's prompt does. BadRequest unless exactly
+        one of the two is given."""
         if (prompt is None) == (messages is None):
             raise BadRequest("send exactly one of prompt (a text) and messages (a conversation)")
         tok = self._tokenizer(model)
         if messages is not None:
-            text, _ = self._chat_text(model, messages, tools, add_generation_prompt)
+            text, _ = self._chat_text(
+                model, messages, tools, add_generation_prompt, tool_choice, parallel_tool_calls
+            )
             special = bool(add_special_tokens)
         else:
             if not isinstance(prompt, str):

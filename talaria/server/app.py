@@ -36,7 +36,7 @@ import attrs
 import uvicorn
 from fastapi import FastAPI
 
-from talaria.server import routes
+from talaria.server import messages, routes
 from talaria.server.backend import Backend
 from talaria.server.error_handlers import GuardedRoute, install_error_handlers
 from talaria.server.metrics import ServerMetrics
@@ -92,7 +92,7 @@ def create_app(
     setattr(app.state, routes.STATE, routes.Context(talaria, metrics))
     app.router.route_class = GuardedRoute
     install_error_handlers(app)
-    routes.add_routes(app)
+    routes.add_routes(app, messages.POSTS)
     # Outermost first at run time: observe -> API keys -> body limit -> routes.
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
     app.add_middleware(ApiKeys, keys=keys, tenants=tenants)

@@ -54,20 +54,25 @@ class Context:
     metrics: ServerMetrics
 
 
-def _ctx(request: Request) -> Context:
+def context_of(request: Request) -> Context:
     ctx: Context = getattr(request.app.state, STATE)
     return ctx
 
 
-def add_routes(app: FastAPI) -> None:
-    """Every endpoint, with its request body and error answers in the OpenAPI document
-    (:mod:`talaria.server.openapi`)."""
-    posts: tuple[tuple[str, Callable[..., Any], type[req.StrictModel]], ...] = (
+Post = tuple[str, Callable[..., Any], type[req.StrictModel]]  # path, handler, body schema
+
+
+def add_routes(app: FastAPI, extra: tuple[Post, ...] = ()) -> None:
+    """Every endpoint (and the ``extra`` POST endpoints: the Messages API's, see
+    ``talaria.server.messages``), with its request body and error answers in the OpenAPI
+    document (:mod:`talaria.server.openapi`)."""
+    posts: tuple[Post, ...] = (
         ("/v1/chat/completions", _chat_completions, req.ChatCompletionRequest),
         ("/v1/completions", _completions, req.CompletionRequest),
         ("/v1/sessions/{session_id:path}/events", _session_event, req.EventRequest),
         ("/tokenize", _tokenize, req.TokenizeRequest),
         ("/detokenize", _detokenize, req.DetokenizeRequest),
+        *extra,
     )
     for path, handler, model in posts:
         app.add_api_route(
@@ -87,10 +92,10 @@ def add_routes(app: FastAPI) -> None:
 
 async def _chat_completions(request: Request) -> Response:
     """OpenAI chat completions (streamed or not) through the model's chat template."""
-    body = await _parse(request, req.ChatCompletionRequest)
+    body = await parse_body(request, req.ChatCompletionRequest)
     args = _call_args(request, body, body.new_tokens())
     messages = body.api_messages()
-    ctx = _ctx(request)
+    ctx = context_of(request)
 
     def open_stream() -> AsyncIterator[ChatChunk]:
         return ctx.backend.chat_stream(
@@ -107,10 +112,10 @@ async def _chat_completions(request: Request) -> Response:
 
 async def _completions(request: Request) -> Response:
     """OpenAI (legacy) text completions of a raw prompt, no chat template."""
-    body = await _parse(request, req.CompletionRequest)
+    body = await parse_body(request, req.CompletionRequest)
     args = _call_args(request, body, body.max_tokens)
     prompt = body.prompt_value()
-    ctx = _ctx(request)
+    ctx = context_of(request)
 
     def open_stream() -> AsyncIterator[ChatChunk]:
         return ctx.backend.complete_stream(prompt, body.model, **args)
@@ -121,10 +126,10 @@ async def _completions(request: Request) -> Response:
 async def _tokenize(request: Request) -> Response:
     """vLLM's ``/tokenize``: ``{"count", "max_model_len", "tokens", "token_strs"}``
     (``token_strs`` null unless ``return_token_strs``)."""
-    body = await _parse(request, req.TokenizeRequest)
+    body = await parse_body(request, req.TokenizeRequest)
     model = _default_model(request, body.model)
     messages = None if body.messages is None else [m.to_api(i) for i, m in enumerate(body.messages)]
-    out = _ctx(request).backend.tokenize(
+    out = context_of(request).backend.tokenize(
         model,
         prompt=body.prompt,
         messages=messages,
@@ -144,17 +149,17 @@ async def _tokenize(request: Request) -> Response:
 
 async def _detokenize(request: Request) -> Response:
     """vLLM's ``/detokenize``: ``{"prompt": text}`` (special tokens kept)."""
-    body = await _parse(request, req.DetokenizeRequest)
+    body = await parse_body(request, req.DetokenizeRequest)
     model = _default_model(request, body.model)
-    return JSONResponse({"prompt": _ctx(request).backend.detokenize(model, body.tokens)})
+    return JSONResponse({"prompt": context_of(request).backend.detokenize(model, body.tokens)})
 
 
 def _default_model(request: Request, name: str | None) -> str:
     """``name`` if served (404 otherwise), or the one served model when ``name`` is None
     (a 400 asking for ``model`` when several are served)."""
     if name is not None:
-        return _require_model(request, name).name
-    served = [m.name for m in _ctx(request).backend.models()]
+        return require_model(request, name).name
+    served = [m.name for m in context_of(request).backend.models()]
     if len(served) != 1:
         raise bad_request(
             f"model is required: this server serves {', '.join(served) or 'no models'}.",
@@ -165,13 +170,13 @@ def _default_model(request: Request, name: str | None) -> str:
 
 async def _list_models(request: Request) -> Response:
     """``{"object": "list", "data": [model cards]}``."""
-    cards = [_card(m) for m in _ctx(request).backend.models()]
+    cards = [_card(m) for m in context_of(request).backend.models()]
     return JSONResponse({"object": "list", "data": cards})
 
 
 async def _get_model(request: Request, model: str) -> Response:
     """One model card; 404 naming the served models when ``model`` is not one of them."""
-    info = _require_model(request, model)
+    info = require_model(request, model)
     return JSONResponse(_card(info))
 
 
@@ -180,20 +185,20 @@ async def _session_event(request: Request, session_id: str) -> Response:
     ``"summary": {"sct_s", "calls"}`` for ``end`` (and observes SCT). 404 for a session the
     server never saw."""
     sid = req.check_session_id(session_id, "the session id in the path")
-    event = await _parse(request, req.EventRequest)
-    summary = await _ctx(request).backend.event(
+    event = await parse_body(request, req.EventRequest)
+    summary = await context_of(request).backend.event(
         sid,
         event.event,
         tool=event.tool,
         expected_s=event.expected_s,
         measured_s=event.measured_s,
-        tenant=_tenant(request),
+        tenant=tenant_of(request),
     )
     out: dict[str, Any] = {"session_id": sid, "event": event.event}
     if summary is not None:
-        _ctx(request).metrics.sct.observe(max(summary.sct_s, 0.0))
+        context_of(request).metrics.sct.observe(max(summary.sct_s, 0.0))
         out["summary"] = {"sct_s": summary.sct_s, "calls": summary.calls}
-    return JSONResponse(out, headers={"X-Session-ID": _header(sid)})
+    return JSONResponse(out, headers={"X-Session-ID": header_value(sid)})
 
 
 async def _health(request: Request) -> Response:
@@ -203,7 +208,7 @@ async def _health(request: Request) -> Response:
     invariant of the runtime and its memory managers between engine steps (a deep check for
     operators and soak tests, not for a load balancer's probe): ``"integrity": "ok"``, or 503
     with ``"integrity"`` listing what is broken."""
-    backend = _ctx(request).backend
+    backend = context_of(request).backend
     try:
         names = [m.name for m in backend.models()]
         instances = {
@@ -230,14 +235,14 @@ async def _health(request: Request) -> Response:
 
 async def _metrics(request: Request) -> Response:
     """Prometheus exposition text of this app's registry."""
-    data, content_type = _ctx(request).metrics.render()
+    data, content_type = context_of(request).metrics.render()
     return Response(data, media_type=content_type)
 
 
 # --- request handling --------------------------------------------------------------------------
 
 
-async def _parse(request: Request, model: type[Body]) -> Body:
+async def parse_body(request: Request, model: type[Body]) -> Body:
     """Validate the raw body as ``model`` (strict JSON) and run its ``check``. Raises
     ``HttpError`` (400) naming the field at fault."""
     raw = await request.body()
@@ -251,7 +256,7 @@ async def _parse(request: Request, model: type[Body]) -> Body:
     return body
 
 
-def _tenant(request: Request) -> str:
+def tenant_of(request: Request) -> str:
     """The caller's tenant: its API key's, or ``default`` when the server has no keys."""
     return str(getattr(request.state, "talaria_tenant", "default"))
 
@@ -262,25 +267,25 @@ def _call_args(
     """Keyword arguments for ``chat_stream`` / ``complete_stream``, after checking the model
     and resolving the session id (``talaria.server.session_ids``). Records the model for
     metrics."""
-    _require_model(request, body.model)
+    require_model(request, body.model)
     request.state.talaria_model = body.model
     sid = session_of(request.headers, body.session_id, prompt_cache_key=body.prompt_cache_key)
     if body.user is not None:  # OpenAI's end-user id: recorded, never a tenant or a scope
         log.info(
-            "call of tenant %s, session %s, for user %r", _tenant(request), sid, body.user[:256]
+            "call of tenant %s, session %s, for user %r", tenant_of(request), sid, body.user[:256]
         )
     request.state.talaria_ignored = body.unknown_fields()
     return {
         "session_id": sid,
-        "tenant": _tenant(request),
+        "tenant": tenant_of(request),
         "max_tokens": max_tokens,
         **body.sampling_args(),
     }
 
 
-def _require_model(request: Request, name: str) -> ModelInfo:
+def require_model(request: Request, name: str) -> ModelInfo:
     """The served model called ``name``; raises ``HttpError`` (404) listing the served ones."""
-    served = list(_ctx(request).backend.models())
+    served = list(context_of(request).backend.models())
     for info in served:
         if info.name == name:
             return info
@@ -297,7 +302,7 @@ def _card(info: ModelInfo) -> dict[str, Any]:
     return resp.model_card(info.name, info.context_length, info.source, info.created)
 
 
-def _header(value: str) -> str:
+def header_value(value: str) -> str:
     """``value`` made safe for an HTTP header (printable ASCII)."""
     return "".join(c if 32 <= ord(c) < 127 else "?" for c in value)[:512]
 
@@ -316,7 +321,7 @@ async def _answer(
     errors become an SSE error event (streamed) or the HTTP error (not streamed). Time to
     first token is observed here for both kinds.
     """
-    ctx = _ctx(request)
+    ctx = context_of(request)
     stream = open_stream()
     try:
         first = await anext(stream)
@@ -329,14 +334,14 @@ async def _answer(
     received = float(request.state.talaria_received)
     ctx.metrics.ttft.labels(body.model).observe(max(time.perf_counter() - received, 0.0))
     headers = {
-        "X-Talaria-Instance": _header(first.instance),
-        "X-Session-ID": _header(first.session_id),
+        "X-Talaria-Instance": header_value(first.instance),
+        "X-Session-ID": header_value(first.session_id),
     }
     if first.max_tokens_clamped is not None:
         headers[CLAMPED_HEADER] = str(first.max_tokens_clamped)
     ignored = getattr(request.state, "talaria_ignored", [])
     if ignored:
-        headers["X-Talaria-Ignored-Fields"] = _header(",".join(ignored))
+        headers["X-Talaria-Ignored-Fields"] = header_value(",".join(ignored))
     if body.stream:
         head = resp.ChunkHead(first.id, first.model, first.created, body.include_usage)
         events = streaming.sse(request, first, stream, head, chat, body.n)

@@ -31,7 +31,7 @@ from typing import Final
 from talaria.server.errors import bad_request
 from talaria.server.requests import check_session_id
 
-__all__ = ["session_of", "session_from_user_id"]
+__all__ = ["session_from_user_id", "session_of"]
 
 # The headers of rules 2 to 5 (lower case).
 _CLAUDE_HEADER: Final = "x-claude-code-session-id"
