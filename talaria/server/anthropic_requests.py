@@ -12,11 +12,12 @@ to the context, see ``TalariaConfig.strict_max_tokens``), ``stop_sequences``,
 ``talaria.server.session_ids``) and Talaria's ``session_id``.
 
 Accepted and ignored (each changes nothing here; ``docs/serving.md`` says why):
-``cache_control`` on any block and at the top level (the prefix cache reuses every shared prefix anyway),
-``thinking`` (the served models do not think in separate blocks; earlier ``thinking`` and
-``redacted_thinking`` blocks in the history are dropped), ``context_management``,
-``output_config``, ``service_tier`` and ``container``. Fields this server does not know
-are ignored too, and listed in the ``X-Talaria-Ignored-Fields`` header.
+``cache_control`` on any block and at the top level (the prefix cache reuses every shared
+prefix anyway), ``thinking`` (the served models do not think in separate blocks; earlier
+``thinking`` and ``redacted_thinking`` blocks in the history are dropped),
+``context_management``, ``output_config``, ``service_tier`` and ``container``. Fields
+this server does not know are ignored too, and listed in the ``X-Talaria-Ignored-Fields``
+header.
 
 Refused with a 400 naming the field: ``image`` and ``document`` blocks (the served models
 read text only), tools of a server-side ``type`` (web search, code execution, ...), a
@@ -35,6 +36,12 @@ from pydantic import ConfigDict, Field
 from talaria.server.errors import bad_request
 from talaria.server.requests import MAX_STOP, StrictModel
 
+# one line for each union-typed field's validation errors (``errors.from_validation``)
+HINTS: Final[Mapping[str, str]] = {
+    "content": "must be a string or a list of blocks of type text, tool_use, tool_result "
+    "(thinking, image and document blocks are recognised; images and documents refused)",
+    "system": "must be a string or a list of text blocks",
+}
 TOOL_ERROR_PREFIX = "Error: "  # how a tool_result with is_error reads to the model
 # Anthropic's tool_choice types (but "tool") as OpenAI's
 _CHOICES: Final[Mapping[str, str]] = {"auto": "auto", "any": "required", "none": "none"}

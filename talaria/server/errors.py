@@ -173,9 +173,12 @@ def from_talaria(exc: TalariaError) -> HttpError:
     return HttpError(status, message, code=code, param=param, headers=headers)
 
 
-def from_validation(exc: ValidationError, what: str = "request body") -> HttpError:
+def from_validation(
+    exc: ValidationError, what: str = "request body", hints: Mapping[str, str] | None = None
+) -> HttpError:
     """A 400 from a pydantic error: invalid JSON, a wrong type, a missing or out-of-range
-    field. The message names each offending field (up to three) and what it must be."""
+    field. The message names each offending field (up to three) and what it must be
+    (``hints``: one line per union-typed field, OpenAI's fields' by default)."""
     errors = exc.errors(include_url=False)
     if any(e["type"] == "json_invalid" for e in errors):
         detail = next(e for e in errors if e["type"] == "json_invalid")
@@ -186,7 +189,7 @@ def from_validation(exc: ValidationError, what: str = "request body") -> HttpErr
     lines: list[str] = []
     params: list[str] = []
     for err in errors:
-        path, hint = _describe(err["loc"], err["type"], err["msg"])
+        path, hint = _describe(err["loc"], err["type"], err["msg"], hints or _FIELD_HINTS)
         line = f"{path or what}: {hint}"
         if line not in lines:
             lines.append(line)
@@ -197,15 +200,18 @@ def from_validation(exc: ValidationError, what: str = "request body") -> HttpErr
     )
 
 
-def _describe(loc: Sequence[int | str], kind: str, msg: str) -> tuple[str, str]:
-    """(dotted field path, what is wrong) for one pydantic error; union members collapse."""
+def _describe(
+    loc: Sequence[int | str], kind: str, msg: str, hints: Mapping[str, str]
+) -> tuple[str, str]:
+    """(dotted field path, what is wrong) for one pydantic error; the members of a union
+    in ``hints`` collapse into its one line."""
     if kind == "missing":
         return ".".join(str(p) for p in loc), "this field is required"
     path: list[str] = []
     for part in loc:
-        if isinstance(part, str) and part in _FIELD_HINTS:
+        if isinstance(part, str) and part in hints:
             path.append(part)
-            return ".".join(path), _FIELD_HINTS[part]
+            return ".".join(path), hints[part]
         path.append(str(part))
     if kind == "extra_forbidden":
         return ".".join(path), "unknown field"

@@ -26,7 +26,7 @@ from talaria.api.results import ChatChunk
 from talaria.errors import TalariaError
 from talaria.server import anthropic_responses as ar
 from talaria.server import routes, streaming
-from talaria.server.anthropic_requests import CountTokensRequest, MessagesRequest
+from talaria.server.anthropic_requests import HINTS, CountTokensRequest, MessagesRequest
 from talaria.server.errors import ErrorShape, HttpError, from_talaria, internal
 from talaria.server.requests import StrictModel
 from talaria.server.session_ids import session_of
@@ -35,7 +35,7 @@ from talaria.server.session_ids import session_of
 async def messages(request: Request) -> Response:
     """``POST /v1/messages``: one answer, whole (a ``message``) or as Anthropic's
     server-sent events. Errors raised before the first token keep their own status."""
-    body = await routes.parse_body(request, MessagesRequest)
+    body = await routes.parse_body(request, MessagesRequest, HINTS)
     ctx = routes.context_of(request)
     routes.require_model(request, body.model)
     request.state.talaria_model = body.model
@@ -74,7 +74,7 @@ async def count_tokens(request: Request) -> Response:
     """``POST /v1/messages/count_tokens``: ``{"input_tokens": N}``, the prompt's tokens as
     the same body sent to ``/v1/messages`` would have them (template, tools, the opening of
     a forced tool call)."""
-    body = await routes.parse_body(request, CountTokensRequest)
+    body = await routes.parse_body(request, CountTokensRequest, HINTS)
     model = routes.require_model(request, body.model).name
     request.state.talaria_model = model
     tools, choice = body.chat_tools()

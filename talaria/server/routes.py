@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any, TypeVar
 
 import attrs
@@ -242,14 +242,16 @@ async def _metrics(request: Request) -> Response:
 # --- request handling --------------------------------------------------------------------------
 
 
-async def parse_body(request: Request, model: type[Body]) -> Body:
+async def parse_body(
+    request: Request, model: type[Body], hints: Mapping[str, str] | None = None
+) -> Body:
     """Validate the raw body as ``model`` (strict JSON) and run its ``check``. Raises
-    ``HttpError`` (400) naming the field at fault."""
+    ``HttpError`` (400) naming the field at fault (``hints``: see ``from_validation``)."""
     raw = await request.body()
     try:
         body = model.model_validate_json(raw)
     except ValidationError as exc:
-        raise from_validation(exc) from None
+        raise from_validation(exc, hints=hints) from None
     check = getattr(body, "check", None)
     if check is not None:
         check()

@@ -2,169 +2,45 @@
 real ``Talaria`` (SmolLM2-135M on CPU, greedy), through the official ``anthropic`` client
 and raw HTTP: each answer, whole and streamed, equals the in-process API's answer to the
 same conversation; tool calls and results; exact token counts; ``max_tokens`` clamped to the
-context; every bad input a typed error in Anthropic's shape with the server intact after it.
-Mid-stream failures and overload run over the fake API (``server_fakes``)."""
+context; sessions and tenants from what Claude Code sends. Bad input is
+``test_anthropic_errors``'; the server and helpers are ``anthropic_live``'s."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import anthropic
 import httpx
 import pytest
-import torch
 
-from talaria.api import SyncTalaria, TalariaConfig
+from talaria.api import SyncTalaria
 from talaria.errors import ContextTooLong
-from talaria.server.app import app_for_config
+from tests.server.anthropic_live import (
+    COUNT,
+    GREEDY,
+    KEY,
+    MESSAGES,
+    MODEL,
+    OPENAI_TOOLS,
+    QUESTION,
+    SYSTEM,
+    TOOLS,
+    api,
+    assert_error,
+    assert_healthy,
+    claude,
+    events,
+    http,
+    openai_question,
+    plain,
+    prompt_of,
+    url,
+    weather_question,
+)
 from tests.server.conftest import requires_smollm2
-from tests.server.server_fakes import live_server
 
-MODEL = "smollm2-135m"
-KEY = "anthropic-test-key"
-MESSAGES = "/v1/messages"
-COUNT = "/v1/messages/count_tokens"
-SYSTEM = "You are a helpful assistant."
-QUESTION = "What is the capital of France?"
-GREEDY = {"temperature": 0}
-SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
-SHELL_SCHEMA = {"type": "object", "properties": {"command": {"type": "string"}}}
-TOOLS = [
-    {
-        "name": "get_weather",
-        "description": "Get the current weather in a city",
-        "input_schema": SCHEMA,
-    },
-    {"name": "run_shell", "description": "Run a command", "input_schema": SHELL_SCHEMA},
-]
-OPENAI_TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": t["name"],
-            "description": t["description"],
-            "parameters": t["input_schema"],
-        },
-    }
-    for t in TOOLS
-]
-
-
-def config(strict: bool = False) -> TalariaConfig:
-    return TalariaConfig(
-        models=(MODEL,),
-        device_memory_bytes=10**9,
-        host_memory_bytes=10**9,
-        dtype="float32",
-        api_keys=(KEY,),
-        shutdown_grace_s=5.0,
-        strict_max_tokens=strict,
-    )
-
-
-@pytest.fixture(scope="module")
-def url() -> Iterator[str]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # see test_server_live: shared cores
-    try:
-        with live_server(app_for_config(config(), max_body_bytes=256 * 1024)) as base:
-            yield base
-    finally:
-        torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="module")
-def api() -> Iterator[SyncTalaria]:
-    """The in-process API on the same model and memory, strict about max_tokens."""
-    with SyncTalaria(config(strict=True)) as t:
-        yield t
-
-
-@pytest.fixture(scope="module")
-def claude(url: str) -> Iterator[anthropic.Anthropic]:
-    with anthropic.Anthropic(base_url=url, api_key=KEY, max_retries=0, timeout=300) as c:
-        yield c
-
-
-@pytest.fixture
-def http(url: str) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=url, timeout=300, headers={"x-api-key": KEY}) as c:
-        yield c
-
-
-def events(response: httpx.Response) -> list[tuple[str, dict[str, Any]]]:
-    """(event name, data) of each server-sent event; the name must equal the data's type."""
-    out: list[tuple[str, dict[str, Any]]] = []
-    name = None
-    for line in response.iter_lines():
-        if line.startswith("event: "):
-            name = line.removeprefix("event: ")
-        elif line.startswith("data: "):
-            data = json.loads(line.removeprefix("data: "))
-            assert name == data["type"], (name, data)
-            out.append((name, data))
-            name = None
-        else:
-            assert line == "", line
-    return out
-
-
-def assert_error(r: httpx.Response, status: int, kind: str, words: list[str]) -> None:
-    """An error in Anthropic's shape: status, ``error.type``, words of the message."""
-    assert r.status_code == status, r.text
-    body = r.json()
-    assert set(body) == {"type", "error"} and body["type"] == "error", body
-    assert body["error"]["type"] == kind, body
-    for word in words:
-        assert word in body["error"]["message"], (word, body)
-
-
-def assert_healthy(http: httpx.Client) -> None:
-    r = http.get("/health", params={"integrity": "true"})
-    assert r.status_code == 200 and r.json()["integrity"] == "ok", r.text
-
-
-def weather_turn(city: str, weather: str, call_id: str) -> list[dict[str, Any]]:
-    """An earlier turn in Anthropic's shape: question, tool_use, tool_result, answer."""
-    use = {"type": "tool_use", "id": call_id, "name": "get_weather", "input": {"city": city}}
-    result = {
-        "type": "tool_result",
-        "tool_use_id": call_id,
-        "content": json.dumps({"weather": weather}),
-    }
-    return [
-        {"role": "user", "content": f"What is the weather in {city}?"},
-        {"role": "assistant", "content": [use]},
-        {"role": "user", "content": [result]},
-        {"role": "assistant", "content": f"It is {weather} in {city}."},
-    ]
-
-
-def openai_turn(city: str, weather: str, call_id: str) -> list[dict[str, Any]]:
-    """The same turn as the chat messages the in-process API takes."""
-    call = {
-        "id": call_id,
-        "type": "function",
-        "function": {"name": "get_weather", "arguments": json.dumps({"city": city})},
-    }
-    return [
-        {"role": "user", "content": f"What is the weather in {city}?"},
-        {"role": "assistant", "content": "", "tool_calls": [call]},
-        {"role": "tool", "tool_call_id": call_id, "content": json.dumps({"weather": weather})},
-        {"role": "assistant", "content": f"It is {weather} in {city}."},
-    ]
-
-
-def weather_question(city: str) -> list[dict[str, Any]]:
-    history = weather_turn("Rome", "sunny", "toolu_01") + weather_turn("Oslo", "rainy", "toolu_02")
-    return [*history, {"role": "user", "content": f"What is the weather in {city}?"}]
-
-
-def openai_question(city: str) -> list[dict[str, Any]]:
-    history = openai_turn("Rome", "sunny", "toolu_01") + openai_turn("Oslo", "rainy", "toolu_02")
-    return [*history, {"role": "user", "content": f"What is the weather in {city}?"}]
+__all__ = ["api", "claude", "http", "url"]  # the live fixtures these tests take
 
 
 def answer_of(message: Any) -> dict[str, Any]:
@@ -252,3 +128,212 @@ def test_a_stop_sequence_ends_the_answer(claude: anthropic.Anthropic) -> None:
     )
     assert r.stop_reason == "stop_sequence" and r.stop_sequence == " Paris"
     assert [b.model_dump()["text"] for b in r.content] == ["The capital of France is"]
+
+
+@requires_smollm2
+def test_a_tool_use_answer_and_its_result(claude: anthropic.Anthropic, api: SyncTalaria) -> None:
+    session = {"X-Claude-Code-Session-Id": "anthropic-tools"}
+    asked = {"model": MODEL, "max_tokens": 40, "tools": TOOLS, "extra_body": GREEDY}
+    r = claude.messages.create(messages=weather_question("Paris"), extra_headers=session, **asked)
+    ref = api.chat(
+        openai_question("Paris"), MODEL, max_tokens=40, temperature=0, tools=OPENAI_TOOLS
+    )
+    assert ref.finish_reason == "tool_calls" and ref.text == ""
+    assert [(c.name, json.loads(c.arguments)) for c in ref.tool_calls] == [
+        ("get_weather", {"city": "Paris"})
+    ]
+    assert r.stop_reason == "tool_use" and len(r.content) == 1
+    use = r.content[0].model_dump()
+    assert use["type"] == "tool_use" and use["name"] == "get_weather"
+    assert use["input"] == {"city": "Paris"} and use["id"].startswith("toolu_")
+    assert r.usage.output_tokens == ref.usage.completion_tokens
+
+    # the result goes back in the same session: its prompt, the call included, is reused
+    result = {
+        "type": "tool_result",
+        "tool_use_id": use["id"],
+        "content": [{"type": "text", "text": json.dumps({"weather": "cloudy"})}],
+    }
+    follow = [
+        *weather_question("Paris"),
+        {"role": "assistant", "content": [use]},
+        {"role": "user", "content": [result]},
+    ]
+    after = claude.messages.create(
+        messages=follow, extra_headers=session, **{**asked, "max_tokens": 12}
+    )
+    prompt = r.usage.input_tokens + (r.usage.cache_read_input_tokens or 0)
+    assert (after.usage.cache_read_input_tokens or 0) >= prompt - 16  # all but a block
+    ref_call = {
+        "id": use["id"],
+        "type": "function",
+        "function": {"name": "get_weather", "arguments": json.dumps({"city": "Paris"})},
+    }
+    ref_after = api.chat(
+        [
+            *openai_question("Paris"),
+            {"role": "assistant", "content": "", "tool_calls": [ref_call]},
+            {
+                "role": "tool",
+                "tool_call_id": use["id"],
+                "content": json.dumps({"weather": "cloudy"}),
+            },
+        ],
+        MODEL,
+        max_tokens=12,
+        temperature=0,
+        tools=OPENAI_TOOLS,
+    )
+    texts = [b.model_dump().get("text") for b in after.content if b.type == "text"]
+    assert "".join(t or "" for t in texts) == ref_after.text
+
+
+@requires_smollm2
+def test_a_streamed_tool_use_comes_as_input_json_delta(
+    claude: anthropic.Anthropic, http: httpx.Client
+) -> None:
+    body = {
+        "model": MODEL,
+        "max_tokens": 40,
+        "temperature": 0,
+        "tools": TOOLS,
+        "messages": weather_question("Paris"),
+        "stream": True,
+    }
+    with http.stream("POST", MESSAGES, json=body) as r:
+        got = events(r)
+    blocks = [(n, d) for n, d in got if n.startswith("content_block")]
+    assert [n for n, _ in blocks] == [
+        "content_block_start",
+        "content_block_delta",
+        "content_block_stop",
+    ]
+    start = blocks[0][1]["content_block"]
+    assert start["type"] == "tool_use" and start["name"] == "get_weather" and start["input"] == {}
+    assert blocks[1][1]["delta"]["type"] == "input_json_delta"
+    assert json.loads(blocks[1][1]["delta"]["partial_json"]) == {"city": "Paris"}
+    assert got[-2][1]["delta"]["stop_reason"] == "tool_use"
+
+    asked = {"model": MODEL, "max_tokens": 40, "tools": TOOLS, "extra_body": GREEDY}
+    with claude.messages.stream(messages=weather_question("Paris"), **asked) as stream:
+        final = stream.get_final_message()
+    assert final.stop_reason == "tool_use"
+    assert [(b.type, b.model_dump().get("input")) for b in final.content] == [
+        ("tool_use", {"city": "Paris"})
+    ]
+
+
+@requires_smollm2
+def test_tool_choice_is_honoured(claude: anthropic.Anthropic, api: SyncTalaria) -> None:
+    asked = {"model": MODEL, "max_tokens": 30, "tools": TOOLS, "extra_body": GREEDY}
+    for choice, openai_choice in (
+        (
+            {"type": "tool", "name": "get_weather"},
+            {"type": "function", "function": {"name": "get_weather"}},
+        ),
+        ({"type": "any"}, "required"),
+    ):
+        forced = claude.messages.create(
+            messages=weather_question("Lima"), tool_choice=choice, **asked
+        )
+        ref = api.chat(
+            openai_question("Lima"),
+            MODEL,
+            max_tokens=30,
+            temperature=0,
+            tools=OPENAI_TOOLS,
+            tool_choice=openai_choice,
+        )
+        assert forced.stop_reason == "tool_use", choice
+        assert (
+            [(b.model_dump()["name"], b.model_dump()["input"]) for b in forced.content]
+            == [(c.name, json.loads(c.arguments)) for c in ref.tool_calls]
+            == [("get_weather", {"city": "Lima"})]
+        )
+    plain = claude.messages.create(
+        messages=weather_question("Lima"), tool_choice={"type": "none"}, **asked
+    )
+    ref_plain = api.chat(
+        openai_question("Lima"),
+        MODEL,
+        max_tokens=30,
+        temperature=0,
+        tools=OPENAI_TOOLS,
+        tool_choice="none",
+    )
+    assert [b.type for b in plain.content] == ["text"]
+    assert plain.content[0].model_dump()["text"] == ref_plain.text
+
+
+@requires_smollm2
+def test_count_tokens_is_the_prompt_of_the_call(http: httpx.Client, api: SyncTalaria) -> None:
+    body = plain()
+    count = http.post(
+        COUNT + "?beta=true", json={k: v for k, v in body.items() if k != "max_tokens"}
+    )
+    assert count.status_code == 200 and set(count.json()) == {"input_tokens"}
+    n = count.json()["input_tokens"]
+    assert n == prompt_of(http.post(MESSAGES, json=body))
+    chat = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": QUESTION}]
+    assert n == len(api.tokenize(MODEL, messages=chat).token_ids) == 27
+
+    # with tools and a forced call, the prompt ends with the call's opening: counted too
+    forced = plain(
+        system=None,
+        messages=weather_question("Lima"),
+        tools=TOOLS,
+        max_tokens=30,
+        tool_choice={"type": "tool", "name": "get_weather"},
+    )
+    counted = http.post(COUNT, json={k: v for k, v in forced.items() if k != "max_tokens"})
+    answered = http.post(MESSAGES, json=forced)
+    assert answered.json()["stop_reason"] == "tool_use"
+    assert counted.json()["input_tokens"] == prompt_of(answered)
+    auto = http.post(COUNT, json={**forced, "tool_choice": {"type": "auto"}, "max_tokens": None})
+    assert auto.json()["input_tokens"] < counted.json()["input_tokens"]
+
+
+@requires_smollm2
+def test_a_max_tokens_over_the_context_is_clamped(http: httpx.Client, api: SyncTalaria) -> None:
+    r = http.post(MESSAGES, json=plain(max_tokens=32000))
+    assert r.status_code == 200, r.text
+    granted = int(r.headers["X-Talaria-Max-Tokens-Clamped"])
+    prompt = prompt_of(r)
+    assert prompt == 27 and 0 < granted < 32000 and granted + prompt <= 8192
+    assert r.json()["content"][0]["text"] == "The capital of France is Paris."
+    chat = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": QUESTION}]
+    # the strict API takes exactly the granted cap and refuses one token more
+    assert api.chat(chat, MODEL, max_tokens=granted, temperature=0).usage.prompt_tokens == prompt
+    with pytest.raises(ContextTooLong, match="tokens"):
+        api.chat(chat, MODEL, max_tokens=granted + 1, temperature=0)
+    # chat completions clamps the same way; a cap that fits is not reported
+    body = {"model": MODEL, "messages": chat, "max_tokens": 32000, "temperature": 0}
+    openai_style = http.post("/v1/chat/completions", json=body)
+    assert openai_style.status_code == 200, openai_style.text
+    assert openai_style.headers["X-Talaria-Max-Tokens-Clamped"] == str(granted)
+    fits = http.post(MESSAGES, json=plain(max_tokens=granted))
+    assert fits.status_code == 200 and "X-Talaria-Max-Tokens-Clamped" not in fits.headers
+    # a prompt that does not fit at all is still refused
+    long = plain(messages=[{"role": "user", "content": "w " * 9000}])
+    assert_error(http.post(MESSAGES, json=long), 400, "invalid_request_error", ["tokens"])
+    assert_healthy(http)
+
+
+@requires_smollm2
+def test_sessions_and_tenants_come_from_what_claude_code_sends(
+    url: str, http: httpx.Client
+) -> None:
+    user_id = json.dumps({"device_id": "d" * 64, "account_uuid": "", "session_id": "cc-session-1"})
+    r = http.post(MESSAGES, json=plain(max_tokens=2, metadata={"user_id": user_id}))
+    assert r.status_code == 200 and r.headers["X-Session-ID"] == "cc-session-1"
+    r = http.post(
+        MESSAGES, json=plain(max_tokens=2), headers={"X-Claude-Code-Session-Id": "cc-session-2"}
+    )
+    assert r.headers["X-Session-ID"] == "cc-session-2"
+    # x-api-key names the same tenant as the bearer key: its sessions are the bearer's
+    bearer = {"Authorization": f"Bearer {KEY}"}
+    ended = httpx.post(
+        url + "/v1/sessions/cc-session-1/events", json={"event": "end"}, headers=bearer
+    )
+    assert ended.status_code == 200 and ended.json()["summary"]["calls"] == 1
+    assert_healthy(http)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import httpx
 
-from talaria.server import requests
+from talaria.server import anthropic_requests, requests
 from talaria.server.openapi import REQUEST_ERRORS, request_bodies
 
 POSTS = {
@@ -14,6 +14,8 @@ POSTS = {
     ("POST", "/v1/sessions/{session_id}/events"): requests.EventRequest,
     ("POST", "/tokenize"): requests.TokenizeRequest,
     ("POST", "/detokenize"): requests.DetokenizeRequest,
+    ("POST", "/v1/messages"): anthropic_requests.MessagesRequest,
+    ("POST", "/v1/messages/count_tokens"): anthropic_requests.CountTokensRequest,
 }
 
 
