@@ -35,7 +35,7 @@ from talaria.server import openapi, streaming
 from talaria.server import requests as req
 from talaria.server import responses as resp
 from talaria.server.backend import Backend
-from talaria.server.errors import HttpError, bad_request, from_validation
+from talaria.server.errors import ErrorShape, HttpError, bad_request, from_validation
 from talaria.server.metrics import ServerMetrics
 from talaria.server.session_ids import session_of
 
@@ -80,7 +80,7 @@ def add_routes(app: FastAPI, extra: tuple[Post, ...] = ()) -> None:
             handler,
             methods=["POST"],
             openapi_extra=openapi.body(model),
-            responses=openapi.errors(),
+            responses=openapi.errors(anthropic=ErrorShape.for_path(path) is ErrorShape.ANTHROPIC),
         )
     reads = openapi.errors((401, 404, 503))
     app.add_api_route("/v1/models", _list_models, methods=["GET"], responses=reads)

@@ -31,4 +31,8 @@ def test_every_post_has_its_request_body_and_errors(client: httpx.Client) -> Non
         assert sorted(int(s) for s in responses) == sorted((200, *REQUEST_ERRORS))
         assert "422" not in responses  # the handlers answer 400 in OpenAI's shape
     assert components["Error"]["required"] == ["error"]
+    assert components["AnthropicError"]["required"] == ["type", "error"]
+    for path in ("/v1/messages", "/v1/messages/count_tokens"):
+        bad = doc["paths"][path]["post"]["responses"]["400"]["content"]["application/json"]
+        assert bad["schema"] == {"$ref": "#/components/schemas/AnthropicError"}
     assert "HTTPValidationError" not in components
