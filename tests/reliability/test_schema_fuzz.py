@@ -51,7 +51,8 @@ def _small(body: Any) -> Any:
         out["model"] = MODEL
     for key in ("max_tokens", "max_completion_tokens"):
         v = out.get(key)
-        if isinstance(v, int) and not isinstance(v, bool) and MAX_NEW < v <= 8192:
+        # past the context too: such a max_tokens is clamped to the context, not refused
+        if isinstance(v, int) and not isinstance(v, bool) and v > MAX_NEW:
             out[key] = MAX_NEW
     n = out.get("n")
     if isinstance(n, int) and not isinstance(n, bool) and 2 < n <= 16:
