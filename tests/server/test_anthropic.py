@@ -337,3 +337,16 @@ def test_sessions_and_tenants_come_from_what_claude_code_sends(
     )
     assert ended.status_code == 200 and ended.json()["summary"]["calls"] == 1
     assert_healthy(http)
+
+
+@requires_smollm2
+def test_system_messages_inside_the_conversation(http: httpx.Client, api: SyncTalaria) -> None:
+    messages = [
+        {"role": "system", "content": "Answer in one word."},
+        {"role": "user", "content": QUESTION},
+    ]
+    r = http.post(MESSAGES, json=plain(system=None, messages=messages, max_tokens=12))
+    assert r.status_code == 200, r.text
+    ref = api.chat(messages, MODEL, max_tokens=12, temperature=0)
+    assert [b["text"] for b in r.json()["content"]] == [ref.text]
+    assert prompt_of(r) == ref.usage.prompt_tokens
