@@ -13,6 +13,7 @@ prompt exactly as the messages call would build it.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing
@@ -30,6 +31,8 @@ from talaria.server.anthropic_requests import HINTS, CountTokensRequest, Message
 from talaria.server.errors import ErrorShape, HttpError, from_talaria, internal
 from talaria.server.requests import StrictModel
 from talaria.server.session_ids import session_of
+
+log = logging.getLogger(__name__)
 
 
 async def messages(request: Request) -> Response:
@@ -109,7 +112,7 @@ async def _first(stream: AsyncIterator[ChatChunk]) -> ChatChunk:
 
 def _headers(first: ChatChunk, ignored: list[str]) -> dict[str, str]:
     """The answer's headers: its session and instance, the output cap granted when
-    ``max_tokens`` was clamped, the fields ignored."""
+    ``max_tokens`` was clamped, the fields ignored (logged too)."""
     headers = {
         "X-Talaria-Instance": routes.header_value(first.instance),
         "X-Session-ID": routes.header_value(first.session_id),
@@ -117,6 +120,7 @@ def _headers(first: ChatChunk, ignored: list[str]) -> dict[str, str]:
     if first.max_tokens_clamped is not None:
         headers[routes.CLAMPED_HEADER] = str(first.max_tokens_clamped)
     if ignored:
+        log.warning("ignored unknown request fields: %s", ", ".join(ignored)[:500])
         headers["X-Talaria-Ignored-Fields"] = routes.header_value(",".join(ignored))
     return headers
 
