@@ -272,6 +272,7 @@ class StopChecker:
         self._pending = ""
         self.num_tokens = 0
         self.finish_reason: FinishReason | None = None
+        self.stop_string: str | None = None  # the stop string that ended the output
 
     @property
     def finished(self) -> bool:
@@ -305,6 +306,7 @@ class StopChecker:
             position, matched = min(hits)
             self._pending = ""
             self.finish_reason = "stop"
+            self.stop_string = matched
             return StopUpdate(text[:position], "stop", matched)
         if final:
             self._pending = ""

@@ -90,6 +90,12 @@ class TalariaConfig:
     session_idle_s: float = attrs.field(default=600.0, validator=_positive)
     shutdown_grace_s: float = attrs.field(default=30.0, validator=_positive)
     default_max_tokens: int = attrs.field(default=DEFAULT_MAX_TOKENS, validator=_positive)
+    # a max_tokens that the prompt leaves no room for: false (the default) answers with
+    # what the context leaves (ChatResult / ChatChunk.max_tokens_clamped says how many);
+    # true refuses the call with ContextTooLong, as OpenAI does
+    strict_max_tokens: bool = attrs.field(
+        default=False, validator=attrs.validators.instance_of(bool)
+    )
     # model -> how it writes tool calls (a talaria.api.tool_parsers.ToolFormat value, a TOML
     # [tool_parsers] table); a model not listed gets the format its chat template teaches
     tool_parsers: Mapping[str, str] = attrs.field(factory=dict, converter=dict)

@@ -9,7 +9,12 @@ Plain frozen data made by ``talaria.api.talaria.Talaria``; the HTTP server reads
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Protocol
+
 import attrs
+
+from talaria.generation import TokenLogprob
 
 
 @attrs.frozen
@@ -53,6 +58,30 @@ class Logprob:
     bytes: tuple[int, ...]
     top: tuple[TopLogprob, ...] = ()
 
+    @classmethod
+    def of(cls, tok: TokenText, entries: Sequence[TokenLogprob]) -> tuple[Logprob, ...]:
+        """The API's form of an executor's logprobs: each id with its text and bytes."""
+
+        def top(token_id: int, logprob: float) -> TopLogprob:
+            raw = tok.token_bytes(token_id) if token_id < tok.vocab_size else b""
+            return TopLogprob(raw.decode("utf-8", "replace"), token_id, logprob, tuple(raw))
+
+        out = []
+        for e in entries:
+            head = top(e.token_id, e.logprob)
+            alts = tuple(top(i, lp) for i, lp in e.top)
+            out.append(cls(head.token, e.token_id, e.logprob, head.bytes, alts))
+        return tuple(out)
+
+
+class TokenText(Protocol):
+    """What ``Logprob.of`` reads of a tokenizer."""
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    def token_bytes(self, token_id: int) -> bytes: ...
+
 
 @attrs.frozen
 class ToolCall:
@@ -71,7 +100,8 @@ class Choice:
     and cached tokens (choices after the first find the prompt's full blocks cached) and its
     completion tokens. ``logprobs`` is None unless asked for, else one per generated id.
     With tools, ``text`` is the answer's content without its tool calls, which are in
-    ``tool_calls`` (``finish_reason`` "tool_calls"); ``token_ids`` are all generated ids."""
+    ``tool_calls`` (``finish_reason`` "tool_calls"); ``token_ids`` are all generated ids.
+    ``stop_sequence`` is the stop string that ended it (None: another reason)."""
 
     index: int
     text: str
@@ -80,6 +110,7 @@ class Choice:
     usage: Usage
     logprobs: tuple[Logprob, ...] | None = None
     tool_calls: tuple[ToolCall, ...] = ()
+    stop_sequence: str | None = None
 
 
 @attrs.frozen
@@ -88,7 +119,9 @@ class ChatResult:
     The top-level ``text``, ``finish_reason``, ``token_ids`` and ``logprobs`` are the first
     choice's, and so are ``tool_calls`` (``finish_reason`` "tool_calls" when there are
     some); ``choices`` holds every choice (one unless ``n`` > 1); ``usage`` counts the
-    request (``Usage.of_choices``)."""
+    request (``Usage.of_choices``). ``max_tokens_clamped`` is the output cap granted when
+    the ``max_tokens`` asked for did not fit the context beside the prompt (None: granted as
+    asked; see ``TalariaConfig.strict_max_tokens``)."""
 
     id: str
     model: str
@@ -103,6 +136,8 @@ class ChatResult:
     choices: tuple[Choice, ...] = ()
     logprobs: tuple[Logprob, ...] | None = None
     tool_calls: tuple[ToolCall, ...] = ()
+    stop_sequence: str | None = None
+    max_tokens_clamped: int | None = None
 
 
 @attrs.frozen
@@ -112,7 +147,9 @@ class ChatChunk:
     carries that choice's own usage). ``logprobs`` (when asked for) has one entry per id of
     ``token_ids``. With tools, ``text`` is content only and a chunk may carry tool calls
     instead (each whole, once the model closed it), numbered within the choice from
-    ``first_call``."""
+    ``first_call``. Every chunk carries ``prompt_tokens`` (the prompt's length) and
+    ``max_tokens_clamped`` (as ``ChatResult``'s); the last of a choice its
+    ``stop_sequence`` (the stop string that ended it, if one did)."""
 
     id: str
     model: str
@@ -127,6 +164,9 @@ class ChatChunk:
     index: int = 0
     tool_calls: tuple[ToolCall, ...] = ()
     first_call: int = 0
+    prompt_tokens: int = 0
+    max_tokens_clamped: int | None = None
+    stop_sequence: str | None = None
 
 
 @attrs.frozen

@@ -31,7 +31,6 @@ from talaria.api.results import (
     ModelInfo,
     Tokenized,
     ToolCall,
-    TopLogprob,
     Usage,
 )
 from talaria.api.stats import snapshot
@@ -41,7 +40,7 @@ from talaria.api.tool_parsers import ToolFormat, format_for_template
 from talaria.backends.served import ServedCluster
 from talaria.engine.tokenizer import Tokenizer
 from talaria.errors import BadRequest, ShuttingDown, TalariaError, UnknownModel, UnknownSession
-from talaria.generation import SamplingParams, StopChecker, TokenLogprob
+from talaria.generation import SamplingParams, StopChecker
 from talaria.runtime.live import LiveCluster
 from talaria.runtime.sessions import SessionSummary
 from talaria.runtime.streams import Delta, Failed, Finished
@@ -63,6 +62,7 @@ class _Prepared:
     tenant: str
     id_prefix: str = "chatcmpl"  # OpenAI's: "chatcmpl" for chats, "cmpl" for completions
     tools: ToolPlan | None = None  # how the answer's tool calls are read (None: no tools)
+    clamped: int | None = None  # the output cap granted, when less than max_tokens asked
 
     @property
     def scoped_id(self) -> str:
@@ -218,9 +218,7 @@ class Talaria:
             raise BadRequest("prompt must be a string or a list of non-negative token ids")
         if not ids:
             raise BadRequest("the prompt is empty; send at least one token of text")
-        limit = self._require_cluster().archs[model].max_context - len(ids)
-        if max_tokens is None:
-            max_tokens = max(1, min(self._config.default_max_tokens, limit))
+        max_tokens, clamped = self._output_cap(model, len(ids), max_tokens)
         end = tools.stop if tools is not None else None
         if end is not None:  # the forced call ends the answer (see ToolPlan.stop)
             given = sampling.get("stop")
@@ -231,7 +229,29 @@ class Talaria:
         sid = session_id if session_id is not None else f"call-{uuid.uuid4().hex}"
         if not sid or len(sid) > 256:
             raise BadRequest("session_id must be a non-empty string of at most 256 characters")
-        return _Prepared(sid, one_shot, model, TokenSeq(ids), params, tok, tenant, tools=tools)
+        return _Prepared(
+            sid, one_shot, model, TokenSeq(ids), params, tok, tenant, tools=tools, clamped=clamped
+        )
+
+    def _output_cap(
+        self, model: str, prompt_tokens: int, asked: int | None
+    ) -> tuple[int, int | None]:
+        """(the output cap a call runs with, that cap when it is less than ``asked``).
+
+        The room is what the model's context and the largest KV pool serving it leave beside
+        the prompt. Without ``asked`` a call gets ``default_max_tokens`` or the room if less.
+        An ``asked`` over the room is clamped to it (agents send ``max_tokens: 32000``
+        whatever the model), unless ``strict_max_tokens``: then it stands and the call is
+        refused (``ContextTooLong``) when submitted, as OpenAI does. A prompt that leaves
+        no room is refused when submitted either way."""
+        cluster = self._require_cluster()
+        limit = cluster.core.token_limit(model) or cluster.archs[model].max_context
+        room = limit - prompt_tokens
+        if asked is None:
+            return max(1, min(self._config.default_max_tokens, room)), None
+        if asked <= room or room < 1 or self._config.strict_max_tokens:
+            return asked, None
+        return room, room
 
     async def _events(self, p: _Prepared) -> AsyncGenerator[tuple[str, Delta | Finished]]:
         """Run one prepared call; yields (instance, event): deltas then one ``Finished``;
@@ -311,17 +331,23 @@ class Talaria:
         add_special_tokens: bool | None = None,
         add_generation_prompt: bool = True,
         tools: Sequence[Mapping[str, Any]] | None = None,
+        tool_choice: str | Mapping[str, Any] | None = None,
+        parallel_tool_calls: bool | None = None,
     ) -> Tokenized:
         """``prompt`` (a text) or ``messages`` (rendered by the chat template, with the
         generation prompt unless ``add_generation_prompt`` is false) as ``model``'s tokens,
         as vLLM's ``/tokenize`` does. ``add_special_tokens`` defaults as vLLM's: true for a
         prompt, false for messages (the template writes them). Note that calls encode their
-        text without special tokens. BadRequest unless exactly one of the two is given."""
+        text without special tokens. With ``tool_choice`` forcing a call, the conversation
+        ends with the call's opening, as a chat call's prompt does. BadRequest unless exactly
+        one of the two is given."""
         if (prompt is None) == (messages is None):
             raise BadRequest("send exactly one of prompt (a text) and messages (a conversation)")
         tok = self._tokenizer(model)
         if messages is not None:
-            text, _ = self._chat_text(model, messages, tools, add_generation_prompt)
+            text, _ = self._chat_text(
+                model, messages, tools, add_generation_prompt, tool_choice, parallel_tool_calls
+            )
             special = bool(add_special_tokens)
         else:
             if not isinstance(prompt, str):
@@ -495,21 +521,6 @@ class Talaria:
                 if index == 0:
                     prompt_done.set()
 
-    def _logprobs(self, p: _Prepared, entries: Sequence[TokenLogprob]) -> tuple[Logprob, ...]:
-        """The API's form of an executor's logprobs: each id with its text and bytes."""
-        tok = p.tokenizer
-
-        def top(token_id: int, logprob: float) -> TopLogprob:
-            raw = tok.token_bytes(token_id) if token_id < tok.vocab_size else b""
-            return TopLogprob(raw.decode("utf-8", "replace"), token_id, logprob, tuple(raw))
-
-        out = []
-        for e in entries:
-            head = top(e.token_id, e.logprob)
-            alts = tuple(top(i, lp) for i, lp in e.top)
-            out.append(Logprob(head.token, e.token_id, e.logprob, head.bytes, alts))
-        return tuple(out)
-
     async def _whole(self, ps: list[_Prepared]) -> ChatResult:
         p = ps[0]
         cid = f"{p.id_prefix}-{uuid.uuid4().hex}"
@@ -523,7 +534,7 @@ class Talaria:
                 if isinstance(ev, Delta):
                     text[i].append(ev.text)
                     ids[i].extend(ev.token_ids)
-                    logprobs[i].extend(self._logprobs(p, ev.logprobs))
+                    logprobs[i].extend(Logprob.of(p.tokenizer, ev.logprobs))
                     continue
                 usage = Usage(ev.prompt_tokens, ev.completion_tokens, ev.cached_tokens)
                 asked = ps[i].params.logprobs is not None
@@ -538,6 +549,7 @@ class Talaria:
                     usage,
                     tuple(logprobs[i]) if asked else None,
                     head.calls + tail.calls,
+                    ev.stop_sequence,
                 )
                 if i == 0:
                     first, instance = ev, inst
@@ -560,6 +572,8 @@ class Talaria:
             ordered,
             c0.logprobs,
             c0.tool_calls,
+            c0.stop_sequence,
+            p.clamped,
         )
 
     async def _chunks(self, ps: list[_Prepared]) -> AsyncIterator[ChatChunk]:
@@ -574,6 +588,8 @@ class Talaria:
             "",
             p.session_id,
             int(time.time()),
+            prompt_tokens=len(p.prompt),
+            max_tokens_clamped=p.clamped,
         )
         readers = [AnswerReader(p.tools) for _ in ps]
         called: list[ToolCall] = []  # choice 0's
@@ -583,7 +599,7 @@ class Talaria:
                 if isinstance(ev, Delta):
                     piece = reader.feed(ev.text)
                     called += piece.calls if i == 0 else ()
-                    lps = self._logprobs(p, ev.logprobs) if asked else None
+                    lps = Logprob.of(p.tokenizer, ev.logprobs) if asked else None
                     yield attrs.evolve(
                         base,
                         text=piece.content,
@@ -611,13 +627,18 @@ class Talaria:
                     )
                 usage = Usage(ev.prompt_tokens, ev.completion_tokens, ev.cached_tokens)
                 yield attrs.evolve(
-                    base, finish_reason=reason, usage=usage, instance=inst, logprobs=lps, index=i
+                    base,
+                    finish_reason=reason,
+                    usage=usage,
+                    instance=inst,
+                    logprobs=lps,
+                    index=i,
+                    stop_sequence=ev.stop_sequence,
                 )
 
     def _note_tool_calls(self, p: _Prepared, calls: Sequence[ToolCall]) -> None:
-        """An answer that ends in tool calls opens a gap named for its tools, no client hint
-        needed: the server predicts it and learns it under their names
-        (``LiveCluster.tool_calls``). Nothing for a one-call session."""
+        """An answer that ends in tool calls opens a gap named for its tools (no client hint
+        needed; ``LiveCluster.tool_calls``). Nothing for a one-call session."""
         if calls and not p.one_shot:
             self.live.tool_calls(p.scoped_id, [c.name for c in calls])
 

@@ -130,6 +130,11 @@ class ClusterCore:
         self.decisions += 1
         return chosen, req, decision
 
+    def token_limit(self, model: str) -> int:
+        """The largest call (prompt plus answer tokens) some healthy instance serving
+        ``model`` can ever hold (0 when none is healthy)."""
+        return max((inst.token_limit(model) for inst in self._hosts.get(model, ())), default=0)
+
     def _candidates(self, call: Call, target_output: int) -> list[InstanceCore]:
         """The instances whose KV pool and context can ever hold the call."""
         hosts = self._hosts[call.model]

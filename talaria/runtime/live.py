@@ -555,6 +555,7 @@ class LiveCluster:
                 name,
                 (first or arrival) - arrival,
                 (req.finished_s or arrival) - arrival,
+                lc.checker.stop_string,
             ),
         )
         lc.send.close()

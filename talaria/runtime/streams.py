@@ -38,7 +38,8 @@ class Delta:
 
 @attrs.frozen
 class Finished:
-    """A call ended. ``cached_tokens`` counts prompt tokens whose KV was reused or restored."""
+    """A call ended. ``cached_tokens`` counts prompt tokens whose KV was reused or restored;
+    ``stop_sequence`` is the stop string that ended it (None: another reason)."""
 
     finish_reason: str
     prompt_tokens: int
@@ -47,6 +48,7 @@ class Finished:
     instance: str
     ttft_s: float
     latency_s: float
+    stop_sequence: str | None = None
 
 
 @attrs.frozen

@@ -38,7 +38,7 @@ import attrs
 import uvicorn
 from fastapi import FastAPI
 
-from talaria.server import handling, routes
+from talaria.server import handling, messages, routes
 from talaria.server.backend import Backend
 from talaria.server.error_handlers import GuardedRoute, install_error_handlers
 from talaria.server.metrics import ServerMetrics
@@ -94,7 +94,7 @@ def create_app(
     setattr(app.state, handling.STATE, handling.Context(talaria, metrics))
     app.router.route_class = GuardedRoute
     install_error_handlers(app)
-    routes.add_routes(app)
+    routes.add_routes(app, messages.POSTS)
     # Outermost first at run time: observe -> API keys -> body limit -> routes.
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
     app.add_middleware(ApiKeys, keys=keys, tenants=tenants)

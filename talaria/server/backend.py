@@ -75,6 +75,8 @@ class Backend(Protocol):
         add_special_tokens: bool | None = ...,
         add_generation_prompt: bool = ...,
         tools: Sequence[Mapping[str, Any]] | None = ...,
+        tool_choice: str | Mapping[str, Any] | None = ...,
+        parallel_tool_calls: bool | None = ...,
     ) -> Tokenized: ...
 
     def detokenize(self, model: str, token_ids: Sequence[int]) -> str: ...

@@ -1,4 +1,5 @@
-"""How an exception raised while answering becomes an OpenAI-shaped error response.
+"""How an exception raised while answering becomes an error response (OpenAI's shape, or
+Anthropic's under ``/v1/messages``: ``talaria.server.errors.ErrorShape``).
 
 The errors themselves (shape, status, message) are ``talaria.server.errors``; this module
 wires them into a FastAPI app: :class:`GuardedRoute` (unexpected exceptions become a logged
@@ -17,7 +18,7 @@ from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException
 
 from talaria.errors import TalariaError
-from talaria.server.errors import HttpError, bad_request, from_talaria, internal
+from talaria.server.errors import ErrorShape, HttpError, bad_request, from_talaria, internal
 
 
 class GuardedRoute(APIRoute):
@@ -33,7 +34,7 @@ class GuardedRoute(APIRoute):
             except (HttpError, TalariaError, HTTPException, RequestValidationError):
                 raise
             except Exception as exc:
-                return internal(exc).response()
+                return internal(exc).response(_shape(request))
 
         return guarded
 
@@ -41,26 +42,32 @@ class GuardedRoute(APIRoute):
 def install_error_handlers(app: FastAPI) -> None:
     async def on_http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HttpError)
-        return exc.response()
+        return exc.response(_shape(request))
 
     async def on_talaria(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, TalariaError)
-        return from_talaria(exc).response()
+        return from_talaria(exc).response(_shape(request))
 
     async def on_validation(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, RequestValidationError)
         first = exc.errors()[0] if exc.errors() else {}
         where = ".".join(str(p) for p in first.get("loc", ()))
-        return bad_request(f"Invalid request: {where}: {first.get('msg', 'invalid')}.").response()
+        err = bad_request(f"Invalid request: {where}: {first.get('msg', 'invalid')}.")
+        return err.response(_shape(request))
 
     async def on_starlette(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
-        return _route_error(request, exc.status_code).response()
+        return _route_error(request, exc.status_code).response(_shape(request))
 
     app.add_exception_handler(HttpError, on_http_error)
     app.add_exception_handler(TalariaError, on_talaria)
     app.add_exception_handler(RequestValidationError, on_validation)
     app.add_exception_handler(HTTPException, on_starlette)
+
+
+def _shape(request: Request) -> ErrorShape:
+    """Anthropic's error shape under ``/v1/messages``, OpenAI's elsewhere."""
+    return ErrorShape.for_path(request.url.path)
 
 
 def _route_error(request: Request, status: int) -> HttpError:
@@ -69,7 +76,7 @@ def _route_error(request: Request, status: int) -> HttpError:
         return HttpError(
             404,
             f"No endpoint at {path[:200]}. This server serves POST /v1/chat/completions, "
-            "POST /v1/completions, POST /v1/responses, GET /v1/models, "
+            "POST /v1/completions, POST /v1/responses, POST /v1/messages, GET /v1/models, "
             "POST /v1/sessions/{id}/events, GET /health "
             "and GET /metrics.",
             code="not_found",

@@ -1,13 +1,17 @@
-"""Every HTTP error the server sends, in OpenAI's shape.
+"""Every HTTP error the server sends, in OpenAI's shape or, under ``/v1/messages``,
+Anthropic's (:class:`ErrorShape`).
 
-``{"error": {"message": str, "type": str, "param": str | None, "code": str | None}}``: the
-shape the ``openai`` client parses into ``APIError.message`` / ``.code`` / ``.param``. The
-message says what to change; 5xx messages never carry a traceback (the server log does, under
-the request id the message quotes).
+OpenAI's: ``{"error": {"message": str, "type": str, "param": str | None, "code": str |
+None}}``: the shape the ``openai`` client parses into ``APIError.message`` / ``.code`` /
+``.param``. Anthropic's: ``{"type": "error", "error": {"type": str, "message": str}}`` with
+the type its status has there (:func:`anthropic_type`). The message says what to change;
+5xx messages never carry a traceback (the server log does, under the request id the
+message quotes).
 """
 
 from __future__ import annotations
 
+import enum
 import json
 import logging
 import math
@@ -34,6 +38,43 @@ _FIELD_HINTS: Mapping[str, str] = {
 }
 
 
+ANTHROPIC_PREFIX = "/v1/messages"  # the paths of the Anthropic Messages API
+
+
+class ErrorShape(enum.Enum):
+    """Whose error body a path answers with."""
+
+    OPENAI = "openai"
+    ANTHROPIC = "anthropic"
+
+    @classmethod
+    def for_path(cls, path: str) -> ErrorShape:
+        """Anthropic's under ``/v1/messages`` (and its ``count_tokens``), OpenAI's elsewhere."""
+        anthropic = path == ANTHROPIC_PREFIX or path.startswith(ANTHROPIC_PREFIX + "/")
+        return cls.ANTHROPIC if anthropic else cls.OPENAI
+
+
+_ANTHROPIC_TYPES: Mapping[int, str] = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+    529: "overloaded_error",
+}
+
+
+def anthropic_type(status: int) -> str:
+    """Anthropic's error ``type`` for a status: its own for the statuses it documents,
+    ``invalid_request_error`` for other 4xx, ``api_error`` for other 5xx."""
+    known = _ANTHROPIC_TYPES.get(status)
+    if known is not None:
+        return known
+    return "api_error" if status >= 500 else "invalid_request_error"
+
+
 class HttpError(Exception):
     """An error the server answers with: status, a message a user can act on, and OpenAI's
     ``type`` / ``param`` / ``code``. Raised by request handling; rendered by :func:`render`."""
@@ -54,8 +95,12 @@ class HttpError(Exception):
         self.param = param
         self.headers = dict(headers or {})
 
-    def body(self) -> dict[str, Any]:
-        """The JSON body: ``{"error": {...}}``."""
+    def body(self, shape: ErrorShape = ErrorShape.OPENAI) -> dict[str, Any]:
+        """The JSON body: OpenAI's ``{"error": {...}}`` or Anthropic's ``{"type": "error",
+        "error": {"type", "message"}}``."""
+        if shape is ErrorShape.ANTHROPIC:
+            kind = anthropic_type(self.status)
+            return {"type": "error", "error": {"type": kind, "message": self.message}}
         return {
             "error": {
                 "message": self.message,
@@ -65,13 +110,15 @@ class HttpError(Exception):
             }
         }
 
-    def response(self) -> JSONResponse:
+    def response(self, shape: ErrorShape = ErrorShape.OPENAI) -> JSONResponse:
         """The whole HTTP response (status, body, headers)."""
-        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+        return JSONResponse(self.body(shape), status_code=self.status, headers=self.headers)
 
-    def sse_event(self) -> bytes:
-        """The error as one server-sent event, for a failure after a stream has begun."""
-        return b"data: " + json.dumps(self.body()).encode() + b"\n\n"
+    def sse_event(self, shape: ErrorShape = ErrorShape.OPENAI) -> bytes:
+        """The error as one server-sent event, for a failure after a stream has begun
+        (Anthropic's is an ``event: error``)."""
+        data = b"data: " + json.dumps(self.body(shape)).encode() + b"\n\n"
+        return b"event: error\n" + data if shape is ErrorShape.ANTHROPIC else data
 
 
 def error_type(status: int) -> str:
@@ -127,9 +174,12 @@ def from_talaria(exc: TalariaError) -> HttpError:
     return HttpError(status, message, code=code, param=param, headers=headers)
 
 
-def from_validation(exc: ValidationError, what: str = "request body") -> HttpError:
+def from_validation(
+    exc: ValidationError, what: str = "request body", hints: Mapping[str, str] | None = None
+) -> HttpError:
     """A 400 from a pydantic error: invalid JSON, a wrong type, a missing or out-of-range
-    field. The message names each offending field (up to three) and what it must be."""
+    field. The message names each offending field (up to three) and what it must be
+    (``hints``: one line per union-typed field, OpenAI's fields' by default)."""
     errors = exc.errors(include_url=False)
     if any(e["type"] == "json_invalid" for e in errors):
         detail = next(e for e in errors if e["type"] == "json_invalid")
@@ -140,7 +190,7 @@ def from_validation(exc: ValidationError, what: str = "request body") -> HttpErr
     lines: list[str] = []
     params: list[str] = []
     for err in errors:
-        path, hint = _describe(err["loc"], err["type"], err["msg"])
+        path, hint = _describe(err["loc"], err["type"], err["msg"], hints or _FIELD_HINTS)
         line = f"{path or what}: {hint}"
         if line not in lines:
             lines.append(line)
@@ -151,15 +201,18 @@ def from_validation(exc: ValidationError, what: str = "request body") -> HttpErr
     )
 
 
-def _describe(loc: Sequence[int | str], kind: str, msg: str) -> tuple[str, str]:
-    """(dotted field path, what is wrong) for one pydantic error; union members collapse."""
+def _describe(
+    loc: Sequence[int | str], kind: str, msg: str, hints: Mapping[str, str]
+) -> tuple[str, str]:
+    """(dotted field path, what is wrong) for one pydantic error; the members of a union
+    in ``hints`` collapse into its one line."""
     if kind == "missing":
         return ".".join(str(p) for p in loc), "this field is required"
     path: list[str] = []
     for part in loc:
-        if isinstance(part, str) and part in _FIELD_HINTS:
+        if isinstance(part, str) and part in hints:
             path.append(part)
-            return ".".join(path), _FIELD_HINTS[part]
+            return ".".join(path), hints[part]
         path.append(str(part))
     if kind == "extra_forbidden":
         return ".".join(path), "unknown field"

@@ -6,7 +6,7 @@ completions, ...) and ``talaria.server.responses_api`` (the Responses API) build
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import TypeVar
 
 import attrs
@@ -22,6 +22,9 @@ from talaria.server.requests import StrictModel
 
 Body = TypeVar("Body", bound=StrictModel)
 STATE = "talaria"  # app.state attribute holding the Context
+# the output cap granted when max_tokens did not fit beside the prompt (TalariaConfig's
+# strict_max_tokens is off): the answer is at most this many tokens
+CLAMPED_HEADER = "X-Talaria-Max-Tokens-Clamped"
 
 
 @attrs.frozen
@@ -38,14 +41,16 @@ def context(request: Request) -> Context:
     return ctx
 
 
-async def parse(request: Request, model: type[Body]) -> Body:
+async def parse(
+    request: Request, model: type[Body], hints: Mapping[str, str] | None = None
+) -> Body:
     """Validate the raw body as ``model`` (strict JSON) and run its ``check``. Raises
-    ``HttpError`` (400) naming the field at fault."""
+    ``HttpError`` (400) naming the field at fault (``hints``: see ``from_validation``)."""
     raw = await request.body()
     try:
         body = model.model_validate_json(raw)
     except ValidationError as exc:
-        raise from_validation(exc) from None
+        raise from_validation(exc, hints=hints) from None
     check = getattr(body, "check", None)
     if check is not None:
         check()
@@ -99,12 +104,15 @@ async def first_chunk(
 
 
 def answer_headers(request: Request, first: ChatChunk) -> dict[str, str]:
-    """The headers of an answer: ``X-Talaria-Instance``, ``X-Session-ID`` and, when the
-    request sent fields the server ignored, ``X-Talaria-Ignored-Fields``."""
+    """The headers of an answer: ``X-Talaria-Instance``, ``X-Session-ID``,
+    ``X-Talaria-Max-Tokens-Clamped`` when ``max_tokens`` was lowered to what fits, and, when
+    the request sent fields the server ignored, ``X-Talaria-Ignored-Fields``."""
     headers = {
         "X-Talaria-Instance": header_value(first.instance),
         "X-Session-ID": header_value(first.session_id),
     }
+    if first.max_tokens_clamped is not None:
+        headers[CLAMPED_HEADER] = str(first.max_tokens_clamped)
     ignored = getattr(request.state, "talaria_ignored", [])
     if ignored:
         headers["X-Talaria-Ignored-Fields"] = header_value(",".join(ignored))

@@ -2,11 +2,13 @@
 
 :class:`Observe` stamps request receipt and counts every answered request in the app's
 ``talaria.server.metrics.ServerMetrics``. :class:`ApiKeys`: when keys are configured every
-``/v1/...`` request needs ``Authorization: Bearer KEY``; ``/health`` and ``/metrics`` stay
-open (as vLLM does); a matched key names the caller's tenant (:func:`tenant_of_key`), which
-the routes (``talaria.server.routes``) read from the request state. :class:`BodyLimit`:
-bodies over ``max_body_bytes`` are refused with 413 before parsing, whether sent with
-``Content-Length`` or chunked. Refusals are ``talaria.server.errors.HttpError`` responses.
+``/v1/...`` request needs ``Authorization: Bearer KEY`` or (Anthropic's) ``x-api-key:
+KEY``; ``/health`` and ``/metrics`` stay open (as vLLM does); a matched key names the
+caller's tenant (:func:`tenant_of_key`), which the routes (``talaria.server.routes``) read
+from the request state. :class:`BodyLimit`: bodies over ``max_body_bytes`` are refused
+with 413 before parsing, whether sent with ``Content-Length`` or chunked. Refusals are
+``talaria.server.errors.HttpError`` responses (in Anthropic's shape under
+``/v1/messages``).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Any
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from talaria.server.errors import HttpError
+from talaria.server.errors import ErrorShape, HttpError
 from talaria.server.metrics import ServerMetrics
 
 
@@ -28,8 +30,10 @@ def _endpoint(path: str) -> str | None:
     """The metrics label of a path; None for paths not counted (/health, /metrics)."""
     if path in ("/health", "/metrics"):
         return None
-    if path in ("/v1/chat/completions", "/v1/completions", "/v1/responses"):
+    if path in ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages"):
         return path.removeprefix("/v1/").replace("/", "_")
+    if path == "/v1/messages/count_tokens":
+        return "messages_count_tokens"
     if path == "/v1/models" or path.startswith("/v1/models/"):
         return "models"
     if path.startswith("/v1/sessions/") and path.endswith("/events"):
@@ -89,23 +93,32 @@ class ApiKeys:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and self.keys and scope["path"].startswith("/v1"):
-            problem, tenant = self._check(Headers(scope=scope).get("authorization"))
+            headers = Headers(scope=scope)
+            problem, tenant = self._check(headers.get("authorization"), headers.get("x-api-key"))
             if problem is not None:
                 err = HttpError(
                     401, problem, code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"}
                 )
-                await err.response()(scope, receive, send)
+                await err.response(ErrorShape.for_path(scope["path"]))(scope, receive, send)
                 return
             scope.setdefault("state", {})["talaria_tenant"] = tenant
         await self.app(scope, receive, send)
 
-    def _check(self, header: str | None) -> tuple[str | None, str]:
-        """(problem, tenant): a message for a 401, or None and the key's tenant."""
-        if not header:
-            return "Missing API key: send the header 'Authorization: Bearer <key>'.", ""
-        scheme, _, token = header.partition(" ")
-        if scheme.lower() != "bearer" or not token.strip():
-            return "Malformed Authorization header: use 'Authorization: Bearer <key>'.", ""
+    def _check(self, header: str | None, api_key: str | None) -> tuple[str | None, str]:
+        """(problem, tenant): a message for a 401, or None and the key's tenant. The key is
+        the ``Authorization: Bearer`` one, else the ``x-api-key`` header's (Anthropic's)."""
+        if not header and not api_key:
+            return (
+                "Missing API key: send the header 'Authorization: Bearer <key>' "
+                "(or 'x-api-key: <key>').",
+                "",
+            )
+        if header:
+            scheme, _, token = header.partition(" ")
+            if scheme.lower() != "bearer" or not token.strip():
+                return "Malformed Authorization header: use 'Authorization: Bearer <key>'.", ""
+        else:
+            token = api_key or ""
         given = token.strip().encode()
         # Compare with every key (no early exit) so timing does not tell which matched.
         matches = [hmac.compare_digest(given, key) for key in self.keys]
@@ -155,7 +168,7 @@ class BodyLimit:
             code="request_too_large",
             headers={"Connection": "close"},
         )
-        await err.response()(scope, receive, send)
+        await err.response(ErrorShape.for_path(scope["path"]))(scope, receive, send)
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:

@@ -19,8 +19,10 @@ from pydantic import BaseModel
 
 REF = "#/components/schemas/{model}"
 ERROR_SCHEMA = "Error"
+ANTHROPIC_ERROR_SCHEMA = "AnthropicError"  # the error body under /v1/messages
 
-# What each documented status means here (every one has OpenAI's error body).
+# What each documented status means here (every one has OpenAI's error body, Anthropic's
+# under /v1/messages).
 STATUS = {
     400: "Malformed request: invalid JSON, an unknown field, a value out of range, a prompt "
     "longer than the model's context (the message names the field).",
@@ -44,9 +46,11 @@ def body(model: type[BaseModel]) -> dict[str, Any]:
     }
 
 
-def errors(statuses: Iterable[int] = REQUEST_ERRORS) -> dict[int | str, dict[str, Any]]:
-    """A route's documented error ``responses`` (OpenAI's error body each)."""
-    schema = {"$ref": REF.format(model=ERROR_SCHEMA)}
+def errors(
+    statuses: Iterable[int] = REQUEST_ERRORS, anthropic: bool = False
+) -> dict[int | str, dict[str, Any]]:
+    """A route's documented error ``responses`` (OpenAI's error body each, or Anthropic's)."""
+    schema = {"$ref": REF.format(model=ANTHROPIC_ERROR_SCHEMA if anthropic else ERROR_SCHEMA)}
     return {
         status: {"description": STATUS[status], "content": {"application/json": {"schema": schema}}}
         for status in statuses
@@ -73,10 +77,27 @@ def _error_schema() -> dict[str, Any]:
     }
 
 
+def _anthropic_error_schema() -> dict[str, Any]:
+    """Anthropic's error body: ``{"type": "error", "error": {"type", "message"}}``."""
+    inner = {
+        "type": "object",
+        "required": ["type", "message"],
+        "properties": {"type": {"type": "string"}, "message": {"type": "string"}},
+    }
+    return {
+        "type": "object",
+        "required": ["type", "error"],
+        "properties": {"type": {"const": "error"}, "error": inner},
+    }
+
+
 def schemas(models: Iterable[type[BaseModel]]) -> dict[str, Any]:
     """``components/schemas`` for ``models`` (their nested definitions hoisted) and the error
-    body."""
-    out: dict[str, Any] = {ERROR_SCHEMA: _error_schema()}
+    bodies."""
+    out: dict[str, Any] = {
+        ERROR_SCHEMA: _error_schema(),
+        ANTHROPIC_ERROR_SCHEMA: _anthropic_error_schema(),
+    }
     for model in models:
         schema = model.model_json_schema(ref_template=REF)
         out.update(schema.pop("$defs", {}))

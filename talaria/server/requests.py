@@ -11,7 +11,8 @@ Which fields do what, on chat and text completions:
   :data:`MAX_N` choices; the session continues from choice 0), ``presence_penalty``,
   ``frequency_penalty``, ``logprobs`` / ``top_logprobs`` (chat) and ``logprobs: int`` (text
   completions), ``tools`` / ``tool_choice`` / ``parallel_tool_calls`` (calls in
-  ``message.tool_calls``, see ``talaria.api.tool_choice``), ``user`` (logged); vLLM's
+  ``message.tool_calls``, see ``talaria.api.tool_choice``), ``user`` (logged),
+  ``prompt_cache_key`` (a session id, ``talaria.server.session_ids``); vLLM's
   ``top_k``, ``min_tokens``,
   ``ignore_eos``, ``repetition_penalty``, ``stop_token_ids`` and ``session_id``.
 - known but not honoured: the fields of :data:`UNHONOURED` (OpenAI's and vLLM's), and
@@ -98,7 +99,6 @@ UNHONOURED: Mapping[str, tuple[object, ...]] = types.MappingProxyType(
         "function_call": _NULL,
         "reasoning_effort": _NULL,
         "verbosity": _NULL,
-        "prompt_cache_key": _NULL,
         "safety_identifier": _NULL,
     }
 )
@@ -186,6 +186,8 @@ class SamplingFields(StrictModel):
     n: int = Field(default=1, ge=1, le=MAX_N)
     user: str | None = None
     session_id: str | None = None  # extension; the X-Session-ID header is the other way
+    # OpenAI's cache key (Codex sends its session there): a session id, see session_ids
+    prompt_cache_key: str | None = None
     presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     logit_bias: dict[str, float] | None = None

@@ -29,16 +29,16 @@ tools are accepted and never shown to the model nor called; any other tool type 
 
 Fields: honoured ``model``, ``input``, ``instructions``, ``tools``, ``tool_choice``
 (``auto``, ``none``, ``required``, ``{"type": "function", "name"}``, the name a top-level
-function's, or a namespaced function's NAME or NAMESPACE.NAME),
-``parallel_tool_calls``, ``max_output_tokens``, ``temperature``, ``top_p``, ``stream``,
-``prompt_cache_key`` (the session, when no session header is sent; see
-:func:`_session_id`). Accepted and ignored (echoed where the response has them):
-``store`` (nothing is stored, whatever its value; the response says ``store: false``),
-``include``, ``reasoning``, ``text.verbosity``, ``client_metadata``, ``metadata``,
-``user``, ``safety_identifier``. Refused with a 400: ``previous_response_id`` (no stored
-responses: send the whole history), ``text.format`` other than ``text`` (as chat's
-``response_format``), and the fields of :data:`UNHONOURED` sent with a value that changes
-something. Unknown fields are ignored and named in ``X-Talaria-Ignored-Fields``.
+function's, or a namespaced function's NAME or NAMESPACE.NAME), ``parallel_tool_calls``,
+``max_output_tokens``, ``temperature``, ``top_p``, ``stream``, ``prompt_cache_key`` (the
+session, when no session header is sent; see :func:`talaria.server.session_ids.session_of`).
+Accepted and ignored (echoed where the response has them): ``store`` (nothing is stored,
+whatever its value; the response says ``store: false``), ``include``, ``reasoning``,
+``text.verbosity``, ``client_metadata``, ``metadata``, ``user``, ``safety_identifier``.
+Refused with a 400: ``previous_response_id`` (no stored responses: send the whole history),
+``text.format`` other than ``text`` (as chat's ``response_format``), and the fields of
+:data:`UNHONOURED` sent with a value that changes something. Unknown fields are ignored and
+named in ``X-Talaria-Ignored-Fields``.
 """
 
 from __future__ import annotations
@@ -58,6 +58,7 @@ from talaria.server import handling, responses_stream, streaming
 from talaria.server import requests as req
 from talaria.server.errors import bad_request
 from talaria.server.responses_stream import FunctionName, ResponseHead
+from talaria.server.session_ids import session_of
 
 log = logging.getLogger(__name__)
 
@@ -400,23 +401,6 @@ def to_chat(body: ResponsesRequest) -> ChatCall:
     return ChatCall(messages, tools or None, chat_choice, body.parallel_tool_calls, names)
 
 
-_SESSION_HEADERS = ("x-session-id", "session-id", "session_id", "thread-id")
-
-
-def _session_id(request: Request, body: ResponsesRequest) -> str | None:
-    """The call's session: the first of the headers ``X-Session-ID``, ``session-id`` (also
-    spelt ``session_id``, as Codex sends it) and ``thread-id``, else the body's
-    ``prompt_cache_key`` (Codex puts its session id there), else None (a one-call
-    session). Raises ``HttpError`` (400) for an unusable id."""
-    for name in _SESSION_HEADERS:
-        value = request.headers.get(name)
-        if value is not None:
-            return req.check_session_id(value, f"the {name} header")
-    if body.prompt_cache_key is not None:
-        return req.check_session_id(body.prompt_cache_key, "prompt_cache_key")
-    return None
-
-
 async def create_response(request: Request) -> Response:
     """``POST /v1/responses``: one call through the chat machinery, answered as a
     ``response`` object or, with ``stream: true``, as the Responses API's events."""
@@ -425,7 +409,7 @@ async def create_response(request: Request) -> Response:
     request.state.talaria_model = body.model
     request.state.talaria_ignored = body.unknown_fields()
     call = to_chat(body)
-    session = _session_id(request, body)
+    session = session_of(request.headers, prompt_cache_key=body.prompt_cache_key)
     backend = handling.context(request).backend
     tenant = handling.tenant(request)
 

@@ -2,7 +2,9 @@
 
 Endpoints: ``POST /v1/chat/completions``, ``POST /v1/completions`` (both stream with
 ``stream: true``, see ``talaria.server.streaming``), ``POST /v1/responses`` (OpenAI's
-Responses API, see ``talaria.server.responses_api``), ``GET /v1/models[/{id}]``, ``POST
+Responses API, see ``talaria.server.responses_api``), ``POST /v1/messages`` and ``POST
+/v1/messages/count_tokens`` (Anthropic's, see ``talaria.server.messages``), ``GET
+/v1/models[/{id}]``, ``POST
 /v1/sessions/{id}/events``, ``POST /tokenize`` and ``POST /detokenize`` (vLLM's),
 ``GET /health`` and ``GET /metrics``. Bodies are validated by ``talaria.server.requests``
 and answered in the shapes of ``talaria.server.responses``; failures raise
@@ -13,9 +15,11 @@ shares.
 
 Sessions: a call names its session in the ``X-Session-ID`` header or the body field
 ``session_id``; if both are sent they must be equal (a 400 otherwise, rather than silently
-preferring one). Without either, the call is a one-call session. Answers carry the headers
+preferring one); else in what coding agents send (``talaria.server.session_ids`` gives the
+precedence). Without any, the call is a one-call session. Answers carry the headers
 ``X-Session-ID`` (the session the call ran in, generated for one-call sessions) and
-``X-Talaria-Instance``.
+``X-Talaria-Instance``, and ``X-Talaria-Max-Tokens-Clamped`` when the call's
+``max_tokens`` did not fit the context beside its prompt and was lowered to what fits.
 """
 
 from __future__ import annotations
@@ -31,21 +35,27 @@ from talaria.api.results import ChatChunk, Logprob, ModelInfo, ToolCall, Usage
 from talaria.server import handling, openapi, responses_api, streaming
 from talaria.server import requests as req
 from talaria.server import responses as resp
-from talaria.server.errors import bad_request
+from talaria.server.errors import ErrorShape, bad_request
+from talaria.server.session_ids import session_of
 
 log = logging.getLogger(__name__)
 
 
-def add_routes(app: FastAPI) -> None:
-    """Every endpoint, with its request body and error answers in the OpenAPI document
-    (:mod:`talaria.server.openapi`)."""
-    posts: tuple[tuple[str, Callable[..., Any], type[req.StrictModel]], ...] = (
+Post = tuple[str, Callable[..., Any], type[req.StrictModel]]  # path, handler, body schema
+
+
+def add_routes(app: FastAPI, extra: tuple[Post, ...] = ()) -> None:
+    """Every endpoint (and the ``extra`` POST endpoints: the Messages API's, see
+    ``talaria.server.messages``), with its request body and error answers in the OpenAPI
+    document (:mod:`talaria.server.openapi`)."""
+    posts: tuple[Post, ...] = (
         ("/v1/chat/completions", _chat_completions, req.ChatCompletionRequest),
         ("/v1/completions", _completions, req.CompletionRequest),
         ("/v1/sessions/{session_id:path}/events", _session_event, req.EventRequest),
         ("/tokenize", _tokenize, req.TokenizeRequest),
         ("/detokenize", _detokenize, req.DetokenizeRequest),
         ("/v1/responses", responses_api.create_response, responses_api.ResponsesRequest),
+        *extra,
     )
     for path, handler, model in posts:
         app.add_api_route(
@@ -53,7 +63,7 @@ def add_routes(app: FastAPI) -> None:
             handler,
             methods=["POST"],
             openapi_extra=openapi.body(model),
-            responses=openapi.errors(),
+            responses=openapi.errors(anthropic=ErrorShape.for_path(path) is ErrorShape.ANTHROPIC),
         )
     reads = openapi.errors((401, 404, 503))
     app.add_api_route("/v1/models", _list_models, methods=["GET"], responses=reads)
@@ -220,23 +230,11 @@ def _call_args(
     request: Request, body: req.SamplingFields, max_tokens: int | None
 ) -> dict[str, Any]:
     """Keyword arguments for ``chat_stream`` / ``complete_stream``, after checking the model
-    and resolving the session id (header and body must agree). Records the model for
+    and resolving the session id (``talaria.server.session_ids``). Records the model for
     metrics."""
     handling.require_model(request, body.model)
     request.state.talaria_model = body.model
-    header = request.headers.get("x-session-id")
-    sid = body.session_id
-    if header is not None:
-        header = req.check_session_id(header, "the X-Session-ID header")
-        if sid is not None and sid != header:
-            raise bad_request(
-                f"The X-Session-ID header ({header!r}) and the body's session_id ({sid!r}) "
-                "differ; send the session id once, or the same in both.",
-                "session_id",
-            )
-        sid = header
-    elif sid is not None:
-        sid = req.check_session_id(sid, "session_id")
+    sid = session_of(request.headers, body.session_id, prompt_cache_key=body.prompt_cache_key)
     if body.user is not None:  # OpenAI's end-user id: recorded, never a tenant or a scope
         tenant = handling.tenant(request)
         log.info("call of tenant %s, session %s, for user %r", tenant, sid, body.user[:256])

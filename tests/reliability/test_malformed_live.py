@@ -505,7 +505,9 @@ ALL_CASES = shared_cases() + LIVE_CASES
 
 @pytest.fixture(scope="module")
 def url() -> Iterator[str]:
-    with serve_tiny() as base:
+    # strict: a max_tokens past the context is refused, as OpenAI does (the default clamps
+    # it to what the prompt leaves, tests/server/test_anthropic.py)
+    with serve_tiny(strict_max_tokens=True) as base:
         yield base
 
 

@@ -32,7 +32,8 @@ def malformed_matrix(model: str, key: str) -> list[Row]:
             "model",
         ),
         ("unknown model", CHAT, ask("x") | {"model": "gpt-7"}, auth, 404, model),
-        ("context too long", CHAT, ask("hi", max_tokens=100_000), auth, 400, ""),
+        # a prompt that does not fit (a max_tokens that does not is clamped, test_anthropic)
+        ("context too long", CHAT, ask("w " * 9000, max_tokens=16), auth, 400, "tokens"),
         ("negative max_tokens", CHAT, ask("hi", max_tokens=-3), auth, 400, "max_tokens"),
         ("zero max_tokens", CHAT, ask("hi", max_tokens=0), auth, 400, "max_tokens"),
         ("wrong type", CHAT, ask("hi", temperature="warm"), auth, 400, "temperature"),

@@ -60,6 +60,9 @@ class Chunk:
     logprobs: tuple[Any, ...] | None = None
     tool_calls: tuple[Any, ...] = ()
     first_call: int = 0
+    prompt_tokens: int = 0
+    max_tokens_clamped: int | None = None
+    stop_sequence: str | None = None
 
 
 @attrs.frozen

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import httpx
 
-from talaria.server import requests, responses_api
+from talaria.server import anthropic_requests, requests, responses_api
 from talaria.server.openapi import REQUEST_ERRORS, request_bodies
 
 POSTS = {
@@ -15,6 +15,8 @@ POSTS = {
     ("POST", "/tokenize"): requests.TokenizeRequest,
     ("POST", "/detokenize"): requests.DetokenizeRequest,
     ("POST", "/v1/responses"): responses_api.ResponsesRequest,
+    ("POST", "/v1/messages"): anthropic_requests.MessagesRequest,
+    ("POST", "/v1/messages/count_tokens"): anthropic_requests.CountTokensRequest,
 }
 
 
@@ -30,4 +32,8 @@ def test_every_post_has_its_request_body_and_errors(client: httpx.Client) -> Non
         assert sorted(int(s) for s in responses) == sorted((200, *REQUEST_ERRORS))
         assert "422" not in responses  # the handlers answer 400 in OpenAI's shape
     assert components["Error"]["required"] == ["error"]
+    assert components["AnthropicError"]["required"] == ["type", "error"]
+    for path in ("/v1/messages", "/v1/messages/count_tokens"):
+        bad = doc["paths"][path]["post"]["responses"]["400"]["content"]["application/json"]
+        assert bad["schema"] == {"$ref": "#/components/schemas/AnthropicError"}
     assert "HTTPValidationError" not in components

@@ -141,16 +141,7 @@ def build_ray_cluster(
             actors, instances, core, dtype=dtype, device=device, resource=resource,
             cpus=cpus, native_kernels=native_kernels,
         )  # fmt: skip
-        layouts = {name: inst.layout for name, inst in core.instances.items()}
-        infos: list[WorkerInfo] = ray.get(
-            [a.attach.remote(layouts[name]) for name, a in actors.items()],
-            timeout=ATTACH_TIMEOUT_S,
-        )
-        timeout = STEP_TIMEOUT_S if step_timeout_s is None else step_timeout_s
-        runners = {
-            name: RayExecutor(name, layouts[name], actor, info, step_timeout_s=timeout)
-            for (name, actor), info in zip(actors.items(), infos, strict=True)
-        }
+        runners = _attach(actors, core, step_timeout_s)
     except BaseException:
         RayCluster(core, {}, {}, {}, {}, {}, actors, connected).close()
         raise
@@ -164,6 +155,21 @@ def build_ray_cluster(
         actors,
         connected,
     )
+
+
+def _attach(
+    actors: Mapping[str, Any], core: ClusterCore, step_timeout_s: float | None
+) -> dict[str, RayExecutor]:
+    """Each started actor attached with its instance's layout, as an executor."""
+    layouts = {name: inst.layout for name, inst in core.instances.items()}
+    infos: list[WorkerInfo] = ray.get(
+        [a.attach.remote(layouts[name]) for name, a in actors.items()], timeout=ATTACH_TIMEOUT_S
+    )
+    timeout = STEP_TIMEOUT_S if step_timeout_s is None else step_timeout_s
+    return {
+        name: RayExecutor(name, layouts[name], actor, info, step_timeout_s=timeout)
+        for (name, actor), info in zip(actors.items(), infos, strict=True)
+    }
 
 
 def _start_workers(
