@@ -12,14 +12,13 @@ per-request logits processing of ``talaria.engine.logits``).
 
 from __future__ import annotations
 
-import enum
-import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, Literal, Protocol
 
 import attrs
 
 from talaria.errors import BadRequest, ConfigError
+from talaria.grammar import Grammar
 
 FinishReason = Literal["stop", "length"]
 MAX_LOGPROBS = 20  # top alternatives per token a request may ask for (vLLM's default bound)
@@ -103,33 +102,6 @@ def _to_ids(value: Iterable[int] | None) -> tuple[int, ...]:
 def _check_grammar(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
     if value is not None and not isinstance(value, Grammar):
         raise BadRequest(f"grammar must be a Grammar or None, got {type(value).__name__}")
-
-
-class GrammarKind(enum.Enum):
-    """How a :class:`Grammar`'s source is written."""
-
-    JSON_SCHEMA = "json_schema"  # a JSON schema, as JSON text
-    LARK = "lark"  # a Lark grammar in llguidance's dialect (it may embed %json{...} schemas)
-
-
-@attrs.frozen
-class Grammar:
-    """What an answer must match, token by token (constrained decoding): a JSON schema or a
-    Lark grammar. Plain data: the API builds it (``response_format``, a forced tool call),
-    each executor compiles it (llguidance in the embedded engine, vLLM's structured outputs
-    on vLLM)."""
-
-    kind: GrammarKind
-    source: str
-
-    @classmethod
-    def json_schema(cls, schema: Mapping[str, Any]) -> Grammar:
-        """Answers that are JSON valid against ``schema`` (``{"type": "object"}``: any object)."""
-        return cls(GrammarKind.JSON_SCHEMA, json.dumps(schema, sort_keys=True))
-
-    @classmethod
-    def lark(cls, text: str) -> Grammar:
-        return cls(GrammarKind.LARK, text)
 
 
 @attrs.frozen

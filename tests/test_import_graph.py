@@ -20,6 +20,7 @@ TORCH_FREE = (
     "sim",
     "schedule",
     "generation",
+    "grammar",
     "config",
     "types",
     "clock",

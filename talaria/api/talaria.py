@@ -41,6 +41,7 @@ from talaria.backends.served import ServedCluster
 from talaria.engine.tokenizer import Tokenizer
 from talaria.errors import BadRequest, ShuttingDown, TalariaError, UnknownModel, UnknownSession
 from talaria.generation import SamplingParams, StopChecker
+from talaria.grammar import check_grammar
 from talaria.runtime.live import LiveCluster
 from talaria.runtime.sessions import SessionSummary
 from talaria.runtime.streams import Delta, Failed, Finished
@@ -225,6 +226,8 @@ class Talaria:
             stops = [given] if isinstance(given, str) else list(given or ())
             sampling = {**sampling, "stop": [*stops, end] if end not in stops else stops}
         params = SamplingParams(max_tokens=max_tokens, **sampling)
+        if params.grammar is not None:  # a grammar the library refuses is a 400, not a failure
+            check_grammar(params.grammar)
         one_shot = session_id is None
         sid = session_id if session_id is not None else f"call-{uuid.uuid4().hex}"
         if not sid or len(sid) > 256:

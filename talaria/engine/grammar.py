@@ -13,10 +13,9 @@ grammars that embed JSON schemas (``%json{...}``), which a tool call inside a mo
 wrapper needs; vLLM's structured outputs run it too (its ``guidance`` backend), so the
 embedded and vLLM backends take the same grammars.
 
-:func:`compile_grammar` turns a grammar into llguidance's form and :func:`check_grammar`
-refuses one the library cannot build (``BadRequest`` with its message); both are cheap and
-need no tokenizer. :func:`ll_tokenizer` builds the tokenizer view the masks need (about half
-a second for a 50K vocabulary: build one per model and keep it).
+:func:`talaria.grammar.check_grammar` refuses a grammar the library cannot build (the API
+calls it before a call is queued). :func:`ll_tokenizer` builds the tokenizer view the masks
+need (about half a second for a 50K vocabulary: build one per model and keep it).
 """
 
 from __future__ import annotations
@@ -28,33 +27,11 @@ import torch
 
 from talaria.engine.tokenizer import Tokenizer
 from talaria.errors import BadRequest
-from talaria.generation import Grammar, GrammarKind
+from talaria.grammar import Grammar, check_grammar
 
-__all__ = ["GrammarMask", "check_grammar", "compile_grammar", "ll_tokenizer"]
+__all__ = ["GrammarMask", "ll_tokenizer"]
 
 _BITS = 32  # llguidance's bitmask packs 32 tokens per int32 word
-
-
-def compile_grammar(grammar: Grammar) -> str:
-    """``grammar`` in llguidance's form. ``BadRequest`` when its source is not JSON (a
-    schema) or not a grammar at all."""
-    try:
-        if grammar.kind is GrammarKind.JSON_SCHEMA:
-            return str(llguidance.LLMatcher.grammar_from_json_schema(grammar.source))
-        return str(llguidance.LLMatcher.grammar_from_lark(grammar.source))
-    except (ValueError, TypeError) as exc:
-        raise BadRequest(f"the {grammar.kind.value} cannot be read: {exc}") from None
-
-
-def check_grammar(grammar: Grammar) -> str:
-    """The compiled grammar, or ``BadRequest`` with the library's reason when it cannot be
-    built (a schema keyword it does not support, an inconsistent schema, a Lark error)."""
-    compiled = compile_grammar(grammar)
-    failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(compiled)
-    if failed:
-        why = "; ".join(messages)
-        raise BadRequest(f"the {grammar.kind.value} is refused by the grammar library: {why}")
-    return compiled
 
 
 def ll_tokenizer(tokenizer: Tokenizer, vocab_size: int) -> llguidance.LLTokenizer:

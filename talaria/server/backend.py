@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypedDict, Unpack
 
 if TYPE_CHECKING:
     from talaria.api.results import ChatChunk, ModelInfo, Tokenized
+    from talaria.grammar import Grammar
     from talaria.runtime.sessions import SessionSummary
 
 
@@ -29,6 +30,7 @@ class CallArgs(TypedDict, total=False):
     presence_penalty: float
     frequency_penalty: float
     logprobs: int | None
+    grammar: Grammar | None
     n: int
     tenant: str
 

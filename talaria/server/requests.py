@@ -12,13 +12,12 @@ Which fields do what, on chat and text completions:
   ``frequency_penalty``, ``logprobs`` / ``top_logprobs`` (chat) and ``logprobs: int`` (text
   completions), ``tools`` / ``tool_choice`` / ``parallel_tool_calls`` (calls in
   ``message.tool_calls``, see ``talaria.api.tool_choice``), ``user`` (logged),
-  ``prompt_cache_key`` (a session id, ``talaria.server.session_ids``); vLLM's
-  ``top_k``, ``min_tokens``,
-  ``ignore_eos``, ``repetition_penalty``, ``stop_token_ids`` and ``session_id``.
+  ``prompt_cache_key`` (a session id, ``talaria.server.session_ids``),
+  ``response_format`` (``json_object`` / ``json_schema``: decoding constrained to the
+  schema, :mod:`talaria.grammar`); vLLM's ``top_k``, ``min_tokens``, ``ignore_eos``,
+  ``repetition_penalty``, ``stop_token_ids`` and ``session_id``.
 - known but not honoured: the fields of :data:`UNHONOURED` (OpenAI's and vLLM's), and
-  ``logit_bias``, ``response_format`` other than ``text`` (JSON mode needs decoding
-  constrained by a grammar over the vocabulary, which Talaria does not have; it does not
-  fake it by prompting), ``stream_options.continuous_usage_stats``, and ``echo`` /
+  ``logit_bias``, ``stream_options.continuous_usage_stats``, and ``echo`` /
   ``suffix`` / ``best_of`` > 1 on text completions. Sent with a value that changes
   nothing (their default: ``null``, ``false``, ``best_of: 1``, ...) they are accepted;
   any other value is a 400 naming the field, so a client never silently loses an option.
@@ -37,6 +36,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from talaria.errors import BadRequest
+from talaria.grammar import Grammar, check_grammar
 from talaria.server.errors import HttpError, bad_request
 from talaria.session import ids
 
@@ -270,6 +270,32 @@ class SamplingFields(StrictModel):
         }
 
 
+def response_format_grammar(
+    kind: object, spec: object, param: str = "response_format"
+) -> Grammar | None:
+    """OpenAI's structured output formats as a grammar (checked by the grammar library):
+    ``text`` (None), ``json_object`` (any JSON object) or ``json_schema`` with ``spec``
+    holding the ``schema`` (chat's ``json_schema`` object; the Responses API's format
+    itself). ``HttpError`` 400 naming ``param`` otherwise."""
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return Grammar.json_schema({"type": "object"})
+    schema = spec.get("schema") if isinstance(spec, dict) else None
+    if kind != "json_schema" or not isinstance(schema, dict):
+        raise bad_request(
+            f"{param} must be {{'type': 'text'}}, {{'type': 'json_object'}} or "
+            "{'type': 'json_schema', ... 'schema': {...}} (a JSON schema object).",
+            param,
+        )
+    grammar = Grammar.json_schema(schema)
+    try:
+        check_grammar(grammar)
+    except BadRequest as exc:
+        raise bad_request(str(exc), param) from None
+    return grammar
+
+
 class ChatCompletionRequest(SamplingFields):
     """``POST /v1/chat/completions``. ``tools``, ``tool_choice`` and
     ``parallel_tool_calls`` go to the in-process API, which shows the tools to the model
@@ -289,21 +315,24 @@ class ChatCompletionRequest(SamplingFields):
         super().check()
         if self.top_logprobs is not None and not self.logprobs:
             raise bad_request("top_logprobs needs logprobs=true.", "top_logprobs")
-        kind = (self.response_format or {}).get("type", "text")
-        if kind != "text":
-            raise bad_request(
-                f"response_format {kind!r} is not supported: JSON output needs decoding "
-                "constrained by a grammar over the vocabulary, which this server does not "
-                "implement (and it does not fake it by prompting); send {'type': 'text'} or "
-                "leave it out.",
-                "response_format",
-            )
+        self.grammar()  # a 400 for a format the server cannot honour
         both = self.max_tokens is not None and self.max_completion_tokens is not None
         if both and self.max_tokens != self.max_completion_tokens:
             raise bad_request(
                 "max_tokens and max_completion_tokens disagree; send only one of them.",
                 "max_completion_tokens",
             )
+
+    def grammar(self) -> Grammar | None:
+        """``response_format`` as the grammar the answer is decoded under: ``json_object``
+        (any JSON object), ``json_schema`` (``json_schema.schema``; ``strict`` changes
+        nothing: the answer always matches), or None for ``text``. A 400 for another type,
+        a missing schema, or one the grammar library refuses."""
+        fmt = self.response_format or {}
+        return response_format_grammar(fmt.get("type", "text"), fmt.get("json_schema"))
+
+    def sampling_args(self) -> dict[str, Any]:
+        return {**super().sampling_args(), "grammar": self.grammar()}
 
     def new_tokens(self) -> int | None:
         """The output cap in tokens (``max_completion_tokens`` or ``max_tokens``)."""

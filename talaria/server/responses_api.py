@@ -30,15 +30,16 @@ tools are accepted and never shown to the model nor called; any other tool type 
 Fields: honoured ``model``, ``input``, ``instructions``, ``tools``, ``tool_choice``
 (``auto``, ``none``, ``required``, ``{"type": "function", "name"}``, the name a top-level
 function's, or a namespaced function's NAME or NAMESPACE.NAME), ``parallel_tool_calls``,
-``max_output_tokens``, ``temperature``, ``top_p``, ``stream``, ``prompt_cache_key`` (the
-session, when no session header is sent; see :func:`talaria.server.session_ids.session_of`).
+``max_output_tokens``, ``temperature``, ``top_p``, ``stream``, ``text.format``
+(``json_object`` / ``json_schema``: decoding constrained to the schema), ``prompt_cache_key``
+(the session, when no session header is sent; see
+:func:`talaria.server.session_ids.session_of`).
 Accepted and ignored (echoed where the response has them): ``store`` (nothing is stored,
 whatever its value; the response says ``store: false``), ``include``, ``reasoning``,
 ``text.verbosity``, ``client_metadata``, ``metadata``, ``user``, ``safety_identifier``.
 Refused with a 400: ``previous_response_id`` (no stored responses: send the whole history),
-``text.format`` other than ``text`` (as chat's ``response_format``), and the fields of
-:data:`UNHONOURED` sent with a value that changes something. Unknown fields are ignored and
-named in ``X-Talaria-Ignored-Fields``.
+and the fields of :data:`UNHONOURED` sent with a value that changes something. Unknown
+fields are ignored and named in ``X-Talaria-Ignored-Fields``.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ from fastapi.responses import JSONResponse
 from pydantic import ConfigDict, Discriminator, Field, Tag, model_validator
 
 from talaria.api.results import ChatChunk
+from talaria.grammar import Grammar
 from talaria.server import handling, responses_stream, streaming
 from talaria.server import requests as req
 from talaria.server.errors import bad_request
@@ -266,9 +268,13 @@ class FunctionChoice(_Item):
 
 
 class TextFormat(_Item):
-    """``text.format``: only ``text`` is supported."""
+    """``text.format``: ``text``, ``json_object`` or ``json_schema`` (its ``schema``; the
+    answer is decoded under it, so ``strict`` changes nothing)."""
 
     type: Literal["text", "json_schema", "json_object"]
+    name: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
 
 
 class TextConfig(_Item):
@@ -310,6 +316,14 @@ class ResponsesRequest(req.StrictModel):
             return {**data, "input": [{"role": "user", "content": data["input"]}]}
         return data
 
+    def grammar(self) -> Grammar | None:
+        """``text.format`` as the grammar the answer is decoded under (None for text)."""
+        fmt = self.text.format if self.text is not None else None
+        if fmt is None:
+            return None
+        spec = {"schema": fmt.schema_} if fmt.schema_ is not None else None
+        return req.response_format_grammar(fmt.type, spec, "text.format")
+
     def check(self) -> None:
         """Refuse what this server cannot honour (see the module docstring). Raises
         ``HttpError`` (400) naming the field."""
@@ -320,14 +334,7 @@ class ResponsesRequest(req.StrictModel):
                 "previous_response_id",
                 code="previous_response_not_supported",
             )
-        kind = self.text.format.type if self.text and self.text.format else "text"
-        if kind != "text":
-            raise bad_request(
-                f"text.format {kind!r} is not supported: JSON output needs decoding "
-                "constrained by a grammar over the vocabulary, which this server does not "
-                "implement; send {'type': 'text'} or leave it out.",
-                "text.format",
-            )
+        self.grammar()  # a 400 for a schema the grammar library refuses
         for name, value in (self.model_extra or {}).items():
             accepted = UNHONOURED.get(name)
             if accepted is not None and not req.neutral(value, accepted):
@@ -425,6 +432,7 @@ async def create_response(request: Request) -> Response:
             max_tokens=body.max_output_tokens,
             temperature=body.temperature,
             top_p=body.top_p,
+            grammar=body.grammar(),
         )
 
     first, stream = await handling.first_chunk(request, open_stream, body.model)

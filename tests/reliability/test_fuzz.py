@@ -275,7 +275,8 @@ CHAT_FIELDS: dict[str, Field] = {
     ),
     "response_format": Field(
         st.none() | st.just({"type": "text"}) | st.just({}),
-        st.fixed_dictionaries({"type": TEXT.filter(lambda t: t != "text")}) | not_a(dict),
+        st.fixed_dictionaries({"type": TEXT.filter(lambda t: t not in ("text", "json_object"))})
+        | not_a(dict),
     ),
 }
 COMPLETION_FIELDS: dict[str, Field] = {

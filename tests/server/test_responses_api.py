@@ -527,7 +527,12 @@ BAD: list[tuple[dict[str, Any], str, str | None, str]] = [
         "previous_response_id",
         "stores no responses",
     ),
-    ({"text": {"format": {"type": "json_object"}}}, "invalid_value", "text.format", "grammar"),
+    (
+        {"text": {"format": {"type": "json_schema", "schema": {"type": "nonsense"}}}},
+        "invalid_value",
+        "text.format",
+        "grammar library",
+    ),
     ({"background": True}, "invalid_value", "background", "not supported"),
     (
         {"tools": [WEATHER], "tool_choice": {"type": "function", "name": "nope"}},

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import httpx
+import jsonschema
 import openai
 import pytest
 import torch
@@ -235,3 +236,23 @@ def test_an_answer_ending_in_a_call_names_the_gap_the_server_learns(
     create(client, messages, tools=[WEATHER], max_tokens=4, extra_headers=sid)
     learned = [x for x in httpx.get(url + "/metrics").text.splitlines() if x.startswith(line)]
     assert len(learned) == 1 and float(learned[0].split()[-1]) > 0
+
+
+def test_response_format_json_schema_constrains_the_answer(client: openai.OpenAI) -> None:
+    """``response_format`` ``json_schema`` decodes under the schema (no prompting): the
+    answer parses and validates, whole and streamed alike; ``json_object`` opens an object."""
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 16}, "sunny": {"type": "boolean"}},
+        "required": ["city", "sunny"],
+        "additionalProperties": False,
+    }
+    fmt = {"type": "json_schema", "json_schema": {"name": "weather", "schema": schema}}
+    messages = [{"role": "user", "content": "Is it sunny in Lima? Answer in JSON."}]
+    whole = create(client, messages, tools=None, response_format=fmt, max_tokens=60)
+    text = whole.choices[0].message.content
+    jsonschema.validate(json.loads(text), schema)
+    stream = create(client, messages, tools=None, response_format=fmt, max_tokens=60, stream=True)
+    assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == text
+    obj = create(client, messages, tools=None, response_format={"type": "json_object"})
+    assert obj.choices[0].message.content.startswith("{")  # an object (whole if it fits)
