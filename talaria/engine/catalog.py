@@ -9,6 +9,8 @@
 * ``smollm2-tiny-dummy``: a 2-layer, 64-wide Llama with random weights that speaks through
   SmolLM2's tokenizer and chat template (its vocabulary): thousands of calls a minute on one
   CPU core, for load, soak and fuzz tests where the words do not matter.
+* ``agent-tiny-dummy``: the same with a 32K context, so that a coding agent's first prompt
+  (Claude Code's is about 20K tokens) fits: protocol tests of real clients.
 * ``qwen2-tiny-dummy``: its Qwen2-shaped sibling (q/k/v biases, 3 layers), so that tests of
   model switches and weight staging have a second tiny model to switch to.
 * The paper-scale models of :mod:`talaria.sim.catalog` are listed as simulator-only.
@@ -126,6 +128,10 @@ _QWEN2_TINY: Final = MappingProxyType(
     }
 )
 
+# The same tiny model with a 32K context: a coding agent's first prompt (Claude Code's is
+# about 20K tokens: its tools and system prompt) fits, for protocol tests of real clients.
+_AGENT_TINY: Final = MappingProxyType({**_SMOLLM2_TINY, "max_position_embeddings": 32768})
+
 ENTRIES: Final[Mapping[str, CatalogEntry]] = MappingProxyType(
     {
         e.name: e
@@ -156,6 +162,14 @@ ENTRIES: Final[Mapping[str, CatalogEntry]] = MappingProxyType(
                 _SMOLLM2_TINY,
                 "SmolLM2's vocabulary on 2 layers of 64",
                 seed=3,
+                tokenizer_of="smollm2-135m",
+            ),
+            CatalogEntry(
+                "agent-tiny-dummy",
+                Source.DUMMY,
+                _AGENT_TINY,
+                "SmolLM2's vocabulary on 2 layers of 64, a 32K context",
+                seed=5,
                 tokenizer_of="smollm2-135m",
             ),
             CatalogEntry(

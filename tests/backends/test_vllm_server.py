@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import httpx
+import jsonschema
 import openai
 import pytest
 
@@ -89,6 +90,22 @@ def test_openai_client_chat_stream_and_models(url: str) -> None:
     again = oa.chat.completions.create(model=MODEL, messages=messages, max_tokens=2)
     details = again.usage.prompt_tokens_details if again.usage is not None else None
     assert details is not None and details.cached_tokens and details.cached_tokens >= 32
+
+
+def test_response_format_is_vllms_structured_output(http: httpx.Client) -> None:
+    """A JSON schema reaches vLLM's own structured outputs (its guidance backend): the
+    random-weight model, which writes noise unconstrained, answers JSON valid against it."""
+    schema = {
+        "type": "object",
+        "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}},
+        "required": ["n"],
+        "additionalProperties": False,
+    }
+    fmt = {"type": "json_schema", "json_schema": {"name": "n", "schema": schema}}
+    body = {"model": OTHER, "messages": [{"role": "user", "content": "n?"}], "max_tokens": 40}
+    r = http.post(CHAT, json={**body, "response_format": fmt, "seed": 3, "temperature": 1.0})
+    assert r.status_code == 200, r.text
+    jsonschema.validate(json.loads(r.json()["choices"][0]["message"]["content"]), schema)
 
 
 def _run_session(client: httpx.Client, i: int, calls: int) -> list[tuple[Any, str, int]]:

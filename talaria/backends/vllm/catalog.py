@@ -164,8 +164,9 @@ class VllmModel:
     def engine_args(self, *, sleep_mode: bool, block_size: int = 16) -> dict[str, Any]:
         """``AsyncEngineArgs`` keywords: prefix caching on (KV locality) in blocks of the
         instance's ``block_size`` (vLLM's CPU default of 128 would cache no prompt shorter than
-        that), the forcing logits processor (replays), sleep mode and vLLM's host KV tier
-        where asked."""
+        that), the forcing logits processor (replays), structured outputs by llguidance
+        (vLLM's ``guidance`` backend: the grammars the embedded engine takes,
+        ``talaria.grammar``), sleep mode and vLLM's host KV tier where asked."""
         args: dict[str, Any] = {
             "block_size": block_size,
             "model": str(self.path),
@@ -178,6 +179,7 @@ class VllmModel:
             "logits_processors": [FORCING_PROCESSOR],
             "disable_log_stats": True,
             "enable_sleep_mode": sleep_mode,
+            "structured_outputs_config": {"backend": "guidance", "disable_any_whitespace": True},
         }
         if self.kv_offloading_gib is not None:
             args["kv_offloading_size"] = float(self.kv_offloading_gib)

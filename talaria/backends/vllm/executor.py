@@ -33,6 +33,7 @@ the engines' streams (under their lock), and reads the work's records.
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
@@ -42,6 +43,7 @@ from talaria.backends.vllm.engines import EngineSet
 from talaria.errors import InstanceFailed, InstanceLost
 from talaria.executor import CallRecord, Layout, Work
 from talaria.generation import SamplingParams, TokenLogprob
+from talaria.grammar import Grammar, GrammarKind
 from talaria.memory.kv import CallKey
 from talaria.schedule import Executed, Request, Schedule
 
@@ -168,6 +170,16 @@ class VllmExecutor:
         self._ids[req.key] = rid
 
 
+def structured_outputs(grammar: Grammar) -> Any:
+    """A Talaria grammar as vLLM's structured outputs (its ``guidance`` backend runs the
+    same llguidance; JSON on one line, as the embedded engine writes it)."""
+    from vllm.sampling_params import StructuredOutputsParams
+
+    if grammar.kind is GrammarKind.JSON_SCHEMA:
+        return StructuredOutputsParams(json=json.loads(grammar.source), disable_any_whitespace=True)
+    return StructuredOutputsParams(grammar=grammar.source)
+
+
 def vllm_params(
     params: SamplingParams,
     forced: Sequence[int] | None,
@@ -192,6 +204,8 @@ def vllm_params(
             temperature=0.0, ignore_eos=True, extra_args={FORCED_KEY: ids}, **common
         )
     allowed = list(range(vocab_limit)) if vocab_limit is not None and vocab_limit < vocab else None
+    if params.grammar is not None:
+        common["structured_outputs"] = structured_outputs(params.grammar)
     return VllmSamplingParams(
         temperature=0.0 if params.greedy else params.temperature,
         top_p=params.top_p,
