@@ -219,21 +219,24 @@ def test_bad_tool_fields_are_400s(url: str, fields: dict[str, Any], words: str) 
 def test_an_answer_ending_in_a_call_names_the_gap_the_server_learns(
     url: str, client: openai.OpenAI
 ) -> None:
-    """No hint from the client: the answer's ``get_weather`` call opens a gap, the session's
-    next call closes it, and the server learns it under the tool's name (``/metrics``)."""
-    key = GapPredictor.key_for("get_weather")
+    """No hint from the client: the answer's call of a tool no other test calls
+    (``lookup_weather``) opens a gap, the session's next call closes it, and the server
+    learns it under the tool's name (``/metrics``)."""
+    tool = {"type": "function", "function": {**WEATHER["function"], "name": "lookup_weather"}}
+    key = GapPredictor.key_for("lookup_weather")
     line = f'talaria_tool_gap_expected_seconds{{tool="{key}"}}'
     sid = {"X-Session-ID": "gap-named"}
     messages = ask("Lima")
-    r = create(client, messages, tools=[WEATHER], tool_choice="required", extra_headers=sid)
+    r = create(client, messages, tools=[tool], tool_choice="required", extra_headers=sid)
     (call,) = r.choices[0].message.tool_calls or []
+    assert call.function.name == "lookup_weather"
     assert line not in httpx.get(url + "/metrics").text
     time.sleep(0.3)  # the tool runs
     messages += [
         {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
         {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"weather": "misty"})},
     ]
-    create(client, messages, tools=[WEATHER], max_tokens=4, extra_headers=sid)
+    create(client, messages, tools=[tool], max_tokens=4, extra_headers=sid)
     learned = [x for x in httpx.get(url + "/metrics").text.splitlines() if x.startswith(line)]
     assert len(learned) == 1 and float(learned[0].split()[-1]) > 0
 
