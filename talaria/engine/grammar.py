@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import llguidance
+import numpy as np
 import torch
 
 from talaria.engine.tokenizer import Tokenizer
@@ -30,8 +31,6 @@ from talaria.errors import BadRequest
 from talaria.grammar import Grammar, check_grammar
 
 __all__ = ["GrammarMask", "ll_tokenizer"]
-
-_BITS = 32  # llguidance's bitmask packs 32 tokens per int32 word
 
 
 def ll_tokenizer(tokenizer: Tokenizer, vocab_size: int) -> llguidance.LLTokenizer:
@@ -53,7 +52,6 @@ class GrammarMask:
         if self._matcher.is_error():
             raise BadRequest(f"the {grammar.kind.value} cannot be used: {self._error}")
         self.vocab_size = vocab_size
-        self._shifts = torch.arange(_BITS, dtype=torch.int32)
 
     @property
     def _error(self) -> str:
@@ -66,9 +64,9 @@ class GrammarMask:
 
     def allowed(self) -> torch.Tensor:
         """A bool row of ``vocab_size``: the tokens the grammar allows next."""
-        words = torch.frombuffer(bytearray(self._matcher.compute_bitmask()), dtype=torch.int32)
-        bits = (words.unsqueeze(1) >> self._shifts) & 1
-        return bits.flatten()[: self.vocab_size].bool()
+        packed = np.frombuffer(self._matcher.compute_bitmask(), dtype=np.uint8)
+        bits = np.unpackbits(packed, bitorder="little")[: self.vocab_size]
+        return torch.from_numpy(bits.astype(np.bool_))
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         """``logits`` (one row, any length up to ``vocab_size``) with every token the grammar
