@@ -14,7 +14,6 @@ prompt exactly as the messages call would build it.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing
 from typing import Any
@@ -28,7 +27,7 @@ from talaria.errors import TalariaError
 from talaria.server import anthropic_responses as ar
 from talaria.server import handling, streaming
 from talaria.server.anthropic_requests import HINTS, CountTokensRequest, MessagesRequest
-from talaria.server.errors import ErrorShape, HttpError, from_talaria, internal
+from talaria.server.errors import ErrorShape, from_talaria, internal
 from talaria.server.requests import StrictModel
 from talaria.server.session_ids import session_of
 
@@ -45,21 +44,25 @@ async def messages(request: Request) -> Response:
     user_id = body.metadata.user_id if body.metadata is not None else None
     sid = session_of(request.headers, body.session_id, metadata_user_id=user_id)
     tools, choice = body.chat_tools()
-    stream = ctx.backend.chat_stream(
-        body.chat_messages(),
-        body.model,
-        tools=tools,
-        tool_choice=choice,
-        parallel_tool_calls=body.parallel_tool_calls(),
-        session_id=sid,
-        tenant=handling.tenant(request),
-        max_tokens=body.max_tokens,
-        **body.sampling_args(),
-    )
-    first = await _first(stream)
-    received = float(request.state.talaria_received)
-    ctx.metrics.ttft.labels(body.model).observe(max(time.perf_counter() - received, 0.0))
-    headers = _headers(first, body.unknown_fields())
+    request.state.talaria_ignored = ignored = body.unknown_fields()
+    if ignored:
+        log.warning("ignored unknown request fields: %s", ", ".join(ignored)[:500])
+
+    def open_stream() -> AsyncIterator[ChatChunk]:
+        return ctx.backend.chat_stream(
+            body.chat_messages(),
+            body.model,
+            tools=tools,
+            tool_choice=choice,
+            parallel_tool_calls=body.parallel_tool_calls(),
+            session_id=sid,
+            tenant=handling.tenant(request),
+            max_tokens=body.max_tokens,
+            **body.sampling_args(),
+        )
+
+    first, stream = await handling.first_chunk(request, open_stream, body.model)
+    headers = handling.answer_headers(request, first)
     if body.stream:
         headers["Cache-Control"] = "no-cache"
         events = _sse(request, first, stream, body)
@@ -96,33 +99,6 @@ POSTS: tuple[tuple[str, Callable[..., Any], type[StrictModel]], ...] = (
     ("/v1/messages", messages, MessagesRequest),
     ("/v1/messages/count_tokens", count_tokens, CountTokensRequest),
 )
-
-
-async def _first(stream: AsyncIterator[ChatChunk]) -> ChatChunk:
-    """The stream's first chunk (the stream is closed if that fails)."""
-    try:
-        return await anext(stream)
-    except StopAsyncIteration:
-        await streaming.close(stream)
-        raise HttpError(500, "The model produced no output; retry.", code="empty_stream") from None
-    except BaseException:
-        await streaming.close(stream)
-        raise
-
-
-def _headers(first: ChatChunk, ignored: list[str]) -> dict[str, str]:
-    """The answer's headers: its session and instance, the output cap granted when
-    ``max_tokens`` was clamped, the fields ignored (logged too)."""
-    headers = {
-        "X-Talaria-Instance": handling.header_value(first.instance),
-        "X-Session-ID": handling.header_value(first.session_id),
-    }
-    if first.max_tokens_clamped is not None:
-        headers[handling.CLAMPED_HEADER] = str(first.max_tokens_clamped)
-    if ignored:
-        log.warning("ignored unknown request fields: %s", ", ".join(ignored)[:500])
-        headers["X-Talaria-Ignored-Fields"] = handling.header_value(",".join(ignored))
-    return headers
 
 
 async def _build(
