@@ -292,7 +292,7 @@ def response_format_grammar(
     try:
         check_grammar(grammar)
     except BadRequest as exc:
-        raise bad_request(str(exc), param) from None
+        raise bad_request(f"{param}: {exc}", param) from None
     return grammar
 
 
