@@ -11,7 +11,6 @@ from typing import Any
 import attrs
 import pytest
 import torch
-from tests.backends.test_calibrate import TINY_PLAN, QuietWatch, tiny_models
 
 import talaria.calibration.calibrate as calibrate_module
 import talaria.swebench_replay.live_replay as live_replay
@@ -22,6 +21,7 @@ from talaria.engine.runner import flatten_weights
 from talaria.policy.baselines import POLICIES
 from talaria.swebench_replay.live_replay import EmbeddedOptions, run_embedded_replay
 from talaria.swebench_replay.setup import Workload, load_workload
+from tests.calibration.test_calibrate import TINY_PLAN, QuietWatch, tiny_models
 
 MB = 2**20
 MODELS = ("llama-tiny", "qwen-tiny")
