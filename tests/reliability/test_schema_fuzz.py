@@ -35,7 +35,7 @@ schemathesis = pytest.importorskip("schemathesis")
 pytestmark = requires_tiny_model
 
 EXAMPLES = 25  # per operation, default suite
-SLOW_EXAMPLES = 400  # per operation, slow suite: 4,400 cases over the eleven operations
+SLOW_EXAMPLES = 400  # per operation, slow suite: 4,800 cases over the twelve operations
 MAX_NEW = 16
 
 
@@ -105,7 +105,7 @@ def _run(per_operation: int) -> None:
         seen = fuzz(url, per_operation)
         assert_intact(client, baseline)
     operations = {key.rsplit(" ", 1)[0] for key in seen}
-    assert len(operations) == 11, sorted(operations)
+    assert len(operations) == 12, sorted(operations)
     print(f"\n{sum(seen.values())} cases over {len(operations)} operations:")
     for key, count in sorted(seen.items()):
         print(f"  {key}: {count}")
