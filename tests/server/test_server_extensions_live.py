@@ -15,12 +15,10 @@ from typing import Any
 import httpx
 import openai
 import pytest
-import torch
 
-from talaria.api import SyncTalaria, TalariaConfig
-from talaria.server.app import app_for_config
+from talaria.api import SyncTalaria
+from tests.server import smollm2_live
 from tests.server.conftest import requires_smollm2, sse
-from tests.server.server_fakes import live_server
 
 MODEL = "smollm2-135m"
 CHAT = "/v1/chat/completions"
@@ -29,30 +27,15 @@ PROMPT = "Write one short sentence about the sea."
 pytestmark = requires_smollm2
 
 
-def config() -> TalariaConfig:
-    return TalariaConfig(
-        models=(MODEL,),
-        device_memory_bytes=10**9,
-        host_memory_bytes=10**9,
-        dtype="float32",
-        shutdown_grace_s=5.0,
-    )
-
-
 @pytest.fixture(scope="module")
 def url() -> Iterator[str]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # see test_server_live: shared cores
-    try:
-        with live_server(app_for_config(config())) as base:
-            yield base
-    finally:
-        torch.set_num_threads(threads)
+    with smollm2_live.served() as base:
+        yield base
 
 
 @pytest.fixture(scope="module")
 def tal() -> Iterator[SyncTalaria]:
-    with SyncTalaria(config()) as t:
+    with SyncTalaria(smollm2_live.config()) as t:
         yield t
 
 
