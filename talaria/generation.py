@@ -41,10 +41,13 @@ def _check_top_p(_: Any, __: Any, value: float) -> None:
         raise BadRequest(f"top_p must be in (0, 1], got {value!r}")
 
 
-def _check_int(name: str, minimum: int) -> Any:
-    def check(_: Any, __: Any, value: int) -> None:
+def _check_int(name: str, minimum: int, optional: bool = False) -> Any:
+    def check(_: Any, __: Any, value: int | None) -> None:
+        if value is None and optional:
+            return
         if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-            raise BadRequest(f"{name} must be an integer >= {minimum}, got {value!r}")
+            none = " or null" if optional else ""
+            raise BadRequest(f"{name} must be an integer >= {minimum}{none}, got {value!r}")
 
     return check
 
@@ -110,7 +113,8 @@ class SamplingParams:
 
     ``temperature`` below :data:`GREEDY_BELOW` (0 included) is greedy (argmax). ``top_k == 0``
     disables top-k; ``top_p == 1`` disables nucleus filtering. ``max_tokens`` counts generated
-    tokens, the end token included.
+    tokens, the end token included; None lets the in-process API pick it (the server's
+    ``default_max_tokens``, or what the context leaves beside the prompt if less).
     ``seed`` makes sampling reproducible. ``stop`` strings end the output before the match;
     ``stop_token_ids`` and the model's end-of-sequence ids (unless ``ignore_eos``) end it too.
 
@@ -131,7 +135,9 @@ class SamplingParams:
     temperature: float = attrs.field(default=1.0, validator=_check_temperature)
     top_p: float = attrs.field(default=1.0, validator=_check_top_p)
     top_k: int = attrs.field(default=0, validator=_check_int("top_k", 0))
-    max_tokens: int = attrs.field(default=16, validator=_check_int("max_tokens", 1))
+    max_tokens: int | None = attrs.field(
+        default=16, validator=_check_int("max_tokens", 1, optional=True)
+    )
     seed: int | None = attrs.field(default=None, validator=_check_seed)
     stop: tuple[str, ...] = attrs.field(default=(), converter=_to_stop)
     stop_token_ids: tuple[int, ...] = attrs.field(default=(), converter=_to_ids)
@@ -151,10 +157,18 @@ class SamplingParams:
     grammar: Grammar | None = attrs.field(default=None, validator=_check_grammar)
 
     def __attrs_post_init__(self) -> None:
-        if self.min_tokens > self.max_tokens:
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise BadRequest(
                 f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})"
             )
+
+    @property
+    def cap(self) -> int:
+        """``max_tokens`` once resolved: a call runs with a number (the in-process API
+        resolves None before it submits; ``LiveCluster.submit`` refuses None)."""
+        if self.max_tokens is None:
+            raise BadRequest("max_tokens is unresolved: give the call an output cap")
+        return self.max_tokens
 
     @property
     def greedy(self) -> bool:
@@ -259,7 +273,8 @@ class StopChecker:
             tail = self._stream.flush() if self._stream is not None else ""
             return self._scan(tail, final=True, reason=token_id)
         delta = self._stream.push(token_id) if self._stream is not None else ""
-        if self.num_tokens < self._params.max_tokens:
+        cap = self._params.max_tokens
+        if cap is None or self.num_tokens < cap:
             return self._scan(delta, final=False, reason=None)
         done = self._scan(delta, final=False, reason=None)
         if done.finish_reason is not None:

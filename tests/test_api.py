@@ -10,6 +10,7 @@ import pytest
 from talaria import SyncTalaria, TalariaConfig
 from talaria.config import Eviction, Routing, SlotOrder
 from talaria.errors import BadRequest, ConfigError, ContextTooLong, UnknownModel, UnknownSession
+from talaria.generation import SamplingParams
 
 MODEL = "smollm2-135m"
 GB = 10**9
@@ -28,7 +29,10 @@ def ask(text: str) -> list[dict[str, str]]:
 
 def test_chat_answers_and_a_session_reuses_its_prefix(tal: SyncTalaria) -> None:
     first = tal.chat(
-        ask("What is the capital of France?"), MODEL, session_id="a", max_tokens=16, temperature=0
+        ask("What is the capital of France?"),
+        MODEL,
+        session_id="a",
+        params=SamplingParams(max_tokens=16, temperature=0),
     )
     assert "Paris" in first.text and first.finish_reason == "stop"
     assert first.usage.completion_tokens == len(first.token_ids) > 0
@@ -37,7 +41,9 @@ def test_chat_answers_and_a_session_reuses_its_prefix(tal: SyncTalaria) -> None:
         {"role": "assistant", "content": first.text},
         {"role": "user", "content": "And Italy?"},
     ]
-    second = tal.chat(history, MODEL, session_id="a", max_tokens=16, temperature=0)
+    second = tal.chat(
+        history, MODEL, session_id="a", params=SamplingParams(max_tokens=16, temperature=0)
+    )
     assert second.usage.cached_tokens >= 16 and second.session_id == "a"
     tal.event("a", "tool_start", tool="bash", expected_s=0.5)
     tal.event("a", "tool_end", measured_s=0.4)
@@ -52,9 +58,15 @@ def test_stream_matches_the_whole_answer(tal: SyncTalaria) -> None:
     # the same cache state for both: the prompt's full blocks cached by a first call (in bf16
     # a prompt computed whole and one whose tail is computed after a cached prefix may part
     # ways at a near-tie, as with any prefix cache)
-    tal.chat(ask("Name a color."), MODEL, max_tokens=1, temperature=0)
-    whole = tal.chat(ask("Name a color."), MODEL, max_tokens=12, temperature=0)
-    chunks = list(tal.chat_stream(ask("Name a color."), MODEL, max_tokens=12, temperature=0))
+    tal.chat(ask("Name a color."), MODEL, params=SamplingParams(max_tokens=1, temperature=0))
+    whole = tal.chat(
+        ask("Name a color."), MODEL, params=SamplingParams(max_tokens=12, temperature=0)
+    )
+    chunks = list(
+        tal.chat_stream(
+            ask("Name a color."), MODEL, params=SamplingParams(max_tokens=12, temperature=0)
+        )
+    )
     assert "".join(c.text for c in chunks) == whole.text
     last = chunks[-1]
     assert last.finish_reason == whole.finish_reason and last.usage is not None
@@ -64,24 +76,30 @@ def test_stream_matches_the_whole_answer(tal: SyncTalaria) -> None:
 
 
 def test_stop_strings_and_seeded_sampling(tal: SyncTalaria) -> None:
-    r = tal.complete("1, 2, 3, 4,", MODEL, max_tokens=20, temperature=0, stop=[" 6"])
+    r = tal.complete(
+        "1, 2, 3, 4,", MODEL, params=SamplingParams(max_tokens=20, temperature=0, stop=[" 6"])
+    )
     assert r.finish_reason == "stop" and " 6" not in r.text and "5" in r.text
-    a = tal.chat(ask("Tell me a word."), MODEL, max_tokens=8, temperature=1.0, seed=7)
-    b = tal.chat(ask("Tell me a word."), MODEL, max_tokens=8, temperature=1.0, seed=7)
+    a = tal.chat(
+        ask("Tell me a word."), MODEL, params=SamplingParams(max_tokens=8, temperature=1.0, seed=7)
+    )
+    b = tal.chat(
+        ask("Tell me a word."), MODEL, params=SamplingParams(max_tokens=8, temperature=1.0, seed=7)
+    )
     assert a.token_ids == b.token_ids
 
 
 def test_bad_input_is_typed_and_leaves_everything_intact(tal: SyncTalaria) -> None:
     with pytest.raises(UnknownModel, match="smollm2-135m"):
-        tal.chat(ask("hi"), "gpt-4", max_tokens=4)
+        tal.chat(ask("hi"), "gpt-4", params=SamplingParams(max_tokens=4))
     with pytest.raises(BadRequest, match="messages"):
-        tal.chat([], MODEL, max_tokens=4)
+        tal.chat([], MODEL, params=SamplingParams(max_tokens=4))
     with pytest.raises(BadRequest, match="max_tokens"):
-        tal.chat(ask("hi"), MODEL, max_tokens=-1)
+        tal.chat(ask("hi"), MODEL, params=SamplingParams(max_tokens=-1))
     with pytest.raises(BadRequest, match="temperature"):
-        tal.chat(ask("hi"), MODEL, max_tokens=4, temperature=-2)
+        tal.chat(ask("hi"), MODEL, params=SamplingParams(max_tokens=4, temperature=-2))
     with pytest.raises(ContextTooLong):
-        tal.complete("word " * 9000, MODEL, max_tokens=4)
+        tal.complete("word " * 9000, MODEL, params=SamplingParams(max_tokens=4))
     with pytest.raises(UnknownSession):
         tal.event("never-seen", "tool_start", expected_s=1.0)
     with pytest.raises(BadRequest, match="unknown event"):
@@ -90,7 +108,10 @@ def test_bad_input_is_typed_and_leaves_everything_intact(tal: SyncTalaria) -> No
         tal.event("never-seen", "tool_start", expected_s=float("nan"))
     tal.talaria.check_integrity()
     assert not tal.talaria.live.sessions and not tal.talaria.live.calls
-    assert tal.chat(ask("Say hi."), MODEL, max_tokens=4).usage.completion_tokens > 0
+    assert (
+        tal.chat(ask("Say hi."), MODEL, params=SamplingParams(max_tokens=4)).usage.completion_tokens
+        > 0
+    )
     assert [m.name for m in tal.models()] == [MODEL]
 
 

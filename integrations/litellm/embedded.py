@@ -88,9 +88,10 @@ def _chat_kwargs(call: Call) -> dict[str, Any]:
         raise _server_error(from_validation(exc)) from None
     except HttpError as exc:
         raise _server_error(exc) from None
-    args = request.sampling_args()
-    args.pop("logprobs")  # the provider refuses logprobs and n > 1 before any backend
-    args.pop("n")
+    try:  # the provider refuses logprobs and n > 1 before any backend
+        params = attrs.evolve(request.sampling_params(), logprobs=None)
+    except TalariaError as exc:
+        raise _server_error(from_talaria(exc)) from None
     return {
         "messages": request.api_messages(),
         "model": request.model,
@@ -98,8 +99,7 @@ def _chat_kwargs(call: Call) -> dict[str, Any]:
         "tool_choice": request.tool_choice,
         "parallel_tool_calls": request.parallel_tool_calls,
         "session_id": sid,
-        "max_tokens": request.new_tokens(),
-        **args,
+        "params": params,
     }
 
 

@@ -4,7 +4,7 @@
 
     async with Talaria(TalariaConfig.default()) as tal:
         answer = await tal.chat([{"role": "user", "content": "hi"}], "smollm2-135m",
-                                session_id="agent-1", max_tokens=64)
+                                session_id="agent-1", params=SamplingParams(max_tokens=64))
         async for chunk in tal.chat_stream(messages, "smollm2-135m", session_id="agent-1"):
             print(chunk.text, end="")
         await tal.event("agent-1", "tool_start", tool="bash", expected_s=0.4)
@@ -13,7 +13,9 @@
 ``Talaria`` owns a :class:`~talaria.runtime.live.LiveCluster` over the models of its
 :class:`TalariaConfig`; ``SyncTalaria`` wraps it for scripts. Every error is a
 :class:`~talaria.errors.TalariaError` with an HTTP status and a message a user can act on.
-Calls without a session id are one-call sessions: they end when they return.
+Calls without a session id are one-call sessions: they end when they return. A call's
+sampling is one :class:`~talaria.generation.SamplingParams` (the HTTP server builds the same
+object from a request's fields).
 
 The package: ``config`` (``TalariaConfig`` and its TOML form), ``results`` (what calls
 return), ``tool_choice`` and ``tool_parsers`` (a request's tools shown to the model and its
@@ -36,6 +38,7 @@ from talaria.api.results import (
 from talaria.api.sync import SyncTalaria
 from talaria.api.talaria import Talaria
 from talaria.api.tenants import DEFAULT_TENANT, scoped_session_id
+from talaria.generation import SamplingParams
 from talaria.runtime.sessions import SessionSummary
 
 __all__ = [
@@ -46,6 +49,7 @@ __all__ = [
     "Choice",
     "Logprob",
     "ModelInfo",
+    "SamplingParams",
     "SessionSummary",
     "SyncTalaria",
     "Talaria",

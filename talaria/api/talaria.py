@@ -201,13 +201,13 @@ class Talaria:
         model: str,
         session_id: str | None,
         text: str | Sequence[int],
-        max_tokens: int | None,
-        sampling: Mapping[str, Any],
+        params: SamplingParams | None,
         tenant: str,
         tools: ToolPlan | None = None,
     ) -> _Prepared:
         """``text`` is the prompt's text, or its token ids (checked against the model's
-        vocabulary when the call is submitted)."""
+        vocabulary when the call is submitted). ``params`` None: the defaults, with the
+        output cap left to the server; the cap is resolved here (:meth:`_output_cap`)."""
         tok = self._tokenizer(model)
         if isinstance(text, str):
             ids = tok.encode(text, add_special_tokens=False)
@@ -219,13 +219,16 @@ class Talaria:
             raise BadRequest("prompt must be a string or a list of non-negative token ids")
         if not ids:
             raise BadRequest("the prompt is empty; send at least one token of text")
-        max_tokens, clamped = self._output_cap(model, len(ids), max_tokens)
+        if params is None:
+            params = SamplingParams(max_tokens=None)
+        elif not isinstance(params, SamplingParams):
+            raise BadRequest(f"params must be a SamplingParams, got {type(params).__name__}")
+        max_tokens, clamped = self._output_cap(model, len(ids), params.max_tokens)
+        stops = params.stop
         end = tools.stop if tools is not None else None
-        if end is not None:  # the forced call ends the answer (see ToolPlan.stop)
-            given = sampling.get("stop")
-            stops = [given] if isinstance(given, str) else list(given or ())
-            sampling = {**sampling, "stop": [*stops, end] if end not in stops else stops}
-        params = SamplingParams(max_tokens=max_tokens, **sampling)
+        if end is not None and end not in stops:  # the forced call ends the answer
+            stops = (*stops, end)  # (see ToolPlan.stop)
+        params = attrs.evolve(params, max_tokens=max_tokens, stop=stops)
         if params.grammar is not None:  # a grammar the library refuses is a 400, not a failure
             check_grammar(params.grammar)
         one_shot = session_id is None
@@ -375,25 +378,24 @@ class Talaria:
         messages: Sequence[Mapping[str, Any]],
         model: str,
         *,
+        params: SamplingParams | None = None,
         session_id: str | None = None,
-        max_tokens: int | None = None,
-        tenant: str = "default",
+        tenant: str = DEFAULT_TENANT,
         tools: Sequence[Mapping[str, Any]] | None = None,
         tool_choice: str | Mapping[str, Any] | None = None,
         parallel_tool_calls: bool | None = None,
         n: int = 1,
-        **sampling: Any,
     ) -> ChatResult:
-        """Answer a conversation (OpenAI message dicts). ``sampling``: temperature, top_p,
-        top_k, seed, stop, stop_token_ids, ignore_eos, min_tokens, repetition_penalty,
-        presence_penalty, frequency_penalty, logprobs (see ``SamplingParams``). ``n`` > 1
-        draws that many choices of the same prompt (see :meth:`_choices`). ``tools``,
-        ``tool_choice`` and ``parallel_tool_calls`` as OpenAI's (see
-        ``talaria.api.tool_choice``): the answer's calls come back in ``tool_calls``."""
+        """Answer a conversation (OpenAI message dicts), sampled by ``params`` (see
+        ``SamplingParams``; None: its defaults with the output cap left to the server, and
+        ``max_tokens=None`` does the same). ``n`` > 1 draws that many choices of the same
+        prompt (see :meth:`_choices`). ``tools``, ``tool_choice`` and
+        ``parallel_tool_calls`` as OpenAI's (see ``talaria.api.tool_choice``): the answer's
+        calls come back in ``tool_calls``."""
         text, plan = self._chat_text(
             model, messages, tools, tool_choice=tool_choice, parallel_tool_calls=parallel_tool_calls
         )
-        p = self._prepare(model, session_id, text, max_tokens, sampling, tenant, plan)
+        p = self._prepare(model, session_id, text, params, tenant, plan)
         return await self._whole(self._choices(p, n))
 
     def chat_stream(
@@ -401,14 +403,13 @@ class Talaria:
         messages: Sequence[Mapping[str, Any]],
         model: str,
         *,
+        params: SamplingParams | None = None,
         session_id: str | None = None,
-        max_tokens: int | None = None,
-        tenant: str = "default",
+        tenant: str = DEFAULT_TENANT,
         tools: Sequence[Mapping[str, Any]] | None = None,
         tool_choice: str | Mapping[str, Any] | None = None,
         parallel_tool_calls: bool | None = None,
         n: int = 1,
-        **sampling: Any,
     ) -> AsyncIterator[ChatChunk]:
         """Like ``chat``, as chunks of text (and of whole tool calls). Input errors raise
         here, before iteration. A consumer that stops early should close the iterator
@@ -416,7 +417,7 @@ class Talaria:
         text, plan = self._chat_text(
             model, messages, tools, tool_choice=tool_choice, parallel_tool_calls=parallel_tool_calls
         )
-        p = self._prepare(model, session_id, text, max_tokens, sampling, tenant, plan)
+        p = self._prepare(model, session_id, text, params, tenant, plan)
         return self._chunks(self._choices(p, n))
 
     async def complete(
@@ -424,14 +425,13 @@ class Talaria:
         prompt: str | Sequence[int],
         model: str,
         *,
+        params: SamplingParams | None = None,
         session_id: str | None = None,
-        max_tokens: int | None = None,
-        tenant: str = "default",
+        tenant: str = DEFAULT_TENANT,
         n: int = 1,
-        **sampling: Any,
     ) -> ChatResult:
         """Continue a raw prompt (no chat template): a text, or the model's token ids."""
-        p = self._prepare(model, session_id, prompt, max_tokens, sampling, tenant)
+        p = self._prepare(model, session_id, prompt, params, tenant)
         return await self._whole(self._choices(attrs.evolve(p, id_prefix="cmpl"), n))
 
     def complete_stream(
@@ -439,13 +439,12 @@ class Talaria:
         prompt: str | Sequence[int],
         model: str,
         *,
+        params: SamplingParams | None = None,
         session_id: str | None = None,
-        max_tokens: int | None = None,
-        tenant: str = "default",
+        tenant: str = DEFAULT_TENANT,
         n: int = 1,
-        **sampling: Any,
     ) -> AsyncIterator[ChatChunk]:
-        p = self._prepare(model, session_id, prompt, max_tokens, sampling, tenant)
+        p = self._prepare(model, session_id, prompt, params, tenant)
         return self._chunks(self._choices(attrs.evolve(p, id_prefix="cmpl"), n))
 
     def _choices(self, p: _Prepared, n: int) -> list[_Prepared]:

@@ -208,12 +208,13 @@ class LiveCluster:
         ``forced`` (trace replay) makes the call answer exactly these token ids, one per
         step, whatever the logits say: the engine does the same work, and the session's next
         prompt (which the trace built from this answer) finds its prefix cached."""
-        if forced is not None and len(forced) < params.max_tokens:
-            raise BadRequest(f"forced answer of {len(forced)} ids < max_tokens {params.max_tokens}")
+        cap = params.cap  # BadRequest when unresolved
+        if forced is not None and len(forced) < cap:
+            raise BadRequest(f"forced answer of {len(forced)} ids < max_tokens {cap}")
         if not self.accepting:
             raise ShuttingDown("the server is shutting down; retry on another server")
         now = self.clock.now()
-        cost = len(prompt) + params.max_tokens
+        cost = len(prompt) + cap
         known = self.sessions.get(session_id)
         opens = known is None or (known.calls == 0 and known.in_flight == 0)
         try:
@@ -225,9 +226,9 @@ class LiveCluster:
                 (s.tenant for s in self.sessions.values() if s.tenant) if opens else None,
             )
             sess = self.session(session_id)
-            call = Call(session_id, sess.calls, model, prompt, params.max_tokens, None, tenant, now)
+            call = Call(session_id, sess.calls, model, prompt, cap, None, tenant, now)
             self._check_vocab(call)
-            inst, req, _ = self.core.place(call, params.max_tokens, None, now)
+            inst, req, _ = self.core.place(call, cap, None, now)
         except TalariaError:
             if opens:
                 self.sessions.pop(session_id, None)  # nothing was started under this id
@@ -383,7 +384,7 @@ class LiveCluster:
         """
         old, rec = lc.instance, lc.record
         streamed = tuple(rec.outputs[: lc.sent_tokens])
-        left = rec.params.max_tokens - len(streamed)
+        left = rec.params.cap - len(streamed)
         if left <= 0:
             return False
         c = lc.call
@@ -418,7 +419,7 @@ class LiveCluster:
         lc.record.outputs.clear()
         lc.record.logprobs.clear()
         try:
-            inst, req, _ = self.core.place(lc.call, lc.params.max_tokens, None, self.clock.now())
+            inst, req, _ = self.core.place(lc.call, lc.params.cap, None, self.clock.now())
         except TalariaError as exc:
             self.calls.pop(lc.key, None)
             self.calls_failed += 1

@@ -33,6 +33,7 @@ from typing import Annotated, Any, Final, Literal
 
 from pydantic import ConfigDict, Field
 
+from talaria.generation import SamplingParams
 from talaria.server.errors import bad_request
 from talaria.server.requests import MAX_STOP, StrictModel
 
@@ -209,14 +210,15 @@ class MessagesRequest(CountTokensRequest):
         if any(not s for s in self.stop_sequences or ()):
             raise bad_request("stop_sequences must be non-empty strings.", "stop_sequences")
 
-    def sampling_args(self) -> dict[str, Any]:
-        """The sampling keyword arguments of the in-process API's chat call."""
-        return {
-            "temperature": self.temperature,
-            "top_p": self.top_p,
-            "top_k": self.top_k,
-            "stop": list(self.stop_sequences or ()) or None,
-        }
+    def sampling_params(self) -> SamplingParams:
+        """The sampling parameters of the in-process API's chat call."""
+        return SamplingParams(
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            max_tokens=self.max_tokens,
+            stop=self.stop_sequences,
+        )
 
 
 def _text_of(value: str | list[TextBlock]) -> str:

@@ -8,31 +8,19 @@ from typing import TYPE_CHECKING, Any, Protocol, TypedDict, Unpack
 
 if TYPE_CHECKING:
     from talaria.api.results import ChatChunk, ModelInfo, Tokenized
-    from talaria.grammar import Grammar
+    from talaria.generation import SamplingParams
     from talaria.runtime.sessions import SessionSummary
 
 
 class CallArgs(TypedDict, total=False):
-    """The keyword arguments chat and text completions share: the session, the tenant and
-    the sampling parameters (``talaria.api.Talaria.chat_stream`` documents each)."""
+    """The keyword arguments chat and text completions share: the sampling parameters (one
+    ``SamplingParams``, ``max_tokens`` None for the server's cap), the session, its tenant
+    and the number of choices (``talaria.api.Talaria.chat_stream`` documents each)."""
 
+    params: SamplingParams
     session_id: str | None
-    max_tokens: int | None
-    temperature: float
-    top_p: float
-    top_k: int
-    seed: int | None
-    stop: str | list[str] | None
-    stop_token_ids: Sequence[int]
-    ignore_eos: bool
-    min_tokens: int
-    repetition_penalty: float
-    presence_penalty: float
-    frequency_penalty: float
-    logprobs: int | None
-    grammar: Grammar | None
-    n: int
     tenant: str
+    n: int
 
 
 class Backend(Protocol):

@@ -36,6 +36,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from talaria.errors import BadRequest
+from talaria.generation import SamplingParams
 from talaria.grammar import Grammar, check_grammar
 from talaria.server.errors import HttpError, bad_request
 from talaria.session import ids
@@ -251,23 +252,29 @@ class SamplingFields(StrictModel):
         """Top alternatives per token to report (None: no logprobs)."""
         return None
 
-    def sampling_args(self) -> dict[str, Any]:
-        """The sampling keyword arguments of the in-process API's calls."""
-        return {
-            "temperature": self.temperature,  # below GREEDY_BELOW the engine samples greedily
-            "top_p": self.top_p,
-            "top_k": max(self.top_k, 0),
-            "seed": self.seed,
-            "stop": self.stop,
-            "stop_token_ids": tuple(self.stop_token_ids or ()),
-            "ignore_eos": self.ignore_eos,
-            "min_tokens": self.min_tokens,
-            "repetition_penalty": self.repetition_penalty,
-            "presence_penalty": self.presence_penalty,
-            "frequency_penalty": self.frequency_penalty,
-            "logprobs": self.top_logprobs_asked(),
-            "n": self.n,
-        }
+    def sampling_params(self) -> SamplingParams:
+        """The call's sampling parameters for the in-process API (``max_tokens`` None: the
+        server picks the cap). Raises ``BadRequest`` (a 400) for values the engine refuses."""
+        return SamplingParams(
+            temperature=self.temperature,  # below GREEDY_BELOW the engine samples greedily
+            top_p=self.top_p,
+            top_k=max(self.top_k, 0),
+            max_tokens=self.output_cap(),
+            seed=self.seed,
+            stop=self.stop,
+            stop_token_ids=tuple(self.stop_token_ids or ()),
+            ignore_eos=self.ignore_eos,
+            min_tokens=self.min_tokens,
+            repetition_penalty=self.repetition_penalty,
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
+            logprobs=self.top_logprobs_asked(),
+            grammar=self.grammar(),
+        )
+
+    def grammar(self) -> Grammar | None:
+        """The grammar the answer is decoded under (None: free text)."""
+        return None
 
 
 def response_format_grammar(
@@ -330,9 +337,6 @@ class ChatCompletionRequest(SamplingFields):
         a missing schema, or one the grammar library refuses."""
         fmt = self.response_format or {}
         return response_format_grammar(fmt.get("type", "text"), fmt.get("json_schema"))
-
-    def sampling_args(self) -> dict[str, Any]:
-        return {**super().sampling_args(), "grammar": self.grammar()}
 
     def new_tokens(self) -> int | None:
         """The output cap in tokens (``max_completion_tokens`` or ``max_tokens``)."""

@@ -55,6 +55,7 @@ from fastapi.responses import JSONResponse
 from pydantic import ConfigDict, Discriminator, Field, Tag, model_validator
 
 from talaria.api.results import ChatChunk
+from talaria.generation import SamplingParams
 from talaria.grammar import Grammar
 from talaria.server import handling, responses_stream, streaming
 from talaria.server import requests as req
@@ -429,10 +430,12 @@ async def create_response(request: Request) -> Response:
             parallel_tool_calls=call.parallel_tool_calls,
             session_id=session,
             tenant=tenant,
-            max_tokens=body.max_output_tokens,
-            temperature=body.temperature,
-            top_p=body.top_p,
-            grammar=body.grammar(),
+            params=SamplingParams(
+                temperature=body.temperature,
+                top_p=body.top_p,
+                max_tokens=body.max_output_tokens,
+                grammar=body.grammar(),
+            ),
         )
 
     first, stream = await handling.first_chunk(request, open_stream, body.model)

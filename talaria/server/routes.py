@@ -35,6 +35,7 @@ from talaria.api.results import ChatChunk, Logprob, ModelInfo, ToolCall, Usage
 from talaria.server import handling, openapi, responses_api, streaming
 from talaria.server import requests as req
 from talaria.server import responses as resp
+from talaria.server.backend import CallArgs
 from talaria.server.errors import ErrorShape, bad_request
 from talaria.server.session_ids import session_of
 
@@ -76,7 +77,7 @@ def add_routes(app: FastAPI, extra: tuple[Post, ...] = ()) -> None:
 async def _chat_completions(request: Request) -> Response:
     """OpenAI chat completions (streamed or not) through the model's chat template."""
     body = await handling.parse(request, req.ChatCompletionRequest)
-    args = _call_args(request, body, body.new_tokens())
+    args = _call_args(request, body)
     messages = body.api_messages()
     ctx = handling.context(request)
 
@@ -96,7 +97,7 @@ async def _chat_completions(request: Request) -> Response:
 async def _completions(request: Request) -> Response:
     """OpenAI (legacy) text completions of a raw prompt, no chat template."""
     body = await handling.parse(request, req.CompletionRequest)
-    args = _call_args(request, body, body.max_tokens)
+    args = _call_args(request, body)
     prompt = body.prompt_value()
     ctx = handling.context(request)
 
@@ -226,9 +227,7 @@ async def _metrics(request: Request) -> Response:
 # --- request handling --------------------------------------------------------------------------
 
 
-def _call_args(
-    request: Request, body: req.SamplingFields, max_tokens: int | None
-) -> dict[str, Any]:
+def _call_args(request: Request, body: req.SamplingFields) -> CallArgs:
     """Keyword arguments for ``chat_stream`` / ``complete_stream``, after checking the model
     and resolving the session id (``talaria.server.session_ids``). Records the model for
     metrics."""
@@ -240,10 +239,10 @@ def _call_args(
         log.info("call of tenant %s, session %s, for user %r", tenant, sid, body.user[:256])
     request.state.talaria_ignored = body.unknown_fields()
     return {
+        "params": body.sampling_params(),
         "session_id": sid,
         "tenant": handling.tenant(request),
-        "max_tokens": max_tokens,
-        **body.sampling_args(),
+        "n": body.n,
     }
 
 

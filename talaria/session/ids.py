@@ -15,18 +15,6 @@ from collections.abc import Mapping
 
 from talaria.errors import BadRequest
 
-__all__ = [
-    "MAX_SESSION_ID_LEN",
-    "SESSION_PREFIX",
-    "check_session_id",
-    "new_session_id",
-    "normalize_session_id",
-    "resolve_session_id",
-    "session_id_from_instance",
-    "session_id_from_langchain",
-    "session_id_from_litellm",
-]
-
 SESSION_PREFIX = "sess-"
 MAX_SESSION_ID_LEN = 256
 

@@ -149,7 +149,8 @@ class FakeTalaria:
         self.calls.append({"model": model, **kw})
         if model not in self.config.models:
             raise UnknownModel(f"unknown model {model}")
-        max_tokens = kw.get("max_tokens") or 16
+        params = kw.get("params")
+        max_tokens = (params.max_tokens if params is not None else None) or 16
         if len(prompt) + max_tokens > self.context_length:
             raise ContextTooLong(
                 f"prompt ({len(prompt)} tokens) plus max_tokens ({max_tokens}) exceed the "

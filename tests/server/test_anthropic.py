@@ -16,6 +16,7 @@ import pytest
 
 from talaria.api import SyncTalaria
 from talaria.errors import ContextTooLong
+from talaria.generation import SamplingParams
 from tests.server.anthropic_live import (
     COUNT,
     GREEDY,
@@ -59,7 +60,9 @@ def test_whole_and_streamed_answers_equal_the_api(
     question = [{"role": "user", "content": QUESTION}]
     whole = claude.messages.create(messages=question, **asked)  # type: ignore[call-overload]
     ref = api.chat(
-        [{"role": "system", "content": SYSTEM}, *question], MODEL, max_tokens=24, temperature=0
+        [{"role": "system", "content": SYSTEM}, *question],
+        MODEL,
+        params=SamplingParams(max_tokens=24, temperature=0),
     )
     assert ref.text == "The capital of France is Paris." and ref.finish_reason == "stop"
     assert whole.id.startswith("msg_") and whole.type == "message" and whole.role == "assistant"
@@ -136,7 +139,10 @@ def test_a_tool_use_answer_and_its_result(claude: anthropic.Anthropic, api: Sync
     asked = {"model": MODEL, "max_tokens": 40, "tools": TOOLS, "extra_body": GREEDY}
     r = claude.messages.create(messages=weather_question("Paris"), extra_headers=session, **asked)
     ref = api.chat(
-        openai_question("Paris"), MODEL, max_tokens=40, temperature=0, tools=OPENAI_TOOLS
+        openai_question("Paris"),
+        MODEL,
+        tools=OPENAI_TOOLS,
+        params=SamplingParams(max_tokens=40, temperature=0),
     )
     assert ref.finish_reason == "tool_calls" and ref.text == ""
     assert [(c.name, json.loads(c.arguments)) for c in ref.tool_calls] == [
@@ -180,9 +186,8 @@ def test_a_tool_use_answer_and_its_result(claude: anthropic.Anthropic, api: Sync
             },
         ],
         MODEL,
-        max_tokens=12,
-        temperature=0,
         tools=OPENAI_TOOLS,
+        params=SamplingParams(max_tokens=12, temperature=0),
     )
     texts = [b.model_dump().get("text") for b in after.content if b.type == "text"]
     assert "".join(t or "" for t in texts) == ref_after.text
@@ -239,10 +244,9 @@ def test_tool_choice_is_honoured(claude: anthropic.Anthropic, api: SyncTalaria) 
         ref = api.chat(
             openai_question("Lima"),
             MODEL,
-            max_tokens=30,
-            temperature=0,
             tools=OPENAI_TOOLS,
             tool_choice=openai_choice,
+            params=SamplingParams(max_tokens=30, temperature=0),
         )
         assert forced.stop_reason == "tool_use", choice
         assert (
@@ -256,10 +260,9 @@ def test_tool_choice_is_honoured(claude: anthropic.Anthropic, api: SyncTalaria) 
     ref_plain = api.chat(
         openai_question("Lima"),
         MODEL,
-        max_tokens=30,
-        temperature=0,
         tools=OPENAI_TOOLS,
         tool_choice="none",
+        params=SamplingParams(max_tokens=30, temperature=0),
     )
     assert [b.type for b in plain.content] == ["text"]
     assert plain.content[0].model_dump()["text"] == ref_plain.text
@@ -277,7 +280,7 @@ def test_count_tokens_is_the_prompt_of_the_call(http: httpx.Client, api: SyncTal
     chat = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": QUESTION}]
     assert n == len(api.tokenize(MODEL, messages=chat).token_ids) == 27
 
-    # with tools and a forced call, the prompt ends with the call's opening: counted too
+    # with tools and a forced call (decoded under its grammar): the same prompt counted
     forced = plain(
         system=None,
         messages=weather_question("Lima"),
@@ -303,9 +306,14 @@ def test_a_max_tokens_over_the_context_is_clamped(http: httpx.Client, api: SyncT
     assert r.json()["content"][0]["text"] == "The capital of France is Paris."
     chat = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": QUESTION}]
     # the strict API takes exactly the granted cap and refuses one token more
-    assert api.chat(chat, MODEL, max_tokens=granted, temperature=0).usage.prompt_tokens == prompt
+    assert (
+        api.chat(
+            chat, MODEL, params=SamplingParams(max_tokens=granted, temperature=0)
+        ).usage.prompt_tokens
+        == prompt
+    )
     with pytest.raises(ContextTooLong, match="tokens"):
-        api.chat(chat, MODEL, max_tokens=granted + 1, temperature=0)
+        api.chat(chat, MODEL, params=SamplingParams(max_tokens=granted + 1, temperature=0))
     # chat completions clamps the same way; a cap that fits is not reported
     body = {"model": MODEL, "messages": chat, "max_tokens": 32000, "temperature": 0}
     openai_style = http.post("/v1/chat/completions", json=body)
@@ -347,6 +355,6 @@ def test_system_messages_inside_the_conversation(http: httpx.Client, api: SyncTa
     ]
     r = http.post(MESSAGES, json=plain(system=None, messages=messages, max_tokens=12))
     assert r.status_code == 200, r.text
-    ref = api.chat(messages, MODEL, max_tokens=12, temperature=0)
+    ref = api.chat(messages, MODEL, params=SamplingParams(max_tokens=12, temperature=0))
     assert [b["text"] for b in r.json()["content"]] == [ref.text]
     assert prompt_of(r) == ref.usage.prompt_tokens

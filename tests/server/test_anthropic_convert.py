@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from talaria.generation import SamplingParams
 from talaria.server.anthropic_requests import CountTokensRequest, MessagesRequest
 from talaria.server.errors import HttpError
 
@@ -77,7 +78,7 @@ def test_a_claude_code_conversation_becomes_chat_messages() -> None:
         {"role": "user", "content": "Try again.\n\nPlease."},
     ]
     assert request.unknown_fields() == []
-    assert request.sampling_args() == {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "stop": None}
+    assert request.sampling_params() == SamplingParams(max_tokens=5)
 
 
 @pytest.mark.parametrize(
@@ -128,7 +129,7 @@ def test_tools_and_tool_choice_become_openais(
 def test_no_tools_no_tool_choice() -> None:
     request = parse(messages=[{"role": "user", "content": "x"}], stop_sequences=["END"])
     assert request.chat_tools() == (None, None)
-    assert request.sampling_args()["stop"] == ["END"]
+    assert request.sampling_params().stop == ("END",)
 
 
 def test_a_tool_result_before_its_tool_use_is_a_400() -> None:

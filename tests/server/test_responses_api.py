@@ -18,6 +18,7 @@ import openai
 import pytest
 
 from talaria.api import SyncTalaria
+from talaria.generation import SamplingParams
 from talaria.server.errors import HttpError
 from talaria.server.responses_api import ResponsesRequest, to_chat
 from tests.server import smollm2_live
@@ -217,7 +218,7 @@ def test_sdk_whole_answer_equals_the_in_process_api(
         model=MODEL, instructions="Be brief.", input=PROMPT, temperature=0, max_output_tokens=12
     )
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": PROMPT}]
-    same = tal.chat(messages, MODEL, max_tokens=12, temperature=0)
+    same = tal.chat(messages, MODEL, params=SamplingParams(max_tokens=12, temperature=0))
     assert r.id.startswith("resp_") and r.object == "response" and r.model == MODEL
     (item,) = r.output
     assert item.type == "message" and item.role == "assistant" and item.id.startswith("msg_")
@@ -252,7 +253,11 @@ TEXT_EVENTS = [
 def test_sdk_stream_carries_the_documented_events_and_the_same_answer(
     client: openai.OpenAI, tal: SyncTalaria
 ) -> None:
-    same = tal.chat([{"role": "user", "content": SHORT}], MODEL, max_tokens=40, temperature=0)
+    same = tal.chat(
+        [{"role": "user", "content": SHORT}],
+        MODEL,
+        params=SamplingParams(max_tokens=40, temperature=0),
+    )
     assert (
         same.finish_reason == "stop" and same.text == "The answer is 4."
     )  # the answer ends before its cap: "completed"
@@ -320,7 +325,12 @@ def test_a_function_call_then_its_output_with_the_whole_history(
     r = client.responses.create(
         model=MODEL, input=ask("Paris"), tools=[WEATHER], max_output_tokens=40, **fields
     )
-    same = tal.chat(chat_ask("Paris"), MODEL, tools=[CHAT_WEATHER], max_tokens=40, temperature=0)
+    same = tal.chat(
+        chat_ask("Paris"),
+        MODEL,
+        tools=[CHAT_WEATHER],
+        params=SamplingParams(max_tokens=40, temperature=0),
+    )
     (call,) = r.output
     assert call.type == "function_call" and call.status == "completed"
     assert call.name == "get_weather" and json.loads(call.arguments) == {"city": "Paris"}
@@ -357,7 +367,9 @@ def test_a_function_call_then_its_output_with_the_whole_history(
         },
         {"role": "tool", "tool_call_id": call.call_id, "content": '{"weather": "cloudy"}'},
     ]
-    again = tal.chat(follow, MODEL, tools=[CHAT_WEATHER], max_tokens=12, temperature=0)
+    again = tal.chat(
+        follow, MODEL, tools=[CHAT_WEATHER], params=SamplingParams(max_tokens=12, temperature=0)
+    )
     assert after.output_text == again.text
     assert after.usage.input_tokens == again.usage.prompt_tokens
 

@@ -17,6 +17,7 @@ import openai
 import pytest
 
 from talaria.api import SyncTalaria
+from talaria.generation import SamplingParams
 from tests.server import smollm2_live
 from tests.server.conftest import requires_smollm2, sse
 
@@ -58,13 +59,17 @@ def post(http: httpx.Client, path: str, **body: Any) -> dict[str, Any]:
 
 def test_ignore_eos_and_min_tokens(http: httpx.Client, tal: SyncTalaria) -> None:
     short = msgs("Answer with one word: yes or no?")
-    plain = tal.chat(short, MODEL, max_tokens=40, temperature=0)
+    plain = tal.chat(short, MODEL, params=SamplingParams(max_tokens=40, temperature=0))
     assert plain.finish_reason == "stop" and plain.usage.completion_tokens < 20
     end_id = plain.token_ids[-1]  # the model's end of turn
-    forced = tal.chat(short, MODEL, max_tokens=40, temperature=0, ignore_eos=True)
+    forced = tal.chat(
+        short, MODEL, params=SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
+    )
     assert forced.finish_reason == "length" and forced.usage.completion_tokens == 40
     assert forced.token_ids[: len(plain.token_ids) - 1] == plain.token_ids[:-1]
-    least = tal.chat(short, MODEL, max_tokens=40, temperature=0, min_tokens=20)
+    least = tal.chat(
+        short, MODEL, params=SamplingParams(max_tokens=40, temperature=0, min_tokens=20)
+    )
     assert least.usage.completion_tokens > 20
     assert end_id not in least.token_ids[:20]  # masked, not just ignored
     for kw, want in (({"ignore_eos": True}, forced), ({"min_tokens": 20}, least)):
@@ -75,10 +80,12 @@ def test_ignore_eos_and_min_tokens(http: httpx.Client, tal: SyncTalaria) -> None
 
 
 def test_stop_token_ids_end_the_answer_at_that_token(http: httpx.Client, tal: SyncTalaria) -> None:
-    plain = tal.chat(msgs(), MODEL, max_tokens=12, temperature=0)
+    plain = tal.chat(msgs(), MODEL, params=SamplingParams(max_tokens=12, temperature=0))
     stop_id = plain.token_ids[3]
     first = plain.token_ids.index(stop_id)
-    cut = tal.chat(msgs(), MODEL, max_tokens=12, temperature=0, stop_token_ids=[stop_id])
+    cut = tal.chat(
+        msgs(), MODEL, params=SamplingParams(max_tokens=12, temperature=0, stop_token_ids=[stop_id])
+    )
     assert cut.finish_reason == "stop" and cut.token_ids == plain.token_ids[: first + 1]
     assert cut.text == tal.detokenize(MODEL, plain.token_ids[:first])
     got = post(http, CHAT, messages=msgs(), max_tokens=12, temperature=0, stop_token_ids=[stop_id])
@@ -96,8 +103,8 @@ def test_penalties_change_the_answer_as_on_the_api(
     http: httpx.Client, tal: SyncTalaria, kw: dict[str, float]
 ) -> None:
     text = "sea, sea, sea, sea, sea, sea, sea,"
-    plain = tal.complete(text, MODEL, max_tokens=16, temperature=0)
-    penalised = tal.complete(text, MODEL, max_tokens=16, temperature=0, **kw)
+    plain = tal.complete(text, MODEL, params=SamplingParams(max_tokens=16, temperature=0))
+    penalised = tal.complete(text, MODEL, params=SamplingParams(max_tokens=16, temperature=0, **kw))
 
     def most(ids: tuple[int, ...]) -> int:
         return max(ids.count(i) for i in ids)
@@ -113,7 +120,7 @@ def test_n_choices_share_the_prompt_and_the_session_continues_from_choice_0(
 ) -> None:
     long = msgs("Here is a story about a lighthouse keeper and his cat, told in detail. " * 4)
     kw: dict[str, Any] = {"max_tokens": 10, "temperature": 1.0, "seed": 11}
-    r = tal.chat(long, MODEL, session_id="n-api", n=3, **kw)
+    r = tal.chat(long, MODEL, session_id="n-api", n=3, params=SamplingParams(**kw))
     assert [c.index for c in r.choices] == [0, 1, 2] and r.text == r.choices[0].text
     prompt = r.choices[0].usage.prompt_tokens
     assert r.usage.prompt_tokens == prompt
@@ -123,14 +130,13 @@ def test_n_choices_share_the_prompt_and_the_session_continues_from_choice_0(
     for c in r.choices[1:]:  # the prefix cache serves the prompt's full blocks
         assert c.usage.cached_tokens >= prompt - 16
     # choice i samples with seed + i: choice 1 is a one-choice call with seed 12
-    alone = tal.chat(long, MODEL, max_tokens=10, temperature=1.0, seed=12)
+    alone = tal.chat(long, MODEL, params=SamplingParams(max_tokens=10, temperature=1.0, seed=12))
     assert alone.token_ids == r.choices[1].token_ids
     nxt = tal.chat(
         [*long, {"role": "assistant", "content": r.text}, {"role": "user", "content": "More."}],
         MODEL,
         session_id="n-api",
-        max_tokens=4,
-        temperature=0,
+        params=SamplingParams(max_tokens=4, temperature=0),
     )
     assert nxt.usage.cached_tokens >= prompt  # the session's history is choice 0's
     assert tal.event("n-api", "end") is not None
@@ -168,7 +174,7 @@ def test_n_choices_share_the_prompt_and_the_session_continues_from_choice_0(
 def test_chat_logprobs_whole_streamed_and_on_the_api(
     http: httpx.Client, tal: SyncTalaria, url: str
 ) -> None:
-    r = tal.chat(msgs(), MODEL, max_tokens=8, temperature=0, logprobs=3)
+    r = tal.chat(msgs(), MODEL, params=SamplingParams(max_tokens=8, temperature=0, logprobs=3))
     assert r.logprobs is not None and len(r.logprobs) == len(r.token_ids) == 8
     for lp, tid in zip(r.logprobs, r.token_ids, strict=True):
         assert lp.token_id == tid and len(lp.top) == 3
@@ -213,7 +219,9 @@ def test_chat_logprobs_whole_streamed_and_on_the_api(
 
 
 def test_completion_logprobs_have_the_legacy_shape(http: httpx.Client, tal: SyncTalaria) -> None:
-    r = tal.complete("The sea is", MODEL, max_tokens=6, temperature=0, logprobs=2)
+    r = tal.complete(
+        "The sea is", MODEL, params=SamplingParams(max_tokens=6, temperature=0, logprobs=2)
+    )
     got = post(
         http, "/v1/completions", prompt="The sea is", max_tokens=6, temperature=0, logprobs=2
     )
@@ -246,7 +254,7 @@ def test_tokenize_and_detokenize_as_vllm(http: httpx.Client, tal: SyncTalaria) -
     # model may be left out when one is served; messages count as a chat call's prompt
     chat = http.post("/tokenize", json={"messages": msgs()}).json()
     assert chat["token_strs"] is None
-    answer = tal.chat(msgs(), MODEL, max_tokens=1, temperature=0)
+    answer = tal.chat(msgs(), MODEL, params=SamplingParams(max_tokens=1, temperature=0))
     assert chat["count"] == answer.usage.prompt_tokens
     r = http.post("/tokenize", json={"model": MODEL, "prompt": "x", "messages": msgs()})
     assert r.status_code == 400 and "exactly one" in r.json()["error"]["message"]

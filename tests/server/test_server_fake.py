@@ -76,12 +76,13 @@ def test_sampling_options_reach_the_api(client: httpx.Client, fake: FakeTalaria)
     body |= {"user": "u1", "unknown_extension": {"a": 1}}
     assert client.post(CHAT, json=body).status_code == 200
     call = fake.calls[-1]
-    assert call["temperature"] == 0.0
-    assert call["top_p"] == 0.5
-    assert call["top_k"] == 0
-    assert call["seed"] == 7
-    assert call["stop"] == ["x", "y"]
-    assert call["max_tokens"] == 5
+    params = call["params"]
+    assert params.temperature == 0.0
+    assert params.top_p == 0.5
+    assert params.top_k == 0
+    assert params.seed == 7
+    assert params.stop == ("x", "y")
+    assert params.max_tokens == 5
 
 
 def test_text_parts_are_joined(client: httpx.Client) -> None:

@@ -194,12 +194,12 @@ def vllm_params(
 
     common: dict[str, Any] = {
         "n": 1,
-        "max_tokens": params.max_tokens,
+        "max_tokens": params.cap,
         "output_kind": RequestOutputKind.DELTA,
         "detokenize": False,
     }
     if forced is not None:
-        ids = [int(i) for i in forced[: params.max_tokens]]
+        ids = [int(i) for i in forced[: params.cap]]
         return VllmSamplingParams(
             temperature=0.0, ignore_eos=True, extra_args={FORCED_KEY: ids}, **common
         )
