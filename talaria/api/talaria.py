@@ -228,7 +228,14 @@ class Talaria:
         end = tools.stop if tools is not None else None
         if end is not None and end not in stops:  # the forced call ends the answer
             stops = (*stops, end)  # (see ToolPlan.stop)
-        params = attrs.evolve(params, max_tokens=max_tokens, stop=stops)
+        forced = tools.grammar if tools is not None else None
+        if forced is not None and params.grammar is not None:
+            raise BadRequest(
+                "a response format cannot be combined with a forced tool call (tool_choice "
+                "'required' or a named function): send one of them"
+            )
+        grammar = forced if forced is not None else params.grammar
+        params = attrs.evolve(params, max_tokens=max_tokens, stop=stops, grammar=grammar)
         if params.grammar is not None:  # a grammar the library refuses is a 400, not a failure
             check_grammar(params.grammar)
         one_shot = session_id is None
@@ -323,10 +330,7 @@ class Talaria:
         plan = plan_tools(tools, tool_choice, parallel_tool_calls, fmt)
         shown = list(plan.tools) if plan is not None else None
         rendered = render_messages(messages, tok.chat_template, fmt, shown)
-        text = tok.apply_chat_template(rendered, add_generation_prompt, tools=shown)
-        if plan is not None and add_generation_prompt:
-            text += plan.opening
-        return text, plan
+        return tok.apply_chat_template(rendered, add_generation_prompt, tools=shown), plan
 
     def tokenize(
         self,
@@ -344,9 +348,7 @@ class Talaria:
         generation prompt unless ``add_generation_prompt`` is false) as ``model``'s tokens,
         as vLLM's ``/tokenize`` does. ``add_special_tokens`` defaults as vLLM's: true for a
         prompt, false for messages (the template writes them). Note that calls encode their
-        text without special tokens. With ``tool_choice`` forcing a call, the conversation
-        ends with the call's opening, as a chat call's prompt does. BadRequest unless exactly
-        one of the two is given."""
+        text without special tokens. BadRequest unless exactly one of the two is given."""
         if (prompt is None) == (messages is None):
             raise BadRequest("send exactly one of prompt (a text) and messages (a conversation)")
         tok = self._tokenizer(model)

@@ -7,20 +7,19 @@ is plain text. ``tool_choice``:
 * ``"none"``: the model is not shown the tools and its answer is content only;
 * ``"auto"`` (the default with tools): tools shown, calls read from the answer
   (``talaria.api.tool_parsers``), content kept around them;
-* ``"required"``: the server writes the opening of a call at the start of the answer
-  (``<tool_call>\\n{"name": "`` in Hermes' format) and the model writes the name and
-  arguments (with one tool, its name is written too, as for a named function);
-* ``{"type": "function", "function": {"name": N}}``: the opening names N too; the model
-  writes the arguments.
+* ``"required"``: the answer is one call of one of the tools;
+* ``{"type": "function", "function": {"name": N}}``: the answer is one call of N.
 
-Required and named choices are enforced by forcing the answer's opening, not by decoding
-constrained to a grammar: the model is made to start a call, and an answer that is then
-not a well-formed call of the request's tools (a name not among them, arguments that are
-not a JSON object, a call cut off by ``max_tokens``) raises
-:class:`~talaria.errors.ToolCallFailed` rather than yielding a call made up by the server.
-Arguments are checked to be a JSON object, not checked against the tool's schema. A
-forced call (or the one call ``parallel_tool_calls: false`` keeps) ends the answer at its
-closing tag where the format has one (:attr:`ToolPlan.stop`).
+Required and named choices are enforced by decoding constrained to a grammar
+(:attr:`ToolPlan.grammar`, llguidance's Lark with an embedded JSON schema): the answer is a
+call written in the model's format (Hermes' ``<tool_call>`` block, a Llama 3 JSON object,
+Mistral's ``[TOOL_CALLS]`` list, a bare JSON object) whose name is one of the allowed tools
+and whose arguments match that tool's ``parameters`` schema. A schema the grammar library
+cannot compile (a keyword it does not support) constrains that tool's arguments to a JSON
+object instead, and a warning is logged. An answer cut off by ``max_tokens`` before its
+call is whole raises :class:`~talaria.errors.ToolCallFailed` rather than yielding a call
+made up by the server. A forced call (or the one call ``parallel_tool_calls: false``
+keeps) ends the answer at its closing tag where the format has one (:attr:`ToolPlan.stop`).
 
 :func:`render_messages` prepares the conversation for the chat template: an assistant
 message's ``tool_calls`` carry their arguments as objects (what Hugging Face templates
@@ -35,6 +34,7 @@ from __future__ import annotations
 
 import enum
 import json
+import logging
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
@@ -43,25 +43,39 @@ import attrs
 
 from talaria.api.tool_parsers import (
     HERMES_CLOSE,
+    HERMES_OPEN,
+    MISTRAL_TAG,
     Piece,
     ToolCallStream,
     ToolFormat,
     render_calls,
 )
-from talaria.api.tool_parsers import opening as call_opening
 from talaria.errors import BadRequest, ToolCallFailed
+from talaria.grammar import Grammar, check_grammar
 
 __all__ = [
     "MAX_TOOLS",
     "AnswerReader",
     "Choice",
     "ToolPlan",
+    "call_grammar",
     "plan_tools",
     "render_messages",
     "tools_preamble",
 ]
 
+log = logging.getLogger(__name__)
+
 MAX_TOOLS: Final = 128  # OpenAI's limit on tools per request
+# a forced call as llguidance's Lark: the format's wrapping around one JSON call object
+_CALL_LARK: Final[Mapping[ToolFormat, tuple[str, str]]] = {
+    ToolFormat.HERMES: (f"{HERMES_OPEN}\n", f"\n{HERMES_CLOSE}"),
+    ToolFormat.LLAMA3_JSON: ("", ""),
+    ToolFormat.MISTRAL: (f"{MISTRAL_TAG}[", "]"),
+    ToolFormat.JSON: ("", ""),
+}
+# the call object as one line with ", " and ": " (free whitespace lets a weak model pad)
+_COMPACT: Final = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 _NAME: Final = re.compile(r"\A[A-Za-z0-9_.\-]{1,64}\Z")
 
 
@@ -77,7 +91,8 @@ class Choice(enum.Enum):
 class ToolPlan:
     """How one request's answer is shown tools and read: ``tools`` (checked OpenAI tool
     objects, for the template), their ``names``, the model's ``format``, the ``choice``
-    (``forced``: the named tool), and ``max_calls`` (1 with ``parallel_tool_calls: false``)."""
+    (``forced``: the named tool), ``max_calls`` (1 with ``parallel_tool_calls: false``) and,
+    for a required or named choice, the ``grammar`` the answer is decoded under."""
 
     tools: tuple[Mapping[str, Any], ...]
     names: frozenset[str]
@@ -85,6 +100,7 @@ class ToolPlan:
     choice: Choice
     forced: str | None = None
     max_calls: int | None = None
+    grammar: Grammar | None = None
 
     @property
     def stop(self) -> str | None:
@@ -93,18 +109,47 @@ class ToolPlan:
         one = self.choice is not Choice.AUTO or self.max_calls == 1
         return HERMES_CLOSE if one and self.format is ToolFormat.HERMES else None
 
-    @property
-    def opening(self) -> str:
-        """Text written at the start of the answer to force a call ('' for ``auto``)."""
-        if self.choice is Choice.AUTO:
-            return ""
-        return call_opening(self.format, self.forced)
-
     def stream(self) -> ToolCallStream:
         """A fresh reader of one answer (one per choice)."""
-        return ToolCallStream(
-            self.format, self.names, max_calls=self.max_calls, opening=self.opening
+        return ToolCallStream(self.format, self.names, max_calls=self.max_calls)
+
+
+def call_grammar(
+    fmt: ToolFormat, tools: Sequence[Mapping[str, Any]], loose: bool = False
+) -> Grammar:
+    """One call of one of ``tools`` written in ``fmt``: ``{"name": N, "arguments": A}``
+    (``"parameters"`` for Llama 3) with A valid against N's ``parameters`` schema (any
+    JSON object when ``loose``, or when the tool has no schema)."""
+    key = "parameters" if fmt is ToolFormat.LLAMA3_JSON else "arguments"
+    shapes = []
+    for tool in tools:
+        function = tool["function"]
+        schema = function.get("parameters")
+        args = dict(schema) if schema is not None and not loose else {"type": "object"}
+        shapes.append(
+            {
+                "type": "object",
+                "properties": {"name": {"const": function["name"]}, key: args},
+                "required": ["name", key],
+                "additionalProperties": False,
+            }
         )
+    call = shapes[0] if len(shapes) == 1 else {"anyOf": shapes}
+    head, tail = _CALL_LARK[fmt]
+    body = json.dumps({**call, "x-guidance": _COMPACT}, ensure_ascii=False)
+    return Grammar.lark(f"start: {json.dumps(head)} call {json.dumps(tail)}\ncall: %json {body}")
+
+
+def _forced_grammar(fmt: ToolFormat, tools: Sequence[Mapping[str, Any]]) -> Grammar:
+    """:func:`call_grammar`, loose when the tools' schemas cannot be compiled (logged)."""
+    grammar = call_grammar(fmt, tools)
+    try:
+        check_grammar(grammar)
+    except BadRequest as exc:
+        names = ", ".join(str(t["function"]["name"]) for t in tools)
+        log.warning("forced call of %s: arguments constrained to any object (%s)", names, exc)
+        grammar = call_grammar(fmt, tools, loose=True)
+    return grammar
 
 
 class AnswerReader:
@@ -143,7 +188,7 @@ class AnswerReader:
         if plan.choice is not Choice.AUTO:
             wanted = f"a call of {plan.forced!r}" if plan.forced else "a tool call"
             cut = " (it was cut off by max_tokens: raise it)" if reason == "length" else ""
-            written = plan.opening + "".join(self._text)
+            written = "".join(self._text)
             raise ToolCallFailed(
                 f"tool_choice asked for {wanted}, and the model's answer is not a well-formed "
                 f"call of the request's tools{cut}: {written!r:.300}. Retry, with a higher "
@@ -169,9 +214,12 @@ def plan_tools(
         return None
     if choice is Choice.REQUIRED and len(names) == 1:  # the one tool it can be
         choice, forced = Choice.NAMED, next(iter(names))
-    return ToolPlan(
-        checked, names, fmt, choice, forced, 1 if parallel_tool_calls is False else None
-    )
+    grammar = None
+    if choice is not Choice.AUTO:
+        allowed = [t for t in checked if forced is None or t["function"]["name"] == forced]
+        grammar = _forced_grammar(fmt, allowed)
+    max_calls = 1 if parallel_tool_calls is False else None
+    return ToolPlan(checked, names, fmt, choice, forced, max_calls, grammar)
 
 
 _CALL_SHAPE: Final = '{"name": <function-name>, "%s": <args-json-object>}'

@@ -50,7 +50,6 @@ __all__ = [
     "ToolFormat",
     "format_for_template",
     "new_call_id",
-    "opening",
     "parse",
     "render_calls",
 ]
@@ -125,10 +124,7 @@ class ToolCallStream:
 
     ``names``: the request's tools (a call of another name is content). ``max_calls``: calls
     kept at most (``parallel_tool_calls: false`` keeps one; later calls are dropped, text
-    and all). ``opening``: text the server wrote at the start of the answer to force a call
-    (``tool_choice`` required or named); it is read as the answer's beginning and never
-    returned as content; a call it opened may lack the closing brace of the object the
-    server began (the model closed the arguments and stopped). Trailing whitespace waits
+    and all). Trailing whitespace waits
     for more content, and is dropped at the end of an answer that has calls. Mutates only
     itself.
     """
@@ -139,7 +135,6 @@ class ToolCallStream:
         names: Collection[str],
         *,
         max_calls: int | None = None,
-        opening: str = "",
     ) -> None:
         self.format = fmt
         self._syntax = _SYNTAX[fmt]
@@ -152,9 +147,6 @@ class ToolCallStream:
         self.calls_made = 0  # calls given out so far
         self.calls_dropped = 0  # calls over max_calls
         self._done = False
-        self._forced = bool(opening)
-        if opening and self.feed(opening):
-            raise ValueError(f"the opening {opening!r} is not the start of a {fmt.value} call")
 
     def feed(self, text: str) -> Piece:
         """The content and whole calls that ``text`` (the answer's next delta) completes."""
@@ -237,8 +229,6 @@ class ToolCallStream:
     def _close_call(self, raw: str, content: list[str], calls: list[ToolCall]) -> None:
         """Turn one call's raw text into calls, or give it back as content."""
         found = _calls_in(self.format, raw, self._names)
-        if found is None and self._forced:  # the server opened the object: it may close it
-            found = _calls_in(self.format, _closed(self.format, raw), self._names)
         if found is None:
             content.append(raw)
             return
@@ -267,11 +257,10 @@ def parse(
     names: Collection[str],
     *,
     max_calls: int | None = None,
-    opening: str = "",
 ) -> Piece:
     """A whole answer's content and tool calls (what a stream fed ``text`` at once gives;
     the arguments as :class:`ToolCallStream`'s)."""
-    stream = ToolCallStream(fmt, names, max_calls=max_calls, opening=opening)
+    stream = ToolCallStream(fmt, names, max_calls=max_calls)
     first = stream.feed(text)
     rest = stream.finish()
     return Piece(first.content + rest.content, first.calls + rest.calls)
@@ -293,37 +282,11 @@ def render_calls(fmt: ToolFormat, calls: Sequence[tuple[str, Mapping[str, Any]]]
     return _dumps(objects[0]) if len(objects) == 1 else _dumps(objects)
 
 
-def opening(fmt: ToolFormat, name: str | None) -> str:
-    """The start of an answer that can only go on as a call: of ``name`` when given (the
-    arguments object opened, the model writes its members), else of a call whose name the
-    model writes."""
-    key = "parameters" if fmt is ToolFormat.LLAMA3_JSON else "arguments"
-    head = {
-        ToolFormat.HERMES: f"{HERMES_OPEN}\n",
-        ToolFormat.LLAMA3_JSON: "",
-        ToolFormat.MISTRAL: f"{MISTRAL_TAG}[",
-        ToolFormat.JSON: "",
-    }[fmt]
-    if name is None:
-        return head + '{"name": "'
-    return head + '{"name": ' + json.dumps(name, ensure_ascii=False) + f', "{key}": {{'
-
-
 # --- reading one call's text ---------------------------------------------------------------
 
 
 def _dumps(obj: Any) -> str:
     return json.dumps(obj, ensure_ascii=False)
-
-
-def _closed(fmt: ToolFormat, raw: str) -> str:
-    """A forced call's text with the closing of the object the server opened (``}``, and
-    ``]`` for Mistral's list), placed before a Hermes closing tag."""
-    text = raw.rstrip()
-    tail = "}]" if fmt is ToolFormat.MISTRAL else "}"
-    if fmt is ToolFormat.HERMES and text.endswith(HERMES_CLOSE):
-        return text[: -len(HERMES_CLOSE)].rstrip() + tail + HERMES_CLOSE
-    return text + tail
 
 
 def _calls_in(fmt: ToolFormat, raw: str, names: frozenset[str]) -> tuple[ToolCall, ...] | None:

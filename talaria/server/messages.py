@@ -57,8 +57,7 @@ async def messages(request: Request) -> Response:
             parallel_tool_calls=body.parallel_tool_calls(),
             session_id=sid,
             tenant=handling.tenant(request),
-            max_tokens=body.max_tokens,
-            **body.sampling_args(),
+            params=body.sampling_params(),
         )
 
     first, stream = await handling.first_chunk(request, open_stream, body.model)
@@ -78,8 +77,7 @@ async def messages(request: Request) -> Response:
 
 async def count_tokens(request: Request) -> Response:
     """``POST /v1/messages/count_tokens``: ``{"input_tokens": N}``, the prompt's tokens as
-    the same body sent to ``/v1/messages`` would have them (template, tools, the opening of
-    a forced tool call)."""
+    the same body sent to ``/v1/messages`` would have them (template and tools)."""
     body = await handling.parse(request, CountTokensRequest, HINTS)
     model = handling.require_model(request, body.model).name
     request.state.talaria_model = model

@@ -8,7 +8,13 @@ from typing import Any
 
 import pytest
 
-from talaria.api.tool_choice import AnswerReader, Choice, plan_tools, render_messages
+from talaria.api.tool_choice import (
+    AnswerReader,
+    Choice,
+    call_grammar,
+    plan_tools,
+    render_messages,
+)
 from talaria.api.tool_parsers import Piece, ToolFormat
 from talaria.errors import BadRequest, ToolCallFailed
 
@@ -29,17 +35,27 @@ QWEN = "{% if tools %}{{ tools }}{% endif %}{% if message.tool_calls %}<tool_cal
 
 def test_plans_for_each_tool_choice() -> None:
     auto = plan_tools([WEATHER, SHELL], None, None, H)
-    assert auto is not None and auto.choice is Choice.AUTO and auto.opening == ""
+    assert auto is not None and auto.choice is Choice.AUTO and auto.grammar is None
     assert auto.names == {"get_weather", "run_shell"} and auto.max_calls is None
     assert plan_tools([WEATHER], "none", None, H) is None
     assert plan_tools(None, None, None, H) is None
     assert plan_tools([], "auto", None, H) is None
     required = plan_tools([WEATHER, SHELL], "required", False, H)
     assert required is not None and required.max_calls == 1
-    assert required.opening == '<tool_call>\n{"name": "'
+    assert required.grammar == call_grammar(H, [WEATHER, SHELL])
+    lark = required.grammar.source
+    assert lark.startswith('start: "<tool_call>\\n" call "\\n</tool_call>"\ncall: %json {"anyOf"')
     named = plan_tools([WEATHER, SHELL], NAMED, None, ToolFormat.LLAMA3_JSON)
     assert named is not None and named.choice is Choice.NAMED and named.forced == "run_shell"
-    assert named.opening == '{"name": "run_shell", "parameters": {'
+    assert named.grammar == call_grammar(ToolFormat.LLAMA3_JSON, [SHELL])
+    assert named.grammar.source.startswith('start: "" call ""\ncall: %json {"type": "object"')
+    assert '"parameters": {"type": "object"}' in named.grammar.source  # SHELL has no schema
+
+
+def test_a_schema_the_grammar_library_refuses_constrains_to_any_object() -> None:
+    odd = {"type": "function", "function": {"name": "odd", "parameters": {"type": "nonsense"}}}
+    plan = plan_tools([odd], "required", None, H)
+    assert plan is not None and plan.grammar == call_grammar(H, [odd], loose=True)
 
 
 @pytest.mark.parametrize(
@@ -136,10 +152,11 @@ def test_required_call_not_made_is_a_typed_error() -> None:
     choice = {"type": "function", "function": {"name": "get_weather"}}
     named = plan_tools([WEATHER], choice, None, H)
     reader = AnswerReader(named)
-    reader.feed('"city": ')
+    reader.feed('<tool_call>\n{"name": "get_weather", "arguments": {"city": ')
     with pytest.raises(ToolCallFailed, match="cut off by max_tokens"):
         reader.finish("length")
     made = AnswerReader(named)
-    piece = made.feed('"city": "Oslo"}}\n</tool_call>')  # whole once its closing tag came
+    whole = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
+    piece = made.feed(whole)  # whole once its closing tag came
     assert made.finish("stop") == (Piece(), "tool_calls")
     assert json.loads(piece.calls[0].arguments) == {"city": "Oslo"} and made.calls_made == 1

@@ -15,7 +15,6 @@ from talaria.api.tool_parsers import (
     ToolCallStream,
     ToolFormat,
     format_for_template,
-    opening,
     parse,
     render_calls,
 )
@@ -120,25 +119,6 @@ def test_max_calls_keeps_the_first() -> None:
     first = stream.feed(call % "ls" + call % "pwd")
     assert calls_of(first) == [("run_shell", {"command": "ls"})] and first.content == ""
     assert stream.calls_dropped == 1
-
-
-@pytest.mark.parametrize("fmt", list(ToolFormat))
-@pytest.mark.parametrize("name", [None, "get_weather"])
-def test_opening_forces_a_call_the_model_completes(fmt: ToolFormat, name: str | None) -> None:
-    start = opening(fmt, name)
-    key = "parameters" if fmt is ToolFormat.LLAMA3_JSON else "arguments"
-    rest = '"city": "Lima"}}' if name else f'get_weather", "{key}": {{"city": "Lima"}}}}'
-    if fmt is ToolFormat.MISTRAL:
-        rest += "]"
-    piece = streamed(fmt, [rest], opening=start)
-    assert piece.content == "" and calls_of(piece) == [("get_weather", {"city": "Lima"})]
-    assert streamed(fmt, ["Lima"], opening=start).calls == ()
-    if name:  # the model closed the arguments and stopped: the server closes its object
-        short = rest.removesuffix("]").removesuffix("}")
-        assert calls_of(streamed(fmt, [short], opening=start)) == [
-            ("get_weather", {"city": "Lima"})
-        ]
-        assert streamed(fmt, [short], opening="").calls == ()  # only for a call it opened
 
 
 @pytest.mark.parametrize("fmt", list(ToolFormat))

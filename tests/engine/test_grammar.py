@@ -18,6 +18,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from talaria.api.tool_choice import call_grammar
+from talaria.api.tool_parsers import ToolFormat, parse
 from talaria.backends.embedded import EmbeddedInstance, build_embedded
 from talaria.config import InstanceSpec
 from talaria.errors import BadRequest
@@ -119,3 +121,49 @@ def test_any_json_object_and_a_refused_schema() -> None:
         check_grammar(Grammar.lark("start: %json{ not json"))
     with pytest.raises(BadRequest, match="cannot be read"):
         check_grammar(Grammar(GrammarKind.JSON_SCHEMA, "{not json"))
+
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 12}},
+            "required": ["city"],
+            "additionalProperties": False,
+        },
+    },
+}
+SHELL = {
+    "type": "function",
+    "function": {
+        "name": "run_shell",
+        "parameters": {
+            "type": "object",
+            "properties": {"command": {"type": "string", "enum": ["ls", "pwd"]}},
+            "required": ["command"],
+            "additionalProperties": False,
+        },
+    },
+}
+
+
+@settings(max_examples=examples(8), deadline=None)
+@given(fmt=st.sampled_from(list(ToolFormat)), seed=st.integers(0, 2**31 - 1))
+def test_a_forced_call_is_one_well_formed_call_of_the_tools(
+    tiny: EmbeddedInstance, fmt: ToolFormat, seed: int
+) -> None:
+    """``tool_choice: required`` under the call grammar: whatever the random model samples,
+    the answer reads as exactly one call of a request's tool, with arguments valid against
+    that tool's schema."""
+    grammar = call_grammar(fmt, [WEATHER, SHELL])
+    check_grammar(grammar)
+    params = SamplingParams(max_tokens=200, temperature=1.0, seed=seed, grammar=grammar)
+    text = answer(tiny, f"t{seed}-{fmt.value}", params)
+    piece = parse(fmt, text, {"get_weather", "run_shell"})
+    assert piece.content == "" and len(piece.calls) == 1, text
+    (call,) = piece.calls
+    tool = WEATHER if call.name == "get_weather" else SHELL
+    jsonschema.validate(json.loads(call.arguments), tool["function"]["parameters"])
+    tiny.core.check_integrity()

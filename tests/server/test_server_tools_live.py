@@ -7,8 +7,8 @@ fields are typed 400s.
 SmolLM2's chat template shows no tools, so the server describes them in a system message
 (Hermes' words) and writes the history's calls in Hermes' ``<tool_call>`` form. Two earlier
 turns in the history (each a call, its result and an answer) make the 135M model write a
-well-formed call for a new city with greedy decoding; ``required`` and a named function force
-the call's opening, and the model writes the rest."""
+well-formed call for a new city with greedy decoding; ``required`` and a named function
+decode the answer under the call's grammar (the tools' names and argument schemas)."""
 
 from __future__ import annotations
 
