@@ -398,11 +398,11 @@ async def _play(
                 run = script.after(i)
                 if run is not None:
                     if run.hint_s is not None:
-                        sid = script.session_id
-                        live.event(sid, EventKind.TOOL_START, run.hint_s, tool=run.tool)
+                        key = script.key
+                        live.event(key, EventKind.TOOL_START, run.hint_s, tool=run.tool)
                     await anyio.sleep(run.seconds)
                     tool += run.seconds
-            live.event(script.session_id, EventKind.END)
+            live.event(script.key, EventKind.END)
             n = len(script.calls)
             sessions.append(
                 SessionRecord(
@@ -456,15 +456,9 @@ async def _one_call(live: LiveCluster, script: SessionScript, index: int) -> tup
     sc = script.calls[index]
     answer = sc.history.tokens()[len(sc.prompt) :][: sc.output_tokens]
     params = SamplingParams(temperature=0.0, max_tokens=sc.output_tokens, ignore_eos=True)
-    async with live.session(script.session_id).lock:
+    async with live.session(script.key).lock:
         lc, receive = await live.submit(
-            script.session_id,
-            script.model,
-            sc.prompt,
-            params,
-            StopChecker(params),
-            tenant=script.tenant,
-            forced=answer,
+            script.key, script.model, sc.prompt, params, StopChecker(params), forced=answer
         )
         async with receive:
             async for ev in receive:

@@ -11,12 +11,26 @@ from __future__ import annotations
 import enum
 import zlib
 from collections.abc import Iterable
+from typing import NamedTuple
 
 import attrs
 
 from talaria.errors import BadRequest
 
-SessionId = str
+SessionId = str  # a client's name for its session (unique within its tenant)
+DEFAULT_TENANT = "default"
+
+
+class SessionKey(NamedTuple):
+    """A session as the core keys it: its tenant and the tenant's id for it. Tenants never
+    share a session (their calls never reuse each other's KV, their hints reach only their
+    own sessions), whatever ids they pick."""
+
+    tenant: str
+    id: SessionId
+
+    def __str__(self) -> str:
+        return self.id if self.tenant == DEFAULT_TENANT else f"{self.id} (tenant {self.tenant})"
 
 
 class Residency(enum.Enum):
@@ -150,12 +164,14 @@ class Call:
     prompt: TokenSeq = attrs.field(eq=False)
     max_new_tokens: int
     output_tokens: int | None = None
-    tenant: str = "default"
+    tenant: str = DEFAULT_TENANT
     arrival_s: float = 0.0
+    session: SessionKey = attrs.field(init=False, eq=False)  # (tenant, session_id)
 
     def __attrs_post_init__(self) -> None:
         if not self.session_id:
             raise BadRequest("a call needs a session id")
+        object.__setattr__(self, "session", SessionKey(self.tenant, self.session_id))
         if self.max_new_tokens <= 0:
             raise BadRequest(f"max_new_tokens must be positive, got {self.max_new_tokens}")
         if len(self.prompt) == 0:
@@ -171,8 +187,8 @@ class Call:
         return len(self.prompt)
 
     @property
-    def key(self) -> tuple[SessionId, int]:
-        return (self.session_id, self.index)
+    def key(self) -> tuple[SessionKey, int]:
+        return (self.session, self.index)
 
 
 @attrs.frozen
@@ -246,7 +262,11 @@ class SessionScript:
     model: str
     start_s: float
     calls: tuple[ScriptedCall, ...]
-    tenant: str = "default"
+    tenant: str = DEFAULT_TENANT
+
+    @property
+    def key(self) -> SessionKey:
+        return SessionKey(self.tenant, self.session_id)
 
     def call(self, index: int, now: float) -> Call:
         """Call ``index`` as it arrives at ``now``."""

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from hypothesis import settings
 
 from talaria.config import InstanceSpec, ModelSpec
-from talaria.types import Link
+from talaria.types import DEFAULT_TENANT, Link, SessionKey
 
 if TYPE_CHECKING:
     from talaria.backends.embedded import EmbeddedCluster
@@ -187,3 +187,8 @@ def run_benchmark(
         timeout=timeout,
         check=False,
     )
+
+
+def sk(session_id: str, tenant: str = DEFAULT_TENANT) -> SessionKey:
+    """A session's key (tenant and id), the default tenant's unless told."""
+    return SessionKey(tenant, session_id)

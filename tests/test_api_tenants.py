@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from talaria.api import DEFAULT_TENANT, TalariaConfig, scoped_session_id
+from talaria.api import DEFAULT_TENANT, SessionKey, TalariaConfig
 from talaria.errors import ConfigError
 
 
@@ -23,11 +23,11 @@ def test_bad_tenant_names_are_refused(name: str) -> None:
         TalariaConfig(tenants={"k": name})
 
 
-def test_scoped_ids_never_collide_with_wire_ids() -> None:
-    assert scoped_session_id(DEFAULT_TENANT, "s1") == "s1"
-    a, b = scoped_session_id("team-a", "s1"), scoped_session_id("team-b", "s1")
-    assert a != b and a != "s1"
-    assert not any(33 <= ord(c) <= 126 for c in a.replace("team-a", "").replace("s1", ""))
+def test_a_session_is_keyed_by_tenant_and_id() -> None:
+    a, b = SessionKey("team-a", "s1"), SessionKey("team-b", "s1")
+    assert a != b and a != SessionKey(DEFAULT_TENANT, "s1") and hash(a) != hash(b)
+    assert str(SessionKey(DEFAULT_TENANT, "s1")) == "s1"  # errors name the client's own id
+    assert str(a) == "s1 (tenant team-a)"
 
 
 def test_the_tenant_limits_come_from_the_toml_and_must_be_positive(tmp_path: Path) -> None:

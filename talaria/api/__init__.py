@@ -19,7 +19,7 @@ object from a request's fields).
 
 The package: ``config`` (``TalariaConfig`` and its TOML form), ``results`` (what calls
 return), ``tool_choice`` and ``tool_parsers`` (a request's tools shown to the model and its
-calls read from the answer), ``tenants`` (per-tenant session scoping), ``talaria`` (the
+calls read from the answer), ``talaria`` (the
 async API), ``stats`` (the ``Talaria.stats()`` snapshot) and ``sync`` (``SyncTalaria``).
 """
 
@@ -37,9 +37,9 @@ from talaria.api.results import (
 )
 from talaria.api.sync import SyncTalaria
 from talaria.api.talaria import Talaria
-from talaria.api.tenants import DEFAULT_TENANT, scoped_session_id
 from talaria.generation import SamplingParams
 from talaria.runtime.sessions import SessionSummary
+from talaria.types import DEFAULT_TENANT, SessionKey
 
 __all__ = [
     "DEFAULT_MAX_TOKENS",
@@ -50,6 +50,7 @@ __all__ = [
     "Logprob",
     "ModelInfo",
     "SamplingParams",
+    "SessionKey",
     "SessionSummary",
     "SyncTalaria",
     "Talaria",
@@ -58,5 +59,4 @@ __all__ = [
     "ToolCall",
     "TopLogprob",
     "Usage",
-    "scoped_session_id",
 ]

@@ -3,7 +3,7 @@
 Validated on construction (a ``ConfigError`` naming the field); no I/O except
 :meth:`TalariaConfig.from_toml`. It turns into the lower-level configs the runtime takes
 (``talaria.config.PolicyConfig``, ``InstanceSpec``); tenant names are checked against
-``talaria.api.tenants.DEFAULT_TENANT``.
+``talaria.types.DEFAULT_TENANT``.
 """
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ from typing import Any
 import attrs
 import torch
 
-from talaria.api.tenants import DEFAULT_TENANT
 from talaria.api.tool_parsers import ToolFormat
 from talaria.config import InstanceSpec, PolicyConfig
 from talaria.engine.catalog import DEFAULT_MODELS, ENTRIES
 from talaria.errors import ConfigError
 from talaria.policy.baselines import policy as named_policy
 from talaria.runtime.live import DEFAULT_MAX_CALLS
+from talaria.types import DEFAULT_TENANT
 
 GB = 10**9
 DEFAULT_MAX_TOKENS = 1024

@@ -2,9 +2,9 @@
 
 Built from a ``talaria.api.config.TalariaConfig``; ``async with`` builds the
 ``talaria.backends.embedded`` cluster and runs it as a ``talaria.runtime.live.LiveCluster``.
-Calls return the types of ``talaria.api.results``; session ids are scoped per tenant
-(``talaria.api.tenants``); ``stats()`` is ``talaria.api.stats.snapshot``. The sync wrapper is
-``talaria.api.sync``.
+Calls return the types of ``talaria.api.results``; a session is its tenant's
+(``talaria.types.SessionKey``: tenant and id); ``stats()`` is ``talaria.api.stats.snapshot``.
+The sync wrapper is ``talaria.api.sync``.
 """
 
 from __future__ import annotations
@@ -34,18 +34,17 @@ from talaria.api.results import (
     Usage,
 )
 from talaria.api.stats import snapshot
-from talaria.api.tenants import DEFAULT_TENANT, scoped_session_id
 from talaria.api.tool_choice import AnswerReader, ToolPlan, plan_tools, render_messages
 from talaria.api.tool_parsers import ToolFormat, format_for_template
 from talaria.backends.served import ServedCluster
 from talaria.engine.tokenizer import Tokenizer
-from talaria.errors import BadRequest, ShuttingDown, TalariaError, UnknownModel, UnknownSession
+from talaria.errors import BadRequest, ShuttingDown, TalariaError, UnknownModel
 from talaria.generation import SamplingParams, StopChecker
 from talaria.grammar import check_grammar
 from talaria.runtime.live import LiveCluster
 from talaria.runtime.sessions import SessionSummary
 from talaria.runtime.streams import Delta, Failed, Finished
-from talaria.types import EventKind, TokenSeq
+from talaria.types import DEFAULT_TENANT, EventKind, SessionKey, TokenSeq
 
 MAX_CHOICES = 16  # ``n``: samples of one prompt per request
 SEED_SPAN = 2**64  # torch seeds: a choice's seed (seed + index) wraps within this span
@@ -66,9 +65,9 @@ class _Prepared:
     clamped: int | None = None  # the output cap granted, when less than max_tokens asked
 
     @property
-    def scoped_id(self) -> str:
+    def key(self) -> SessionKey:
         """The session as the runtime knows it: the client's id within its tenant."""
-        return scoped_session_id(self.tenant, self.session_id)
+        return SessionKey(self.tenant, self.session_id)
 
 
 class Talaria:
@@ -279,15 +278,9 @@ class Talaria:
         )
         own = cluster.tokenizers.get(p.model) is not None
         limit = None if own else p.tokenizer.vocab_size
-        async with live.session(p.scoped_id).lock:
+        async with live.session(p.key).lock:
             lc, receive = await live.submit(
-                p.scoped_id,
-                p.model,
-                p.prompt,
-                p.params,
-                checker,
-                tenant=p.tenant,
-                vocab_limit=limit,
+                p.key, p.model, p.prompt, p.params, checker, vocab_limit=limit
             )
             done = False
             try:
@@ -300,8 +293,8 @@ class Talaria:
             finally:
                 if not done:
                     live.cancel(lc.key)
-                if p.one_shot and p.scoped_id in live.sessions:
-                    live.event(p.scoped_id, EventKind.END)
+                if p.one_shot and p.key in live.sessions:
+                    live.event(p.key, EventKind.END)
 
     def _tool_format(self, model: str, tok: Tokenizer) -> ToolFormat:
         """How ``model`` writes tool calls: the config's ``tool_parsers`` entry, else what its
@@ -644,7 +637,7 @@ class Talaria:
         """An answer that ends in tool calls opens a gap named for its tools (no client hint
         needed; ``LiveCluster.tool_calls``). Nothing for a one-call session."""
         if calls and not p.one_shot:
-            self.live.tool_calls(p.scoped_id, [c.name for c in calls])
+            self.live.tool_calls(p.key, [c.name for c in calls])
 
     # ------------------------------------------------------------------ sessions
     async def event(
@@ -667,14 +660,8 @@ class Talaria:
             raise BadRequest(
                 f"unknown event {event!r}; send one of {[k.value for k in EventKind]}"
             ) from None
-        scoped = scoped_session_id(tenant, session_id)
-        try:
-            summary = self.live.event(scoped, kind, expected_s, tool=tool, measured_s=measured_s)
-        except UnknownSession as exc:  # name the caller's own id, never the scoped one
-            raise UnknownSession(str(exc).replace(repr(scoped), repr(session_id))) from None
-        if summary is not None:
-            summary = attrs.evolve(summary, session_id=session_id)
-        return summary
+        key = SessionKey(tenant, session_id)
+        return self.live.event(key, kind, expected_s, tool=tool, measured_s=measured_s)
 
     # ------------------------------------------------------------------ stats
     def stats(self) -> dict[str, Any]:

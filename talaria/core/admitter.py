@@ -37,7 +37,7 @@ from talaria.policy.admission import Admission, Reservation
 from talaria.policy.rounds import RoundScheduler
 from talaria.policy.tenant_share import fair_order
 from talaria.schedule import Request
-from talaria.types import SessionId, TokenSeq
+from talaria.types import SessionKey, TokenSeq
 
 
 class Admitter:
@@ -69,7 +69,7 @@ class Admitter:
         self.on_fault = on_fault
 
     # ------------------------------------------------------------------ reservations
-    def drop_reservation(self, session: SessionId) -> Reservation | None:
+    def drop_reservation(self, session: SessionKey) -> Reservation | None:
         """Release ``session``'s reservation (if any) and unpin its KV: the one way a
         reservation ends here. Its KV stays cached, evictable by value."""
         res = self.admission.release(session)
@@ -91,11 +91,11 @@ class Admitter:
         """``req`` just finished: value its session's KV as a likely return and offer a
         reservation, pinning the KV if the policy takes it."""
         call = req.call
-        blocks = self.kv.session_device_blocks(call.session_id)
+        blocks = self.kv.session_device_blocks(call.session)
         try:
             p = self.admission.probability(now, now, None)
             offered = self.admission.offer(
-                call.session_id,
+                call.session,
                 call.model,
                 blocks,
                 now,
@@ -104,14 +104,14 @@ class Admitter:
                 program_s=req.program_s,
             )
         except Exception as exc:
-            self.on_fault(call.session_id, exc)
+            self.on_fault(call.session, exc)
             return
-        self.kv.set_priority(call.session_id, p)
+        self.kv.set_priority(call.session, p)
         if offered is not None:
-            self.kv.pin(call.session_id)
+            self.kv.pin(call.session)
 
     def hint(
-        self, session: SessionId, expected_s: float | None, now: float, tool: str | None = None
+        self, session: SessionKey, expected_s: float | None, now: float, tool: str | None = None
     ) -> None:
         """A client's tool-start hint for a session in a gap here: the gap's expected length
         (and the tool it named: Continuum's TTL is sized for it) re-value its KV and
@@ -135,9 +135,9 @@ class Admitter:
     def expire(self, now: float) -> None:
         """Unpin expired reservations; their KV stays cached, valued by return probability."""
         adm = self.admission
-        waiting: set[SessionId] = set()
+        waiting: set[SessionKey] = set()
         if adm.continuum is not None and adm.due(now):
-            waiting = {r.call.session_id for q in self.calls.waiting.values() for r in q}
+            waiting = {r.call.session for q in self.calls.waiting.values() for r in q}
         for res in adm.expire(now, waiting):
             self.kv.unpin(res.session)
             gap = self.gaps.get(res.session)
@@ -165,7 +165,7 @@ class Admitter:
         while queue and len(self.calls.running) < self.policy.max_running:
             req = queue[0]
             call = req.call
-            self.drop_reservation(call.session_id)
+            self.drop_reservation(call.session)
             if kv.lent_blocks and not kv.can_allocate(
                 model, call.tenant, call.prompt, req.target_output
             ):
@@ -187,9 +187,7 @@ class Admitter:
         """Continuum's program-level FCFS: waiting calls of sessions holding a pin first,
         then by their session's first arrival, then by their own."""
         held = self.admission.held
-        self.calls.reorder(
-            model, lambda r: (r.call.session_id not in held, r.program_s, r.queued_s)
-        )
+        self.calls.reorder(model, lambda r: (r.call.session not in held, r.program_s, r.queued_s))
 
     def _tenant_order(self, model: str) -> None:
         """Fair share between tenants (:func:`talaria.policy.tenant_share.fair_order`): the
@@ -206,7 +204,7 @@ class Admitter:
     def _release_stuck(self, req: Request, now: float) -> list[MovePlan]:
         """Continuum: a waiting call cannot be admitted and nothing runs: release TTL pins,
         latest-started program first, until it fits (their KV is demoted or dropped)."""
-        return self._demote_until_fits(req, self.admission.stuck_order([req.call.session_id]), now)
+        return self._demote_until_fits(req, self.admission.stuck_order([req.call.session]), now)
 
     def _admitted(self, req: Request, alloc: Allocation, now: float) -> None:
         slot = self.rounds.slot
@@ -231,7 +229,7 @@ class Admitter:
         enough. Their KV is demoted to host, not dropped."""
         if not self.admission.should_reclaim(now - req.queued_s):
             return []
-        order = self.admission.reclaim_order(now, exclude=[req.call.session_id])
+        order = self.admission.reclaim_order(now, exclude=[req.call.session])
         return self._demote_until_fits(req, order, now)
 
     def _demote_until_fits(

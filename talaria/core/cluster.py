@@ -20,7 +20,7 @@ from talaria.errors import ContextTooLong, Overloaded, UnknownSession
 from talaria.policy.gaps import GapModel
 from talaria.policy.router import Decision, search
 from talaria.schedule import Request
-from talaria.types import Call, EventKind, SessionId, TokenSeq
+from talaria.types import Call, EventKind, SessionKey, TokenSeq
 
 DEFAULT_EXPECTED_OUTPUT = 128  # tokens, before a session has answered once
 UNTOLD_KEY = "untold"  # the learner's key for gaps no hint described (answer to next call)
@@ -44,9 +44,11 @@ class GapLearner(Protocol):
 
 
 @attrs.define
-class SessionInfo:
+class Session:
+    """One session as the cluster core knows it (keyed by ``SessionKey``: tenant and id):
+    where it ran last, what it has computed, its gaps. Mutated by the core only."""
+
     model: str
-    tenant: str
     last_instance: str | None = None
     known_tokens: int = 0  # history the session has computed somewhere (prompt + answer)
     last_output: int = DEFAULT_EXPECTED_OUTPUT
@@ -86,7 +88,7 @@ class ClusterCore:
             )
             for spec in cluster.instances
         }
-        self.sessions: dict[SessionId, SessionInfo] = {}
+        self.sessions: dict[SessionKey, Session] = {}
         self.decisions = 0
         self._hosts = {
             m.name: [self.instances[i.name] for i in cluster.instances_for(m.name)]
@@ -102,16 +104,14 @@ class ClusterCore:
     ) -> tuple[InstanceCore, Request, Decision]:
         """Route ``call`` and queue it on the chosen instance."""
         self.cluster.model(call.model)  # UnknownModel
-        info = self.sessions.get(call.session_id)
-        if info is None or info.ended:
-            info = SessionInfo(call.model, call.tenant)
-        elif info.model != call.model or info.tenant != call.tenant:
-            info = SessionInfo(call.model, call.tenant)  # a new session under an old id
+        info = self.sessions.get(call.session)
+        if info is None or info.ended or info.model != call.model:
+            info = Session(call.model)  # (a new model under an old id: a new session)
         candidates = self._candidates(call, target_output)
         decision = self._route(call, info, candidates, now)
         chosen = self.instances[decision.instance]
         if info.last_instance is not None and info.last_instance != decision.instance:
-            self.instances[info.last_instance].forget_session(call.session_id, ended=False)
+            self.instances[info.last_instance].forget_session(call.session, ended=False)
         if info.calls == 0:
             info.started_s = now
         req = Request(
@@ -126,7 +126,7 @@ class ClusterCore:
         self._learn_untold_gap(info, now)
         info.last_instance = decision.instance
         info.calls += 1
-        self.sessions[call.session_id] = info
+        self.sessions[call.session] = info
         self.decisions += 1
         return chosen, req, decision
 
@@ -157,7 +157,7 @@ class ClusterCore:
         return candidates
 
     def _route(
-        self, call: Call, info: SessionInfo, candidates: list[InstanceCore], now: float
+        self, call: Call, info: Session, candidates: list[InstanceCore], now: float
     ) -> Decision:
         """The router's choice among the candidates (``talaria.policy.router.search``)."""
         return search(
@@ -173,7 +173,7 @@ class ClusterCore:
     def on_finished(self, req: Request) -> None:
         """A call was answered: remember its history, and give the instance the server's
         own prediction of the gap it starts (a client's hint replaces it)."""
-        info = self.sessions.get(req.call.session_id)
+        info = self.sessions.get(req.call.session)
         if info is None:
             return
         info.known_tokens = req.prompt_len + req.generated
@@ -183,9 +183,9 @@ class ClusterCore:
         if self.learner is not None and info.last_instance is not None:
             now = req.finished_s if req.finished_s is not None else req.call.arrival_s
             predicted = info.gap_s if info.gap_s is not None else self.learner.predict(UNTOLD_KEY)
-            self.instances[info.last_instance].hint(req.call.session_id, predicted, now)
+            self.instances[info.last_instance].hint(req.call.session, predicted, now)
 
-    def _learn_untold_gap(self, info: SessionInfo, now: float) -> None:
+    def _learn_untold_gap(self, info: Session, now: float) -> None:
         """A continuation arrived after a gap no client hint described: learn its length,
         under the tool's name if the answer before it called one tool (``tool_calls``),
         else as an untold gap (globally and for the session)."""
@@ -200,7 +200,7 @@ class ClusterCore:
         info.last_answer_s = None
         info.gap_key = None
 
-    def tool_calls(self, session: SessionId, tools: Sequence[str], now: float) -> None:
+    def tool_calls(self, session: SessionKey, tools: Sequence[str], now: float) -> None:
         """The session's last answer ended in calls of ``tools``: the gap it starts is theirs,
         with no hint from the client. The instance it ran on gets the learner's expected gap
         (the sum over the tools of an answer that called several) in place of the untold
@@ -221,7 +221,7 @@ class ClusterCore:
 
     def _learn_tool(
         self,
-        info: SessionInfo,
+        info: Session,
         kind: EventKind,
         tool: str | None,
         expected_s: float | None,
@@ -247,7 +247,7 @@ class ClusterCore:
 
     def event(
         self,
-        session: SessionId,
+        session: SessionKey,
         kind: EventKind,
         expected_s: float | None,
         now: float,
@@ -269,15 +269,15 @@ class ClusterCore:
             if inst is not None:
                 inst.end_session(session)
 
-    def _known(self, session: SessionId) -> SessionInfo:
+    def _known(self, session: SessionKey) -> Session:
         info = self.sessions.get(session)
         if info is None or info.ended:
             raise UnknownSession(
-                f"unknown session {session!r}: send a call with this session id first"
+                f"unknown session {str(session)!r}: send a call with this session id first"
             )
         return info
 
-    def forget(self, session: SessionId) -> None:
+    def forget(self, session: SessionKey) -> None:
         """Drop an ended session's entry (a later call under its id starts a new session)."""
         info = self.sessions.get(session)
         if info is not None and info.ended:

@@ -28,9 +28,9 @@ from talaria.policy.admission import Admission
 from talaria.policy.remaining import CallCost, SessionLengths
 from talaria.policy.rounds import RoundScheduler, SlotDemand
 from talaria.policy.router import InstanceView, estimate
-from talaria.types import Call, Link, SessionId
+from talaria.types import Call, Link, SessionKey
 
-FaultHandler = Callable[[SessionId, Exception], None]
+FaultHandler = Callable[[SessionKey, Exception], None]
 _BoundKey = tuple[int, int, tuple[object, ...]]
 
 
@@ -53,7 +53,7 @@ class InstanceEstimates:
         lengths: SessionLengths,
         call_cost: CallCost,
         call_work: CallCost,
-        calls_done: Mapping[SessionId, int],
+        calls_done: Mapping[SessionKey, int],
         on_fault: FaultHandler,
     ) -> None:
         """``calls_done`` (read, never written) counts each session's calls answered here;
@@ -203,7 +203,7 @@ class InstanceEstimates:
         for m, queue in self.calls.waiting.items():
             soonest: float | None = None
             returning = 0
-            faulty: list[tuple[SessionId, Exception]] = []
+            faulty: list[tuple[SessionKey, Exception]] = []
             if m in want:
                 for sid, gap in self.gaps.of_model(m):
                     try:
@@ -250,9 +250,9 @@ class InstanceEstimates:
             return 0.0, 0.0, 0.0
         left = self.lengths.expected_left
         done = self.calls_done
-        calls = sum(left(done.get(r.call.session_id, 0)) for r in self.calls.waiting[model])
+        calls = sum(left(done.get(r.call.session, 0)) for r in self.calls.waiting[model])
         calls += sum(
-            left(done.get(r.call.session_id, 0))
+            left(done.get(r.call.session, 0))
             for r in self.calls.running.values()
             if r.call.model == model
         )

@@ -56,7 +56,7 @@ from talaria.policy.gaps import GapModel
 from talaria.policy.remaining import COST_WINDOW, PRIOR_OUTPUT_TOKENS, CallCost, SessionLengths
 from talaria.policy.rounds import RoundScheduler
 from talaria.schedule import Executed, Request, Schedule, StepPlan
-from talaria.types import Call, SessionId
+from talaria.types import Call, SessionKey
 
 __all__ = ["InstanceCore", "KvDrift"]
 
@@ -118,7 +118,7 @@ class InstanceCore:
         }
         self.call_cost = CallCost(prior)
         self.call_work = CallCost(dict(prior), window=COST_WINDOW)
-        self._calls_done: dict[SessionId, int] = {}  # calls of each session answered here
+        self._calls_done: dict[SessionKey, int] = {}  # calls of each session answered here
         self._wire_roles()
 
     def _wire_roles(self) -> None:
@@ -293,13 +293,13 @@ class InstanceCore:
         """Queue a call (after ``check_fits``). Its session's reservation is kept until
         admission, where its blocks are reused."""
         self.check_fits(req.call, req.target_output)
-        gap = self.tool_gaps.get(req.call.session_id)
+        gap = self.tool_gaps.get(req.call.session)
         if gap is not None and self.admission.continuum is not None:
             self.admission.continuum.observe_tool(gap.tool, req.queued_s - gap.since_s)
-        self.tool_gaps.end(req.call.session_id)
+        self.tool_gaps.end(req.call.session)
         self.calls.enqueue(req)
 
-    def forget_session(self, session: SessionId, ended: bool) -> None:
+    def forget_session(self, session: SessionKey, ended: bool) -> None:
         """The session went elsewhere (or ended): release what this instance holds for it."""
         done = self._calls_done.pop(session, 0)
         if ended:
@@ -311,17 +311,17 @@ class InstanceCore:
         if ended:
             self.kv.end_session(session)
 
-    def end_session(self, session: SessionId) -> None:
+    def end_session(self, session: SessionKey) -> None:
         self.forget_session(session, ended=True)
 
     def hint(
-        self, session: SessionId, expected_s: float | None, now: float, tool: str | None = None
+        self, session: SessionKey, expected_s: float | None, now: float, tool: str | None = None
     ) -> None:
         """A client's tool-start hint for a session this instance served last (``tool``: the
         tool it named; Continuum's TTL is sized for it)."""
         self.admitter.hint(session, expected_s, now, tool)
 
-    def tool_ended(self, session: SessionId, now: float) -> None:
+    def tool_ended(self, session: SessionKey, now: float) -> None:
         """A client's tool-end hint: the session's gap is over, its next call is imminent
         (the hint becomes "the tool took exactly as long as it has been running")."""
         gap = self.tool_gaps.get(session)
@@ -516,14 +516,14 @@ class InstanceCore:
         self.kv.finish(req.key, history, now)
         req.finished_s = now
         self.counters.calls_finished += 1
-        self._calls_done[call.session_id] = self._calls_done.get(call.session_id, 0) + 1
+        self._calls_done[call.session] = self._calls_done.get(call.session, 0) + 1
         if req.admitted_s is not None:
             self.call_cost.observe(call.model, now - req.admitted_s)
             self.call_work.observe(call.model, now - req.admitted_s)
-        self.tool_gaps.start(call.session_id, ToolGap(call.model, now, None))
+        self.tool_gaps.start(call.session, ToolGap(call.model, now, None))
         self.admitter.offer(req, history, now)
 
-    def _session_fault(self, session: SessionId, exc: Exception) -> None:
+    def _session_fault(self, session: SessionKey, exc: Exception) -> None:
         """Policy code raised while reasoning about ``session``'s tool gap. Isolate it: the
         session is an unlikely return from now on (its gap and reservation are dropped, its
         KV stays cached at the lowest value, so nothing is lost), and the instance goes on

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Iterator
 
 import attrs
 
-from talaria.types import SessionId
+from talaria.types import SessionKey
 
 
 @attrs.define
@@ -31,38 +31,38 @@ class GapTable:
     """Open tool gaps by session, and the same gaps per model in order of their start."""
 
     def __init__(self, models: Iterable[str]) -> None:
-        self._by_session: dict[SessionId, ToolGap] = {}
-        self._by_model: dict[str, dict[SessionId, ToolGap]] = {m: {} for m in models}
+        self._by_session: dict[SessionKey, ToolGap] = {}
+        self._by_model: dict[str, dict[SessionKey, ToolGap]] = {m: {} for m in models}
 
-    def get(self, session: SessionId) -> ToolGap | None:
+    def get(self, session: SessionKey) -> ToolGap | None:
         return self._by_session.get(session)
 
     def __contains__(self, session: object) -> bool:
         return session in self._by_session
 
-    def __getitem__(self, session: SessionId) -> ToolGap:
+    def __getitem__(self, session: SessionKey) -> ToolGap:
         return self._by_session[session]
 
     def count(self, model: str) -> int:
         """Sessions of ``model`` in a gap."""
         return len(self._by_model[model])
 
-    def of_model(self, model: str) -> Iterator[tuple[SessionId, ToolGap]]:
+    def of_model(self, model: str) -> Iterator[tuple[SessionKey, ToolGap]]:
         """``model``'s gaps, oldest first."""
         return iter(self._by_model[model].items())
 
-    def newest_first(self, model: str) -> Iterator[tuple[SessionId, ToolGap]]:
+    def newest_first(self, model: str) -> Iterator[tuple[SessionKey, ToolGap]]:
         """``model``'s gaps, newest first."""
         gaps = self._by_model[model]
         return ((sid, gaps[sid]) for sid in reversed(gaps))
 
-    def start(self, session: SessionId, gap: ToolGap) -> None:
+    def start(self, session: SessionKey, gap: ToolGap) -> None:
         """Record a gap that starts now (any earlier gap of the session is over)."""
         self.end(session)
         self._by_session[session] = gap
         self._by_model[gap.model][session] = gap
 
-    def end(self, session: SessionId) -> None:
+    def end(self, session: SessionKey) -> None:
         """The session's gap, if any, is over."""
         gap = self._by_session.pop(session, None)
         if gap is not None:

@@ -34,12 +34,12 @@ import attrs
 from talaria.config import PolicyConfig
 from talaria.policy.continuum import ContinuumTTL
 from talaria.policy.gaps import GapModel
-from talaria.types import SessionId
+from talaria.types import SessionKey
 
 
 @attrs.define
 class Reservation:
-    session: SessionId
+    session: SessionKey
     model: str
     blocks: int  # device blocks pinned for the session
     since_s: float  # gap start (the call's answer)
@@ -65,8 +65,8 @@ class Admission:
     def __init__(self, policy: PolicyConfig, gaps: GapModel | None = None) -> None:
         self.policy = policy
         self.gaps = gaps or GapModel()
-        self._held: dict[SessionId, Reservation] = {}
-        self._deadlines: list[tuple[float, int, SessionId]] = []  # heap, stale entries skipped
+        self._held: dict[SessionKey, Reservation] = {}
+        self._deadlines: list[tuple[float, int, SessionKey]] = []  # heap, stale entries skipped
         self._seq = 0
         self._decay_cache: dict[float | None, float] = {}
         self.continuum = ContinuumTTL() if policy.continuum_ttl else None
@@ -80,7 +80,7 @@ class Admission:
         return p.soft_reservations or p.kv_pin_ttl_s > 0 or p.continuum_ttl
 
     @property
-    def held(self) -> dict[SessionId, Reservation]:
+    def held(self) -> dict[SessionKey, Reservation]:
         return self._held
 
     @property
@@ -103,7 +103,7 @@ class Admission:
 
     def offer(
         self,
-        session: SessionId,
+        session: SessionKey,
         model: str,
         blocks: int,
         now: float,
@@ -173,7 +173,7 @@ class Admission:
         self._seq += 1
         heapq.heappush(self._deadlines, (res.deadline_s, self._seq, res.session))
 
-    def update_hint(self, session: SessionId, expected_gap_s: float | None, now: float) -> None:
+    def update_hint(self, session: SessionKey, expected_gap_s: float | None, now: float) -> None:
         """A client's tool-start hint arrived after the reservation was made."""
         res = self._held.get(session)
         if res is not None and not res.hard:
@@ -181,7 +181,7 @@ class Admission:
             res.probability = self.probability(res.since_s, now, expected_gap_s)
             self._schedule_expiry(res)
 
-    def retime(self, session: SessionId, tool: str | None, now: float) -> Reservation | None:
+    def retime(self, session: SessionKey, tool: str | None, now: float) -> Reservation | None:
         """Continuum: the tool of ``session``'s gap became known (its hint came after the
         pin): size the TTL for that tool, from the gap's start. Returns the reservation when
         it ends here (TTL 0, or already run out): the caller unpins."""
@@ -194,14 +194,14 @@ class Admission:
         self._schedule_expiry(res)
         return None
 
-    def stuck_order(self, exclude: Iterable[SessionId] = ()) -> list[Reservation]:
+    def stuck_order(self, exclude: Iterable[SessionKey] = ()) -> list[Reservation]:
         """Continuum's release order when a waiting call cannot be admitted and nothing
         runs: TTL pins of the latest-started programs first."""
         skip = set(exclude)
         cands = [r for r in self._held.values() if r.hard and r.session not in skip]
         return sorted(cands, key=lambda r: (-r.program_s, r.session))
 
-    def release(self, session: SessionId) -> Reservation | None:
+    def release(self, session: SessionKey) -> Reservation | None:
         """The session came back (or ended): drop its reservation. Caller unpins."""
         return self._held.pop(session, None)
 
@@ -209,7 +209,7 @@ class Admission:
         """Whether ``expire(now)`` has a deadline to look at (cheap: the heap's top)."""
         return bool(self._deadlines) and self._deadlines[0][0] <= now
 
-    def expire(self, now: float, waiting: Container[SessionId] = ()) -> list[Reservation]:
+    def expire(self, now: float, waiting: Container[SessionKey] = ()) -> list[Reservation]:
         """Reservations whose hold ran out or whose return became unlikely (below
         ``reservation_min_probability`` within the horizon). Caller unpins; the KV stays
         cached (evictable by value), so an expiry costs nothing by itself. O(log n) each:
@@ -230,7 +230,7 @@ class Admission:
         self.reservations_expired += len(out)
         return out
 
-    def reclaim_order(self, now: float, exclude: Iterable[SessionId] = ()) -> list[Reservation]:
+    def reclaim_order(self, now: float, exclude: Iterable[SessionKey] = ()) -> list[Reservation]:
         """Reclaimable reservations, least valuable first (hard TTL pins excluded)."""
         skip = set(exclude)
         h = self.policy.reservation_horizon_s
@@ -241,7 +241,7 @@ class Admission:
         """A waiting call that cannot be admitted may reclaim once it waited long enough."""
         return waited_s >= self.policy.reclaim_after_wait_s
 
-    def reclaim(self, session: SessionId) -> Reservation:
+    def reclaim(self, session: SessionKey) -> Reservation:
         """Release a reservation to make room. Caller unpins and offloads (demotes) its KV."""
         res = self._held.pop(session)
         self.reservations_reclaimed += 1

@@ -60,7 +60,7 @@ from talaria.runtime.sessions import LiveSession, SessionSummary
 from talaria.runtime.step_log import STEP_LOG, StepTiming
 from talaria.runtime.streams import Delta, Event, Failed, Finished, LiveCall, deliver
 from talaria.schedule import Executed, Placement, Request, Schedule
-from talaria.types import Call, EventKind, SessionId, TokenSeq
+from talaria.types import Call, EventKind, SessionKey, TokenSeq
 
 log = logging.getLogger(__name__)
 
@@ -130,7 +130,7 @@ class LiveCluster:
         self.recover_after_s = recover_after_s
         self.drivers = {name: _Driver(r, backoff_s=recover_after_s) for name, r in runners.items()}
         self.calls: dict[CallKey, LiveCall] = {}
-        self.sessions: dict[SessionId, LiveSession] = {}
+        self.sessions: dict[SessionKey, LiveSession] = {}
         self.accepting = False
         self.ended_sessions = 0
         self.expired_sessions = 0
@@ -178,23 +178,22 @@ class LiveCluster:
             self._apply_aborts(d)
 
     # ------------------------------------------------------------------ calls
-    def session(self, session_id: SessionId) -> LiveSession:
+    def session(self, session: SessionKey) -> LiveSession:
         """The live session (created on first use)."""
-        s = self.sessions.get(session_id)
+        s = self.sessions.get(session)
         if s is None:
             now = self.clock.now()
-            s = self.sessions[session_id] = LiveSession(now, now)
+            s = self.sessions[session] = LiveSession(now, now)
         return s
 
     async def submit(
         self,
-        session_id: SessionId,
+        session: SessionKey,
         model: str,
         prompt: TokenSeq,
         params: SamplingParams,
         checker: StopChecker,
         *,
-        tenant: str = "default",
         vocab_limit: int | None = None,
         forced: tuple[int, ...] | None = None,
     ) -> tuple[LiveCall, MemoryObjectReceiveStream[Event]]:
@@ -202,8 +201,8 @@ class LiveCluster:
         context too long, token outside the vocabulary) and the admission gate's
         ``TooManyRequests`` (:class:`~talaria.runtime.gate.AdmissionGate`: the server's or the
         tenant's share of calls, the tenant's token budget, its open sessions), before
-        anything changes; the caller must hold the session's lock (``session(id).lock``)
-        until the call ends.
+        anything changes; the caller must hold the session's lock (``session(key).lock``)
+        until the call ends. The session's tenant is the key's.
 
         ``forced`` (trace replay) makes the call answer exactly these token ids, one per
         step, whatever the logits say: the engine does the same work, and the session's next
@@ -215,7 +214,8 @@ class LiveCluster:
             raise ShuttingDown("the server is shutting down; retry on another server")
         now = self.clock.now()
         cost = len(prompt) + cap
-        known = self.sessions.get(session_id)
+        tenant = session.tenant
+        known = self.sessions.get(session)
         opens = known is None or (known.calls == 0 and known.in_flight == 0)
         try:
             self.gate.admit(
@@ -223,18 +223,17 @@ class LiveCluster:
                 cost,
                 now,
                 (lc.call.tenant for lc in self.calls.values()),
-                (s.tenant for s in self.sessions.values() if s.tenant) if opens else None,
+                (k.tenant for k, s in self.sessions.items() if s.calls) if opens else None,
             )
-            sess = self.session(session_id)
-            call = Call(session_id, sess.calls, model, prompt, cap, None, tenant, now)
+            sess = self.session(session)
+            call = Call(session.id, sess.calls, model, prompt, cap, None, tenant, now)
             self._check_vocab(call)
             inst, req, _ = self.core.place(call, cap, None, now)
         except TalariaError:
             if opens:
-                self.sessions.pop(session_id, None)  # nothing was started under this id
+                self.sessions.pop(session, None)  # nothing was started under this id
             raise
         self.gate.charge(tenant, cost, now)
-        sess.tenant = tenant
         name = inst.spec.name
         record = CallRecord(call.key, model, prompt.tokens(), params, vocab_limit, forced)
         send, receive = anyio.create_memory_object_stream[Event](math.inf)
@@ -268,7 +267,7 @@ class LiveCluster:
     # ------------------------------------------------------------------ events
     def event(
         self,
-        session_id: SessionId,
+        session: SessionKey,
         kind: EventKind,
         expected_s: float | None = None,
         *,
@@ -279,41 +278,41 @@ class LiveCluster:
         Returns the session's summary on ``END``."""
         check_hint_s("expected_s", expected_s)
         check_seconds("measured_s", measured_s)
-        sess = self.sessions.get(session_id)
+        sess = self.sessions.get(session)
         if sess is None:
             raise UnknownSession(
-                f"unknown session {session_id!r}: send a call with this session id first "
+                f"unknown session {str(session)!r}: send a call with this session id first "
                 "(sessions also end after an 'end' event or when idle too long)"
             )
         now = self.clock.now()
-        self.core.event(session_id, kind, expected_s, now, tool=tool, measured_s=measured_s)
+        self.core.event(session, kind, expected_s, now, tool=tool, measured_s=measured_s)
         self.events[kind.value] = self.events.get(kind.value, 0) + 1
         for d in self.drivers.values():
             d.wake.set()
         if kind is not EventKind.END:
             sess.last_s = now
             return None
-        return self._end(session_id, sess, now, expired=False)
+        return self._end(session, sess, now, expired=False)
 
-    def tool_calls(self, session_id: SessionId, tools: Sequence[str]) -> None:
+    def tool_calls(self, session: SessionKey, tools: Sequence[str]) -> None:
         """The session's last answer ended in calls of ``tools`` (the API parsed them): its
         gap is theirs, predicted and learned under their names without a client hint
         (``ClusterCore.tool_calls``). Nothing for a session that ended or never called."""
-        info = self.core.sessions.get(session_id)
-        if session_id not in self.sessions or info is None or info.ended:
+        info = self.core.sessions.get(session)
+        if session not in self.sessions or info is None or info.ended:
             return
-        self.core.tool_calls(session_id, tools, self.clock.now())
+        self.core.tool_calls(session, tools, self.clock.now())
         for d in self.drivers.values():
             d.wake.set()
 
     def _end(
-        self, session_id: SessionId, sess: LiveSession, now: float, expired: bool
+        self, session: SessionKey, sess: LiveSession, now: float, expired: bool
     ) -> SessionSummary:
-        del self.sessions[session_id]
-        self.core.forget(session_id)
+        del self.sessions[session]
+        self.core.forget(session)
         self.ended_sessions += 1
         self.expired_sessions += expired
-        summary = SessionSummary(session_id, now - sess.start_s, sess.calls, expired)
+        summary = SessionSummary(session.id, now - sess.start_s, sess.calls, expired)
         if self.on_session_end is not None:
             self.on_session_end(summary)
         return summary
@@ -541,7 +540,7 @@ class LiveCluster:
         if lc is None:
             return
         out = lc.record.outputs
-        self._session_done(req.call.session_id)
+        self._session_done(req.call.session)
         reason = lc.checker.finish_reason or ("stop" if req.stopped else "length")
         arrival = req.call.arrival_s
         first = req.first_token_s if req.first_token_s is not None else req.finished_s
@@ -561,8 +560,8 @@ class LiveCluster:
         )
         lc.send.close()
 
-    def _session_done(self, session_id: SessionId) -> None:
-        sess = self.sessions.get(session_id)
+    def _session_done(self, session: SessionKey) -> None:
+        sess = self.sessions.get(session)
         if sess is not None:
             sess.in_flight -= 1
             sess.last_s = self.clock.now()

@@ -1,5 +1,6 @@
-"""A live session's record (calls made and in flight, its tenant, the lock that keeps its
-calls one at a time) and its summary at its end. Mutated on the event loop thread only
+"""A live session's record in the runtime (calls made and in flight, last activity for
+expiry, the lock that keeps its calls one at a time; keyed by ``SessionKey`` like the
+cluster core's ``Session``) and its summary at its end. Mutated on the event loop thread only
 (:mod:`talaria.runtime.live`)."""
 
 from __future__ import annotations
@@ -12,9 +13,8 @@ import attrs
 class LiveSession:
     start_s: float
     last_s: float
-    calls: int = 0
+    calls: int = 0  # accepted so far (the next call's index)
     in_flight: int = 0
-    tenant: str | None = None  # set by its first accepted call
     # calls of one session run one at a time (a semaphore: released by whichever task ends
     # the call's stream, which need not be the task that acquired it)
     lock: anyio.Semaphore = attrs.field(factory=lambda: anyio.Semaphore(1))

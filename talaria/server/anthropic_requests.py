@@ -212,13 +212,8 @@ class MessagesRequest(CountTokensRequest):
 
     def sampling_params(self) -> SamplingParams:
         """The sampling parameters of the in-process API's chat call."""
-        return SamplingParams(
-            temperature=self.temperature,
-            top_p=self.top_p,
-            top_k=self.top_k,
-            max_tokens=self.max_tokens,
-            stop=self.stop_sequences,
-        )
+        same = self.model_dump(include={"temperature", "top_p", "top_k", "max_tokens"})
+        return SamplingParams(**same, stop=self.stop_sequences)  # the same names and meanings
 
 
 def _text_of(value: str | list[TextBlock]) -> str:
@@ -234,53 +229,52 @@ def _refuse(block: ImageBlock, where: str) -> None:
     )
 
 
+def _check_blocks(blocks: list[Any], role: str, where: str) -> None:
+    """400 for a block ``role`` may not send (tool results come in user messages, calls
+    only from the assistant), or one the models cannot read (an image)."""
+    wrong: type[ToolResultBlock | ToolUseBlock]
+    if role == "assistant":
+        wrong, why = ToolResultBlock, "a tool_result block in an assistant message; tool "
+        why += "results come in user messages"
+    else:
+        wrong, why = ToolUseBlock, f"a tool_use block in a {role} message; only the assistant"
+        why += " calls tools"
+    for j, block in enumerate(blocks):
+        if isinstance(block, ImageBlock):
+            _refuse(block, f"{where}.{j}")
+        if isinstance(block, wrong):
+            raise bad_request(f"{where}.{j} is {why}.", where)
+
+
 def _convert(message: AnthropicMessage, index: int, calls: set[str]) -> list[dict[str, Any]]:
     """One Anthropic message as OpenAI messages (``calls``: the tool_use ids so far)."""
     where = f"messages.{index}.content"
     if isinstance(message.content, str):
         return [{"role": message.role, "content": message.content}]
+    _check_blocks(message.content, message.role, where)
     if message.role == "assistant":
-        return [_assistant(message.content, where, calls)]
-    out: list[dict[str, Any]] = []
-    texts: list[str] = []
-    for j, block in enumerate(message.content):
-        if isinstance(block, TextBlock):
-            texts.append(block.text)
-        elif isinstance(block, ToolResultBlock):
-            out.append(_tool_message(block, f"{where}.{j}", calls))
-        elif isinstance(block, ImageBlock):
-            _refuse(block, f"{where}.{j}")
-        elif isinstance(block, ToolUseBlock):
-            raise bad_request(
-                f"{where}.{j} is a tool_use block in a {message.role} message; only the "
-                "assistant calls tools.",
-                where,
-            )
+        return [_assistant(message.content, calls)]
+    out = [
+        _tool_message(block, f"{where}.{j}", calls)
+        for j, block in enumerate(message.content)
+        if isinstance(block, ToolResultBlock)
+    ]
+    texts = [block.text for block in message.content if isinstance(block, TextBlock)]
     if texts:
         out.append({"role": message.role, "content": "\n\n".join(texts)})
     return out
 
 
-def _assistant(blocks: list[Any], where: str, calls: set[str]) -> dict[str, Any]:
+def _assistant(blocks: list[Any], calls: set[str]) -> dict[str, Any]:
     """An assistant message: its text, and its ``tool_use`` blocks as ``tool_calls``."""
-    texts: list[str] = []
+    texts = [block.text for block in blocks if isinstance(block, TextBlock)]
     tool_calls: list[dict[str, Any]] = []
-    for j, block in enumerate(blocks):
-        if isinstance(block, TextBlock):
-            texts.append(block.text)
-        elif isinstance(block, ToolUseBlock):
+    for block in blocks:
+        if isinstance(block, ToolUseBlock):
             calls.add(block.id)
             arguments = json.dumps(block.input, ensure_ascii=False)
             function = {"name": block.name, "arguments": arguments}
             tool_calls.append({"id": block.id, "type": "function", "function": function})
-        elif isinstance(block, ImageBlock):
-            _refuse(block, f"{where}.{j}")
-        elif isinstance(block, ToolResultBlock):
-            raise bad_request(
-                f"{where}.{j} is a tool_result block in an assistant message; tool results "
-                "come in user messages.",
-                where,
-            )
     out: dict[str, Any] = {"role": "assistant", "content": "".join(texts)}
     if tool_calls:
         out["tool_calls"] = tool_calls

@@ -35,7 +35,7 @@ from talaria.api.results import ChatChunk, Logprob, ModelInfo, ToolCall, Usage
 from talaria.server import handling, openapi, responses_api, streaming
 from talaria.server import requests as req
 from talaria.server import responses as resp
-from talaria.server.backend import CallArgs
+from talaria.server.backend import Backend, CallArgs
 from talaria.server.errors import ErrorShape, bad_request
 from talaria.server.session_ids import session_of
 
@@ -77,17 +77,16 @@ def add_routes(app: FastAPI, extra: tuple[Post, ...] = ()) -> None:
 async def _chat_completions(request: Request) -> Response:
     """OpenAI chat completions (streamed or not) through the model's chat template."""
     body = await handling.parse(request, req.ChatCompletionRequest)
-    args = _call_args(request, body)
-    messages = body.api_messages()
-    ctx = handling.context(request)
+    messages, tools, choice = body.api_messages(), body.tools, body.tool_choice
 
-    def open_stream() -> AsyncIterator[ChatChunk]:
-        return ctx.backend.chat_stream(
+    def open_stream(backend: Backend, args: CallArgs) -> AsyncIterator[ChatChunk]:
+        parallel = body.parallel_tool_calls
+        return backend.chat_stream(
             messages,
             body.model,
-            tools=body.tools,
-            tool_choice=body.tool_choice,
-            parallel_tool_calls=body.parallel_tool_calls,
+            tools=tools,
+            tool_choice=choice,
+            parallel_tool_calls=parallel,
             **args,
         )
 
@@ -97,14 +96,13 @@ async def _chat_completions(request: Request) -> Response:
 async def _completions(request: Request) -> Response:
     """OpenAI (legacy) text completions of a raw prompt, no chat template."""
     body = await handling.parse(request, req.CompletionRequest)
-    args = _call_args(request, body)
     prompt = body.prompt_value()
-    ctx = handling.context(request)
-
-    def open_stream() -> AsyncIterator[ChatChunk]:
-        return ctx.backend.complete_stream(prompt, body.model, **args)
-
-    return await _answer(request, open_stream, chat=False, body=body)
+    return await _answer(
+        request,
+        lambda backend, args: backend.complete_stream(prompt, body.model, **args),
+        chat=False,
+        body=body,
+    )
 
 
 async def _tokenize(request: Request) -> Response:
@@ -252,18 +250,23 @@ def _card(info: ModelInfo) -> dict[str, Any]:
 
 async def _answer(
     request: Request,
-    open_stream: Callable[[], AsyncIterator[ChatChunk]],
+    open_stream: Callable[[Backend, CallArgs], AsyncIterator[ChatChunk]],
     *,
     chat: bool,
     body: req.SamplingFields,
 ) -> Response:
-    """Run one call and answer it, streamed (SSE) or whole.
+    """Run one call and answer it, streamed (SSE) or whole: ``open_stream`` opens it on the
+    backend with the request's call arguments (:func:`_call_args`).
 
     The first chunk is awaited before any byte is sent (``handling.first_chunk``), so errors
     raised before generation starts get their own HTTP status; later errors become an SSE
     error event (streamed) or the HTTP error (not streamed).
     """
-    first, stream = await handling.first_chunk(request, open_stream, body.model)
+    args = _call_args(request, body)
+    backend = handling.context(request).backend
+    first, stream = await handling.first_chunk(
+        request, lambda: open_stream(backend, args), body.model
+    )
     headers = handling.answer_headers(request, first)
     if body.stream:
         head = resp.ChunkHead(first.id, first.model, first.created, body.include_usage)

@@ -1,7 +1,7 @@
 """Which session a request belongs to, read from what clients already send.
 
 One function, :func:`session_of`, used by every endpoint that runs a call. It looks in this
-order and takes the first id it finds (scoped per tenant afterwards, by the API):
+order and takes the first id it finds (keyed with the caller's tenant afterwards, by the API):
 
 1. Talaria's own: the ``X-Session-ID`` header and the body's ``session_id``. If both are
    sent they must be equal (a 400 otherwise, rather than silently preferring one).

@@ -302,19 +302,19 @@ class _Run:
         srun.next_call += 1
         if tool is not None:
             if tool.hint_s is not None:
-                sid = srun.script.session_id
-                self.core.event(sid, EventKind.TOOL_START, tool.hint_s, self.now, tool=tool.tool)
+                key = srun.script.key
+                self.core.event(key, EventKind.TOOL_START, tool.hint_s, self.now, tool=tool.tool)
             srun.tool_s += tool.seconds
             self.push(self.now + tool.seconds, _Ev.ARRIVE, "", sidx)
         else:
             srun.end_s = self.now
-            self.core.event(srun.script.session_id, EventKind.END, None, self.now)
+            self.core.event(srun.script.key, EventKind.END, None, self.now)
 
     def _session_index(self, session_id: str) -> int:
         return self.session_index[session_id]
 
     def _instance_of(self, req: Request) -> str:
-        info = self.core.sessions[req.call.session_id]
+        info = self.core.sessions[req.call.session]
         return info.last_instance or ""
 
     # ------------------------------------------------------------------ instances

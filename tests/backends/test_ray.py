@@ -28,6 +28,7 @@ from talaria.runtime.live import LiveCluster
 from talaria.runtime.streams import Failed, Finished
 from talaria.server.app import app_and_talaria
 from talaria.types import TokenSeq
+from tests.helpers import sk
 from tests.server.conftest import requires_smollm2
 from tests.server.matrix import check_malformed, malformed_matrix
 from tests.server.server_fakes import live_server
@@ -98,8 +99,8 @@ async def one_call(
     live: LiveCluster, sid: str, model: str, prompt: list[int], max_tokens: int = 8
 ) -> Answer | InstanceLost:
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
-    async with live.session(sid).lock:
-        _, events = await live.submit(sid, model, TokenSeq(prompt), params, StopChecker(params))
+    async with live.session(sk(sid)).lock:
+        _, events = await live.submit(sk(sid), model, TokenSeq(prompt), params, StopChecker(params))
         ids: list[int] = []
         async for ev in events:
             if isinstance(ev, Finished):

@@ -33,6 +33,7 @@ from talaria.policy.baselines import POLICIES
 from talaria.runtime.live import LiveCluster
 from talaria.runtime.streams import Delta, Failed, Finished
 from talaria.types import TokenSeq
+from tests.helpers import sk
 
 pytestmark = pytest.mark.anyio
 BLOCK = 32
@@ -207,9 +208,9 @@ async def call(
 ) -> tuple[tuple[int, ...], Finished]:
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
     checker = StopChecker(params, (EOS,))
-    async with live.session(session).lock:
+    async with live.session(sk(session, tenant)).lock:
         _, receive = await live.submit(
-            session, model, prompt, params, checker, tenant=tenant, forced=forced
+            sk(session, tenant), model, prompt, params, checker, forced=forced
         )
         ids: list[int] = []
         async with receive:
@@ -261,7 +262,7 @@ async def test_a_stream_vllm_ends_early_counts_only_its_tokens() -> None:
     async with make_live(["a"], engines) as live:
         ids, fin = await call(live, "s1", "a", prompt(4), 10)
         live.check_integrity()
-        (req,) = [r for r in live.core.instances["vllm-0"].finished if r.key == ("s1", 0)]
+        (req,) = [r for r in live.core.instances["vllm-0"].finished if r.key == (sk("s1"), 0)]
     assert len(ids) == 3 and fin.completion_tokens == 3
     assert req.generated == 3
 

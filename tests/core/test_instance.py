@@ -21,7 +21,7 @@ from talaria.errors import ConfigError, ContextTooLong, UnknownModel, UnknownSes
 from talaria.memory.kv import SessionKV
 from talaria.policy.baselines import POLICIES
 from talaria.schedule import Request, Schedule
-from talaria.types import Call, EventKind, Link, TokenSeq
+from talaria.types import DEFAULT_TENANT, Call, EventKind, Link, SessionKey, TokenSeq
 from tests.helpers import RoundNumberEstimator as FakeEstimator
 from tests.helpers import examples, tiny_spec
 
@@ -29,6 +29,8 @@ WEIGHT_BYTES = 1000
 BLOCK_BYTES = 128  # 4 tokens x 32 bytes
 TALARIA = POLICIES["talaria"]
 ROUND = POLICIES["round"]
+
+S, S1, S2 = (SessionKey(DEFAULT_TENANT, i) for i in ("s", "s1", "s2"))
 
 
 def model(name: str, max_context: int = 131072) -> ModelSpec:
@@ -135,7 +137,7 @@ def test_a_call_that_does_not_fit_the_budget_waits_for_room() -> None:
     assert switch is not None and switch.model == "A"
     sched = d.step()
     assert sched.step is not None
-    assert sched.step.prefill == ((("s1", 0), 20, 0),)
+    assert sched.step.prefill == (((S1, 0), 20, 0),)
     assert first.admitted_s == 0.1 and second.admitted_s is None
     assert inst.kv.device_free == 4 and list(inst.waiting["A"]) == [second]
     d.run()
@@ -181,8 +183,8 @@ def test_reservation_holds_kv_until_the_waiter_may_reclaim_then_demotes_it() -> 
     inst = core(TALARIA, device_blocks=10, host_blocks=16)
     d = Driver(inst)
     s1 = finish_first_call(d, "s1", 16, 4)  # history 20 tokens: 5 blocks
-    assert "s1" in inst.admission.held and inst.kv.is_pinned("s1")
-    assert inst.kv.session_kv("s1") == SessionKV(20, 0, 20)
+    assert S1 in inst.admission.held and inst.kv.is_pinned(S1)
+    assert inst.kv.session_kv(S1) == SessionKV(20, 0, 20)
 
     d.now = 10.0
     s2 = d.submit("s2", 0, TokenSeq(tokens(20)), out=4)  # 6 blocks; 5 free, 5 reserved
@@ -190,7 +192,7 @@ def test_reservation_holds_kv_until_the_waiter_may_reclaim_then_demotes_it() -> 
         d.now = t
         assert d.step().idle
         assert s2.admitted_s is None
-        assert inst.kv.session_kv("s1") == SessionKV(20, 0, 20)  # honoured
+        assert inst.kv.session_kv(S1) == SessionKV(20, 0, 20)  # honoured
     d.now = 10.5  # waited reclaim_after_wait_s
     sched = d.step()
     assert s2.admitted_s == 10.5
@@ -198,18 +200,18 @@ def test_reservation_holds_kv_until_the_waiter_may_reclaim_then_demotes_it() -> 
     demoted = [m for m in sched.step.kv_moves if m.link is Link.DEVICE_TO_HOST]
     assert [len(m) for m in demoted] == [5]
     assert inst.counters.reclaims == 1 and inst.admission.reservations_reclaimed == 1
-    assert not inst.kv.is_pinned("s1") and "s1" not in inst.admission.held
-    assert inst.kv.session_kv("s1") == SessionKV(0, 20, 20)  # demoted, nothing lost
-    assert inst.kv.dropped_tokens("s1") == 0
+    assert not inst.kv.is_pinned(S1) and S1 not in inst.admission.held
+    assert inst.kv.session_kv(S1) == SessionKV(0, 20, 20)  # demoted, nothing lost
+    assert inst.kv.dropped_tokens(S1) == 0
     d.run()
     assert s2.finished_s is not None
 
-    d.inst.end_session("s2")  # its KV becomes evictable
+    d.inst.end_session(S2)  # its KV becomes evictable
     again = d.submit("s1", 1, next_prompt(s1, 4), out=4, known=20)
     d.run()
     assert (again.reused_tokens, again.restored_tokens, again.recomputed_tokens) == (0, 20, 0)
     assert again.finished_s is not None
-    assert inst.kv.dropped_tokens("s1") == 0
+    assert inst.kv.dropped_tokens(S1) == 0
 
 
 def test_reservation_expires_after_its_hold_and_then_costs_nothing() -> None:
@@ -220,16 +222,16 @@ def test_reservation_expires_after_its_hold_and_then_costs_nothing() -> None:
     assert s1.finished_s is not None
     d.now = s1.finished_s + 119.9  # reservation_max_hold_s is 120 s
     d.step()
-    assert inst.kv.is_pinned("s1")
+    assert inst.kv.is_pinned(S1)
     d.now = s1.finished_s + 120.0
     d.step()
-    assert not inst.kv.is_pinned("s1") and inst.admission.reservations_expired == 1
-    assert inst.kv.session_kv("s1") == SessionKV(20, 0, 20)  # still cached
+    assert not inst.kv.is_pinned(S1) and inst.admission.reservations_expired == 1
+    assert inst.kv.session_kv(S1) == SessionKV(20, 0, 20)  # still cached
     s2 = d.submit("s2", 0, TokenSeq(tokens(20)), out=4)
     d.step()
     assert s2.admitted_s == s2.queued_s  # no reclaim wait: the KV was no longer reserved
     assert inst.counters.reclaims == 0
-    assert inst.kv.session_kv("s1").host_tokens > 0 and inst.kv.dropped_tokens("s1") == 0
+    assert inst.kv.session_kv(S1).host_tokens > 0 and inst.kv.dropped_tokens(S1) == 0
 
 
 def test_a_returning_session_reuses_its_reserved_kv() -> None:
@@ -240,7 +242,7 @@ def test_a_returning_session_reuses_its_reserved_kv() -> None:
     again = d.submit("s1", 1, next_prompt(s1, 4), out=4, known=20)
     d.run()
     assert (again.reused_tokens, again.restored_tokens, again.recomputed_tokens) == (20, 0, 0)
-    assert "s1" in inst.admission.held  # a new reservation for the next gap
+    assert S1 in inst.admission.held  # a new reservation for the next gap
 
 
 # ---------------------------------------------------------------------------- session-prefill
@@ -276,7 +278,8 @@ def test_with_sp_a_continuation_joins_its_models_open_slot() -> None:
     d.run()
     assert cont.finished_s is not None and b2.finished_s is not None
     assert b2.admitted_s is not None and b2.admitted_s >= cont.finished_s
-    assert "A1" in inst.tool_gaps and "A3" in inst.tool_gaps  # served while A's were away
+    a1, a3 = SessionKey(DEFAULT_TENANT, "A1"), SessionKey(DEFAULT_TENANT, "A3")
+    assert a1 in inst.tool_gaps and a3 in inst.tool_gaps  # served while A's were away
     assert inst.counters.model_switches == 2 and inst.counters.sp_admissions == 1
 
 
@@ -288,8 +291,8 @@ def test_with_sp_and_round_robin_slots_an_idle_slot_lingers_for_returns() -> Non
     assert cont.reused_tokens == 8  # the two full blocks of its 10-token history
     d.run()
     assert cont.finished_s is not None and b2.admitted_s is None  # A lingers for A1, A3
-    inst.end_session("A1")
-    inst.end_session("A3")
+    inst.end_session(SessionKey(DEFAULT_TENANT, "A1"))
+    inst.end_session(SessionKey(DEFAULT_TENANT, "A3"))
     switch = d.step().switch  # nobody expected back: B's turn, from the staging area
     assert switch is not None and switch.model == "B"
     assert [s.link for s in switch.steps] == [Link.DEVICE_TO_DEVICE]
@@ -367,11 +370,11 @@ def test_cluster_routes_continuations_home_and_end_releases_the_reservation() ->
     Driver(inst, 0.0).run()
     assert req.finished_s is not None
     cc.on_finished(req)
-    assert cc.sessions["s"].known_tokens == 12 and cc.sessions["s"].last_output == 4
-    assert "s" in inst.admission.held and inst.kv.is_pinned("s")
+    assert cc.sessions[S].known_tokens == 12 and cc.sessions[S].last_output == 4
+    assert S in inst.admission.held and inst.kv.is_pinned(S)
 
-    cc.event("s", EventKind.TOOL_START, 100.0, 1.0)  # a long tool: unlikely back soon
-    assert inst.admission.held["s"].probability < 0.05
+    cc.event(S, EventKind.TOOL_START, 100.0, 1.0)  # a long tool: unlikely back soon
+    assert inst.admission.held[S].probability < 0.05
 
     prompt = history.extend(tokens(4))
     _, again, decision = cc.place(Call("s", 1, "A", prompt, 4), 4, prompt.extend(tokens(4)), 2.0)
@@ -380,13 +383,13 @@ def test_cluster_routes_continuations_home_and_end_releases_the_reservation() ->
     assert again.known_tokens == 12
     Driver(inst, 2.0).run()
     cc.on_finished(again)
-    assert "s" in inst.admission.held
+    assert S in inst.admission.held
 
-    cc.event("s", EventKind.END, None, 3.0)
-    assert inst.admission.held == {} and not inst.kv.is_pinned("s")
-    assert "s" not in inst.kv.sessions and cc.sessions["s"].ended
+    cc.event(S, EventKind.END, None, 3.0)
+    assert inst.admission.held == {} and not inst.kv.is_pinned(S)
+    assert S not in inst.kv.sessions and cc.sessions[S].ended
     with pytest.raises(UnknownSession):
-        cc.event("s", EventKind.TOOL_START, 1.0, 3.0)
+        cc.event(S, EventKind.TOOL_START, 1.0, 3.0)
     cc.check_integrity()
     kv = inst.kv
     assert kv.device_free + kv.device_evictable == kv.device_blocks
@@ -398,13 +401,13 @@ def test_tool_end_makes_a_long_announced_gap_an_imminent_return() -> None:
     req = finish_first_call(d, "s1", 16, 4)
     assert req.finished_s is not None
     since = req.finished_s  # the gap starts when the answer is out
-    inst.hint("s1", 600.0, since)  # a long test run announced: unlikely back soon
-    far = inst.kv.sessions["s1"].priority
-    inst.tool_ended("s1", since + 1.0)  # the tool ended after one second
-    near = inst.kv.sessions["s1"].priority
+    inst.hint(S1, 600.0, since)  # a long test run announced: unlikely back soon
+    far = inst.kv.sessions[S1].priority
+    inst.tool_ended(S1, since + 1.0)  # the tool ended after one second
+    near = inst.kv.sessions[S1].priority
     assert far < 0.05 < 0.5 < near
     expected = inst.admission.probability(since, since + 1.0, 1.0)
-    assert inst.kv.sessions["s1"].priority == pytest.approx(expected, rel=1e-12)
+    assert inst.kv.sessions[S1].priority == pytest.approx(expected, rel=1e-12)
     inst.tool_ended("nobody", since + 1.0)  # unknown sessions are ignored
     inst.check_integrity()
 
@@ -437,16 +440,16 @@ def test_the_server_learns_tool_gaps_from_tool_end_and_predicts_unhinted_ones() 
     inst = cc.instances["i0"]
     req = one_call(cc, "s", 0, TokenSeq(tokens(8)), 0.0)
     prior = learner.predict("tests")  # type: ignore[attr-defined]
-    cc.event("s", EventKind.TOOL_START, None, 1.0, tool="tests")
-    assert inst.tool_gaps["s"].expected_s == prior
-    cc.event("s", EventKind.TOOL_END, None, 2.0, measured_s=prior * 4)
+    cc.event(S, EventKind.TOOL_START, None, 1.0, tool="tests")
+    assert inst.tool_gaps[S].expected_s == prior
+    cc.event(S, EventKind.TOOL_END, None, 2.0, measured_s=prior * 4)
     learned = learner.predict("tests")  # type: ignore[attr-defined]
     assert learned == pytest.approx(prior * 2.0)  # log-space halfway (alpha 0.5, no clip)
     assert learner.observations("tests") == 1  # type: ignore[attr-defined]
     assert req.history is not None
     one_call(cc, "s", 1, req.history.extend(tokens(2)), 3.0)
-    cc.event("s", EventKind.TOOL_START, None, 4.0, tool="tests")
-    assert inst.tool_gaps["s"].expected_s == pytest.approx(learned)
+    cc.event(S, EventKind.TOOL_START, None, 4.0, tool="tests")
+    assert inst.tool_gaps[S].expected_s == pytest.approx(learned)
     cc.check_integrity()
 
 
@@ -456,13 +459,13 @@ def test_without_hints_the_time_to_the_next_call_is_learned_per_session() -> Non
     first = one_call(cc, "s", 0, TokenSeq(tokens(8)), 0.0)
     assert first.finished_s is not None
     untold = learner.predict("untold")  # type: ignore[attr-defined]
-    assert inst.tool_gaps["s"].expected_s == untold  # the server's guess, no hint sent
+    assert inst.tool_gaps[S].expected_s == untold  # the server's guess, no hint sent
     assert first.history is not None
     back = first.finished_s + 3.0  # the session came back 3 s after its answer
     second = one_call(cc, "s", 1, first.history.extend(tokens(2)), back)
     assert learner.observations("untold") == 1  # type: ignore[attr-defined]
-    assert cc.sessions["s"].gap_s == pytest.approx(3.0)
-    assert inst.tool_gaps["s"].expected_s == pytest.approx(3.0)  # its own history now
+    assert cc.sessions[S].gap_s == pytest.approx(3.0)
+    assert inst.tool_gaps[S].expected_s == pytest.approx(3.0)  # its own history now
     assert second.finished_s is not None
     cc.check_integrity()
 
@@ -477,17 +480,17 @@ def test_an_answer_ending_in_a_tool_call_names_the_gap_no_hint_needed() -> None:
     bash = learner.key_for("Bash")  # type: ignore[attr-defined]
     first = one_call(cc, "s", 0, TokenSeq(tokens(8)), 0.0)
     assert first.finished_s is not None and first.history is not None
-    cc.tool_calls("s", ["Bash"], first.finished_s)
-    assert inst.tool_gaps["s"].expected_s == learner.predict(bash)  # type: ignore[attr-defined]
+    cc.tool_calls(S, ["Bash"], first.finished_s)
+    assert inst.tool_gaps[S].expected_s == learner.predict(bash)  # type: ignore[attr-defined]
     back = first.finished_s + 5.0
     second = one_call(cc, "s", 1, first.history.extend(tokens(2)), back)
     assert learner.observations(bash) == 1  # type: ignore[attr-defined]
     assert learner.observations("untold") == 0  # type: ignore[attr-defined]
     assert second.finished_s is not None and second.history is not None
     read = learner.key_for("Read")  # type: ignore[attr-defined]
-    cc.tool_calls("s", ["Bash", "Read", "Bash"], second.finished_s)
+    cc.tool_calls(S, ["Bash", "Read", "Bash"], second.finished_s)
     both = learner.predict(bash) + learner.predict(read)  # type: ignore[attr-defined]
-    assert inst.tool_gaps["s"].expected_s == pytest.approx(both)
+    assert inst.tool_gaps[S].expected_s == pytest.approx(both)
     one_call(cc, "s", 2, second.history.extend(tokens(2)), second.finished_s + 2.0)
     assert learner.observations(bash) == 1  # type: ignore[attr-defined]
     assert learner.observations("untold") == 1  # type: ignore[attr-defined]
@@ -498,9 +501,9 @@ def test_a_clients_hint_takes_over_from_the_answers_tool_calls() -> None:
     cc, learner = learning_core()
     first = one_call(cc, "s", 0, TokenSeq(tokens(8)), 0.0)
     assert first.finished_s is not None and first.history is not None
-    cc.tool_calls("s", ["Bash"], first.finished_s)
-    cc.event("s", EventKind.TOOL_START, None, first.finished_s, tool="tests")
-    cc.event("s", EventKind.TOOL_END, None, first.finished_s + 4.0)
+    cc.tool_calls(S, ["Bash"], first.finished_s)
+    cc.event(S, EventKind.TOOL_START, None, first.finished_s, tool="tests")
+    cc.event(S, EventKind.TOOL_END, None, first.finished_s + 4.0)
     one_call(cc, "s", 1, first.history.extend(tokens(2)), first.finished_s + 4.5)
     assert learner.observations("tests") == 1  # type: ignore[attr-defined]
     assert learner.observations(learner.key_for("Bash")) == 0  # type: ignore[attr-defined]
@@ -608,7 +611,7 @@ def test_check_integrity_recomputes_the_cores_own_counters() -> None:
         (lambda: calls._queued_tokens.__setitem__("A", 99), "queued tokens"),
         (lambda: calls._running_of.__setitem__("A", 3), "running counted"),
         (lambda: setattr(calls, "_load_tokens", 1), "load"),
-        (lambda: inst.kv.unpin("s1"), "reserved but not pinned"),
+        (lambda: inst.kv.unpin(S1), "reserved but not pinned"),
     ):
         saved = (dict(calls._queued_tokens), dict(calls._running_of), calls._load_tokens)
         corrupt()

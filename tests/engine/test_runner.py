@@ -28,7 +28,7 @@ from talaria.runtime.local import LocalInstance
 from talaria.schedule import Request, Schedule
 from talaria.types import Call, Link, TokenSeq
 from tests.helpers import RoundNumberEstimator as RoundEstimator
-from tests.helpers import hf_model, llama_config, qwen2_config
+from tests.helpers import hf_model, llama_config, qwen2_config, sk
 
 transformers = pytest.importorskip("transformers")
 
@@ -120,7 +120,7 @@ def call(session: str, index: int, model: str, prompt: Sequence[int], out: int) 
 
 
 def finished(runner: LocalInstance[EngineRunner], session: str, index: int) -> Request:
-    return next(r for r in runner.core.finished if r.key == (session, index))
+    return next(r for r in runner.core.finished if r.key == (sk(session), index))
 
 
 def assert_clean(runner: LocalInstance[EngineRunner]) -> None:
@@ -146,10 +146,10 @@ def test_concurrent_sessions_match_greedy_reference() -> None:
     calls = [call(s, 0, "A", p, 12) for s, p in prompts.items()]
     outputs = runner.generate(calls)
     for s, p in prompts.items():
-        assert list(outputs[(s, 0)]) == reference(hf, p, 12), s
+        assert list(outputs[(sk(s), 0)]) == reference(hf, p, 12), s
         req = finished(runner, s, 0)
         assert req.generated == 12 and req.history is not None
-        assert req.history.tokens() == (*p, *outputs[(s, 0)][:-1])
+        assert req.history.tokens() == (*p, *outputs[(sk(s), 0)][:-1])
     assert_clean(runner)
 
 
@@ -157,10 +157,10 @@ def test_continuation_reuses_the_prefix_and_matches() -> None:
     hf = llama(2)
     runner = make_runner({"A": hf}, device_blocks=64)
     first = prompt_ids(20, seed=3)
-    out0 = runner.generate([call("s", 0, "A", first, 10)])[("s", 0)]
+    out0 = runner.generate([call("s", 0, "A", first, 10)])[(sk("s"), 0)]
     assert list(out0) == reference(hf, first, 10)
     second = [*first, *out0, *prompt_ids(5, seed=4)]
-    out1 = runner.generate([call("s", 1, "A", second, 10)], now=5.0)[("s", 1)]
+    out1 = runner.generate([call("s", 1, "A", second, 10)], now=5.0)[(sk("s"), 1)]
     assert list(out1) == reference(hf, second, 10)
     again = finished(runner, "s", 1)
     # 29 tokens of history have KV: 3 full blocks are reused
@@ -177,8 +177,8 @@ def test_end_of_sequence_stops_a_call_early() -> None:
     runner = make_runner({"A": hf}, device_blocks=32, eos={"A": {eos}})
     other = prompt_ids(9, seed=6)
     outputs = runner.generate([call("s", 0, "A", prompt, 12), call("t", 0, "A", other, 6)])
-    assert list(outputs[("s", 0)]) == expected
-    assert list(outputs[("t", 0)]) == reference(hf, other, 6, eos=eos)
+    assert list(outputs[(sk("s"), 0)]) == expected
+    assert list(outputs[(sk("t"), 0)]) == reference(hf, other, 6, eos=eos)
     req = finished(runner, "s", 0)
     assert req.stopped and req.generated == len(expected)
     assert_clean(runner)
@@ -188,12 +188,12 @@ def test_eviction_to_host_and_restore_keep_outputs_exact() -> None:
     hf = llama(4)
     runner = make_runner({"A": hf}, device_blocks=10, host_blocks=32)  # 80 tokens of KV
     p1 = prompt_ids(30, seed=7)
-    out1 = runner.generate([call("s1", 0, "A", p1, 10)])[("s1", 0)]  # 5 blocks
+    out1 = runner.generate([call("s1", 0, "A", p1, 10)])[(sk("s1"), 0)]  # 5 blocks
     p2 = prompt_ids(50, seed=8)
-    out2 = runner.generate([call("s2", 0, "A", p2, 10)], now=2.0)[("s2", 0)]  # 8 blocks
+    out2 = runner.generate([call("s2", 0, "A", p2, 10)], now=2.0)[(sk("s2"), 0)]  # 8 blocks
     assert runner.core.counters.reclaims >= 1 and runner.core.kv.counters.demoted_blocks > 0
     p3 = [*p1, *out1, *prompt_ids(4, seed=9)]  # 44 tokens + 8: 7 blocks
-    out3 = runner.generate([call("s1", 1, "A", p3, 8)], now=4.0)[("s1", 1)]
+    out3 = runner.generate([call("s1", 1, "A", p3, 8)], now=4.0)[(sk("s1"), 1)]
     assert list(out1) == reference(hf, p1, 10)
     assert list(out2) == reference(hf, p2, 10)
     assert list(out3) == reference(hf, p3, 8)
@@ -250,7 +250,7 @@ def alternate_with_staging(
             for i in range(2):
                 session = f"{model}{i}-{rnd}"
                 runner.submit(call(session, 0, model, prompts[(model, i)], 8), now)
-                expected[(session, 0)] = reference(hfs[model], prompts[(model, i)], 8)
+                expected[(sk(session), 0)] = reference(hfs[model], prompts[(model, i)], 8)
         now = run_until_idle(runner, now, ptr) + 1.0
     for key, want in expected.items():
         assert list(runner.take_output(key)) == want, key
@@ -279,7 +279,7 @@ def test_with_a_region_each_two_models_stay_resident_and_switch_without_copies()
         for model in "AB":
             prompt = prompt_ids(9 + 4 * rnd, seed=40 + 2 * rnd + (model == "B"))
             runner.submit(call(f"{model}-{rnd}", 0, model, prompt, 6), now)
-            expected[(f"{model}-{rnd}", 0)] = reference(hfs[model], prompt, 6)
+            expected[(sk(f"{model}-{rnd}"), 0)] = reference(hfs[model], prompt, 6)
         now = run_until_idle(runner, now, ptr) + 1.0
         if rnd == 0:  # both models are in their regions: nothing moves from here on
             assert {core.arena.residency(m).value for m in hfs} == {"active", "resident"}
@@ -315,7 +315,7 @@ def test_cuda_runner_matches_transformers_with_stable_addresses() -> None:
         for model in "AB":
             p = prompt_ids(17 + rnd, seed=40 + rnd + (model == "B"))
             runner.submit(call(f"{model}-{rnd}", 0, model, p, 8), now)
-            expected[(f"{model}-{rnd}", 0)] = reference(hfs[model], p, 8)
+            expected[(sk(f"{model}-{rnd}"), 0)] = reference(hfs[model], p, 8)
         now = run_until_idle(runner, now, ptr) + 1.0
     for key, want in expected.items():
         assert list(runner.take_output(key)) == want, key
@@ -358,9 +358,9 @@ def test_calls_with_a_whole_cached_prompt_share_a_batch() -> None:
     tpb = runner.executor.paged["A"].tokens_per_block
     p = prompt_ids(2 * tpb, seed=61)
     want = reference(hfs["A"], p, 4)
-    assert runner.generate([call("s0", 0, "A", p, 4)]) == {("s0", 0): tuple(want)}
+    assert runner.generate([call("s0", 0, "A", p, 4)]) == {(sk("s0"), 0): tuple(want)}
     got = runner.generate([call(f"s{i}", 0, "A", p, 4) for i in (1, 2, 3)], now=10.0)
-    assert got == {(f"s{i}", 0): tuple(want) for i in (1, 2, 3)}
+    assert got == {(sk(f"s{i}"), 0): tuple(want) for i in (1, 2, 3)}
     for i in (1, 2, 3):
         assert finished(runner, f"s{i}", 0).reused_tokens == tpb
     assert_clean(runner)
@@ -373,8 +373,8 @@ def test_a_finished_call_leaves_no_sampling_state_after_the_next_work() -> None:
     params = SamplingParams(max_tokens=4, temperature=1.0, seed=3)
     runner.submit(call("s", 0, "A", prompt_ids(9, seed=1), 4), 0.0, params=params)
     now = run_until_idle(runner, 0.0, runner.executor.region.data_ptr())
-    assert set(runner.executor._sampling) == {("s", 0)}
-    assert len(runner.take_output(("s", 0))) == 4
+    assert set(runner.executor._sampling) == {(sk("s"), 0)}
+    assert len(runner.take_output((sk("s"), 0))) == 4
     runner.step(now)  # nothing to run: the work only carries the drop
     assert not runner.executor._sampling and not runner.records
 
@@ -386,4 +386,6 @@ def test_a_restart_keeps_the_buffers_only_for_the_same_layout() -> None:
         runner.executor.restart(attrs.evolve(layout, device_blocks=layout.device_blocks + 1))
     runner.executor.restart(layout)
     want = reference(llama(7), prompt_ids(9, seed=2), 3)
-    assert runner.generate([call("s", 0, "A", prompt_ids(9, seed=2), 3)]) == {("s", 0): tuple(want)}
+    assert runner.generate([call("s", 0, "A", prompt_ids(9, seed=2), 3)]) == {
+        (sk("s"), 0): tuple(want)
+    }

@@ -22,7 +22,7 @@ from talaria.generation import SamplingParams, StopChecker
 from talaria.runtime.live import LiveCluster
 from talaria.runtime.streams import Delta, Failed, Finished
 from talaria.types import EventKind, TokenSeq
-from tests.helpers import tiny_cluster
+from tests.helpers import sk, tiny_cluster
 
 pytestmark = pytest.mark.anyio
 
@@ -45,9 +45,9 @@ def prompt_for(i: int, n: int = 40) -> TokenSeq:
 async def tenant_call(live: LiveCluster, sid: str, tenant: str, i: int) -> None:
     """One call of ``prompt_for(i)`` (6 tokens answered) as ``tenant``, drained to its end."""
     params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
-    async with live.session(sid).lock:
+    async with live.session(sk(sid, tenant)).lock:
         _, receive = await live.submit(
-            sid, "llama-tiny", prompt_for(i), params, StopChecker(params), tenant=tenant
+            sk(sid, tenant), "llama-tiny", prompt_for(i), params, StopChecker(params)
         )
         async with receive:
             events = [ev async for ev in receive]
@@ -58,8 +58,8 @@ async def run_call(
     live: LiveCluster, session: str, model: str, prompt: TokenSeq, max_tokens: int = 6
 ) -> tuple[tuple[int, ...], Finished]:
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
-    async with live.session(session).lock:
-        _, receive = await live.submit(session, model, prompt, params, StopChecker(params))
+    async with live.session(sk(session)).lock:
+        _, receive = await live.submit(sk(session), model, prompt, params, StopChecker(params))
         ids: list[int] = []
         async with receive:
             async for ev in receive:
@@ -92,9 +92,9 @@ async def test_concurrent_sessions_get_their_own_answers_and_reuse_their_prefix(
                 ids, fin = await run_call(live, f"s{i}", model, prompt)
                 results[(i, k)] = (ids, fin, prompt)
                 prompt = prompt.extend(ids).extend([5, 6, 7])
-                live.event(f"s{i}", EventKind.TOOL_START, 0.01)
+                live.event(sk(f"s{i}"), EventKind.TOOL_START, 0.01)
                 await anyio.sleep(0.01)
-            live.event(f"s{i}", EventKind.END)
+            live.event(sk(f"s{i}"), EventKind.END)
 
         async with anyio.create_task_group() as tg:
             for i in range(6):
@@ -121,15 +121,17 @@ async def test_bad_input_raises_typed_errors_and_changes_nothing() -> None:
     async with live_of(c) as live:
         params = SamplingParams(max_tokens=4)
         with pytest.raises(UnknownModel):
-            await live.submit("a", "nope", prompt_for(1), params, StopChecker(params))
+            await live.submit(sk("a"), "nope", prompt_for(1), params, StopChecker(params))
         with pytest.raises(BadRequest, match="vocabulary"):
-            await live.submit("a", "llama-tiny", TokenSeq([1, 500]), params, StopChecker(params))
+            await live.submit(
+                sk("a"), "llama-tiny", TokenSeq([1, 500]), params, StopChecker(params)
+            )
         with pytest.raises(UnknownSession):
-            live.event("never-seen", EventKind.TOOL_START, 1.0)
+            live.event(sk("never-seen"), EventKind.TOOL_START, 1.0)
         assert not live.sessions and not live.calls
         ids, _ = await run_call(live, "a", "llama-tiny", prompt_for(1))
         with pytest.raises(BadRequest, match="expected_s"):
-            live.event("a", EventKind.TOOL_START, -1.0)
+            live.event(sk("a"), EventKind.TOOL_START, -1.0)
         assert len(ids) == 6
         live.check_integrity()
 
@@ -167,7 +169,7 @@ async def test_a_sampling_failure_fails_that_call_alone_and_the_step_commits() -
     real = runner._draw
 
     def draw(logits: Any, rec: Any) -> Any:
-        if rec.key[0] == "victim":
+        if rec.key[0].id == "victim":
             raise ValueError("injected sampler fault")
         return real(logits, rec)
 
@@ -221,9 +223,9 @@ async def test_cancel_releases_the_call() -> None:
     c = tiny_cluster()
     async with live_of(c) as live:
         params = SamplingParams(temperature=0.0, max_tokens=200, ignore_eos=True)
-        async with live.session("c").lock:
+        async with live.session(sk("c")).lock:
             lc, receive = await live.submit(
-                "c", "llama-tiny", prompt_for(4), params, StopChecker(params)
+                sk("c"), "llama-tiny", prompt_for(4), params, StopChecker(params)
             )
             async with receive:
                 first = await receive.receive()
@@ -235,7 +237,7 @@ async def test_cancel_releases_the_call() -> None:
             while live.core.instances["cpu-0"].running:
                 await anyio.sleep(0.01)
         live.check_integrity()
-        assert not live.calls and live.sessions["c"].in_flight == 0
+        assert not live.calls and live.sessions[sk("c")].in_flight == 0
 
 
 async def test_sessions_without_an_end_expire() -> None:
@@ -244,12 +246,12 @@ async def test_sessions_without_an_end_expire() -> None:
     async with live_of(c, session_idle_s=0.2, on_session_end=ends.append) as live:
         await run_call(live, "quiet", "llama-tiny", prompt_for(5))
         with anyio.fail_after(3):
-            while "quiet" in live.sessions:
+            while sk("quiet") in live.sessions:
                 await anyio.sleep(0.05)
         assert live.expired_sessions == 1 and ends[0].expired and ends[0].calls == 1
         with pytest.raises(UnknownSession):
-            live.event("quiet", EventKind.TOOL_START, 1.0)
-        assert "quiet" not in c.core.sessions
+            live.event(sk("quiet"), EventKind.TOOL_START, 1.0)
+        assert sk("quiet") not in c.core.sessions
         live.check_integrity()
 
 
@@ -259,9 +261,9 @@ async def test_shutdown_fails_what_cannot_finish_and_refuses_new_calls() -> None
     seen: list[Any] = []
     async with live:
         params = SamplingParams(temperature=0.0, max_tokens=200, ignore_eos=True)
-        async with live.session("long").lock:
+        async with live.session(sk("long")).lock:
             _, receive = await live.submit(
-                "long", "llama-tiny", prompt_for(6), params, StopChecker(params)
+                sk("long"), "llama-tiny", prompt_for(6), params, StopChecker(params)
             )
 
         async def drain(r: AsyncIterator[Any]) -> None:
@@ -274,7 +276,7 @@ async def test_shutdown_fails_what_cannot_finish_and_refuses_new_calls() -> None
             await live.shutdown()
     assert isinstance(seen[-1], Failed) and isinstance(seen[-1].error, ShuttingDown)
     with pytest.raises(ShuttingDown):
-        await live.submit("x", "llama-tiny", prompt_for(1), params, StopChecker(params))
+        await live.submit(sk("x"), "llama-tiny", prompt_for(1), params, StopChecker(params))
     c.core.check_integrity()
     assert not any(i.running for i in c.core.instances.values())
     assert math.isfinite(live.clock.now())
@@ -295,7 +297,7 @@ async def test_a_session_back_after_thirty_minutes_in_a_tool_gap_is_served() -> 
         first = {}
         for sid in ("quiet", "hinted"):
             first[sid], _ = await run_call(live, sid, "llama-tiny", prompt_for(8))
-        live.event("hinted", EventKind.TOOL_START, HINT_MIN_S)
+        live.event(sk("hinted"), EventKind.TOOL_START, HINT_MIN_S)
         served = 0
         for minute in range(1, 31):  # others keep calling while the two stay away
             clock.advance_to(60.0 * minute)
@@ -305,7 +307,7 @@ async def test_a_session_back_after_thirty_minutes_in_a_tool_gap_is_served() -> 
             await anyio.sleep(0.01)  # the drivers plan on the advanced clock meanwhile
         assert served == 30
         for sid in ("quiet", "hinted"):
-            assert live.sessions[sid].in_flight == 0  # not expired: the idle limit is 1 h
+            assert live.sessions[sk(sid)].in_flight == 0  # not expired: the idle limit is 1 h
             again = prompt_for(8).extend(first[sid]).extend([9, 9, 9])
             ids, fin = await run_call(live, sid, "llama-tiny", again)
             assert len(ids) == 6 and fin.finish_reason == "length"
@@ -363,13 +365,13 @@ async def test_a_gap_policy_bug_for_one_session_is_isolated_to_that_session() ->
     inst.gaps = inst.admission.gaps = Broken()
     async with live_of(c) as live:
         first, _ = await run_call(live, "victim", "llama-tiny", prompt_for(1))
-        live.event("victim", EventKind.TOOL_START, 0.5)
-        assert "victim" in inst.admission.held
+        live.event(sk("victim"), EventKind.TOOL_START, 0.5)
+        assert sk("victim") in inst.admission.held
         for i in range(3):  # another model waits: the idle slot asks about the victim
             ids, _ = await run_call(live, f"other{i}", "qwen-tiny", prompt_for(10 + i))
             assert len(ids) == 6
         assert inst.counters.policy_faults >= 1 and not live.drivers["cpu-0"].down
-        assert "victim" not in inst.admission.held
+        assert sk("victim") not in inst.admission.held
         again = prompt_for(1).extend(first).extend([4, 4])
         ids, fin = await run_call(live, "victim", "llama-tiny", again)
         assert len(ids) == 6 and fin.cached_tokens > 0  # its KV was kept
@@ -387,17 +389,17 @@ async def test_past_max_calls_a_call_is_refused_with_429_and_nothing_changes() -
         params = SamplingParams(temperature=0.0, max_tokens=50, ignore_eos=True)
         held = []
         for i in range(2):
-            async with live.session(f"s{i}").lock:
+            async with live.session(sk(f"s{i}")).lock:
                 held.append(
                     await live.submit(
-                        f"s{i}", "llama-tiny", prompt_for(i), params, StopChecker(params)
+                        sk(f"s{i}"), "llama-tiny", prompt_for(i), params, StopChecker(params)
                     )
                 )
         with pytest.raises(TooManyRequests, match="max_calls") as err:
-            await live.submit("s2", "llama-tiny", prompt_for(2), params, StopChecker(params))
+            await live.submit(sk("s2"), "llama-tiny", prompt_for(2), params, StopChecker(params))
         http = from_talaria(err.value)
         assert http.status == 429 and "Retry-After" in http.headers
-        assert "s2" not in live.sessions and live.gate.refused == 1 and len(live.calls) == 2
+        assert sk("s2") not in live.sessions and live.gate.refused == 1 and len(live.calls) == 2
         for _, receive in held:  # drain both answers
             async with receive:
                 async for _ev in receive:
@@ -419,25 +421,20 @@ async def test_one_tenants_overload_leaves_room_for_another() -> None:
         params = SamplingParams(temperature=0.0, max_tokens=50, ignore_eos=True)
         held = []
         for i in range(2):
-            async with live.session(f"a{i}").lock:
+            async with live.session(sk(f"a{i}", "A")).lock:
                 held.append(
                     await live.submit(
-                        f"a{i}",
-                        "llama-tiny",
-                        prompt_for(i),
-                        params,
-                        StopChecker(params),
-                        tenant="A",
+                        sk(f"a{i}", "A"), "llama-tiny", prompt_for(i), params, StopChecker(params)
                     )
                 )
         with pytest.raises(TooManyRequests, match="max_calls_per_tenant"):
             await live.submit(
-                "a2", "llama-tiny", prompt_for(2), params, StopChecker(params), tenant="A"
+                sk("a2", "A"), "llama-tiny", prompt_for(2), params, StopChecker(params)
             )
         short = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
-        async with live.session("b0").lock:
+        async with live.session(sk("b0", "B")).lock:
             _, receive = await live.submit(
-                "b0", "llama-tiny", prompt_for(3), short, StopChecker(short), tenant="B"
+                sk("b0", "B"), "llama-tiny", prompt_for(3), short, StopChecker(short)
             )
             async with receive:
                 events = [ev async for ev in receive]
@@ -467,11 +464,11 @@ async def test_a_tenant_past_its_token_budget_waits_and_others_are_served() -> N
         params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
         with pytest.raises(TooManyRequests, match="100 tokens per minute") as err:
             await live.submit(
-                "a2", "llama-tiny", prompt_for(2), params, StopChecker(params), tenant="A"
+                sk("a2", "A"), "llama-tiny", prompt_for(2), params, StopChecker(params)
             )
         assert err.value.retry_after_s == pytest.approx(22.8)
         assert from_talaria(err.value).headers["Retry-After"] == "23"
-        assert "a2" not in live.sessions and live.gate.refused == 1
+        assert sk("a2", "A") not in live.sessions and live.gate.refused == 1
         await tenant_call(live, "b0", "B", 3)  # B's budget is its own
         clock.advance_to(22.8)
         await tenant_call(live, "a2", "A", 2)
@@ -491,12 +488,12 @@ async def test_a_tenant_at_its_session_share_opens_no_new_session_until_one_ends
         await tenant_call(live, "a1", "A", 1)
         with pytest.raises(TooManyRequests, match="max_sessions_per_tenant"):
             await tenant_call(live, "a2", "A", 2)
-        assert "a2" not in live.sessions and live.gate.refused == 1
+        assert sk("a2", "A") not in live.sessions and live.gate.refused == 1
         await tenant_call(live, "a0", "A", 3)  # an open session keeps its calls
         await tenant_call(live, "b0", "B", 4)  # another tenant's share is its own
-        live.event("a1", EventKind.END)
+        live.event(sk("a1", "A"), EventKind.END)
         await tenant_call(live, "a2", "A", 2)
-        assert sorted(live.sessions) == ["a0", "a2", "b0"]
+        assert sorted(live.sessions) == [sk("a0", "A"), sk("a2", "A"), sk("b0", "B")]
         live.check_integrity()
     with pytest.raises(BadRequest, match="max_sessions_per_tenant"):
         live_of(tiny_cluster(), max_sessions_per_tenant=0)

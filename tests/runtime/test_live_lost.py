@@ -19,7 +19,7 @@ from talaria.runtime.live import LiveCluster
 from talaria.runtime.streams import Delta, Failed, Finished
 from talaria.schedule import Executed
 from talaria.types import TokenSeq
-from tests.helpers import tiny_cluster
+from tests.helpers import sk, tiny_cluster
 from tests.runtime.test_live import prompt_for, run_call
 
 pytestmark = pytest.mark.anyio
@@ -106,8 +106,8 @@ async def stream_and_lose(
     the client saw, every event, and the instance that was lost."""
     ids: list[int] = []
     seen: list[object] = []
-    async with live.session(sid).lock:
-        lc, events = await live.submit(sid, "llama-tiny", prompt, params, StopChecker(params))
+    async with live.session(sk(sid)).lock:
+        lc, events = await live.submit(sk(sid), "llama-tiny", prompt, params, StopChecker(params))
         victim = lc.instance
         async with events:
             async for ev in events:
@@ -139,7 +139,7 @@ async def test_a_streaming_call_is_resumed_on_another_instance_exactly(
     prompt = prompt_for(3)
     c = tiny_cluster(device_bytes=4 * 10**6, instances=2)
     async with LiveCluster(c.core, c.runners) as whole, whole.session("w").lock:
-        _, events = await whole.submit("w", "llama-tiny", prompt, params, StopChecker(params))
+        _, events = await whole.submit(sk("w"), "llama-tiny", prompt, params, StopChecker(params))
         async with events:
             want = [i for ev in [e async for e in events] if isinstance(ev, Delta)
                     for i in ev.token_ids]  # fmt: skip

@@ -28,7 +28,7 @@ from talaria.runtime.live import LiveCluster
 from talaria.runtime.streams import Finished
 from talaria.server.metrics import ServerMetrics
 from talaria.types import EventKind, TokenSeq
-from tests.helpers import tiny_cluster
+from tests.helpers import sk, tiny_cluster
 
 DASHBOARD = Path(__file__).parents[2] / "examples" / "grafana" / "talaria-dashboard.json"
 
@@ -54,14 +54,14 @@ async def _serve_one_call_and_snapshot() -> dict[str, Any]:
     model = sorted(cluster.core.instances["cpu-0"].models)[0]
     params = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
     async with LiveCluster(cluster.core, cluster.runners, session_idle_s=3600) as live:
-        async with live.session("s1").lock:
+        async with live.session(sk("s1")).lock:
             _, receive = await live.submit(
-                "s1", model, TokenSeq(range(1, 20)), params, StopChecker(params), forced=(3, 4)
+                sk("s1"), model, TokenSeq(range(1, 20)), params, StopChecker(params), forced=(3, 4)
             )
             async with receive:
                 events = [ev async for ev in receive]
         assert isinstance(events[-1], Finished)
-        live.event("s1", EventKind.TOOL_START, 0.4, tool="bash")
+        live.event(sk("s1"), EventKind.TOOL_START, 0.4, tool="bash")
         return snapshot(live)
 
 

@@ -167,8 +167,11 @@ class InstanceWorker:
         vocab = runner.vocab_size(new.model)
         if vocab is None:
             raise ConfigError(f"model {new.model} is not served by instance {self.name}")
-        sid, index = new.key
-        call = Call(sid, index, new.model, TokenSeq(new.prompt), new.target_output)
+        session, index = new.key
+        call = Call(
+            session.id, index, new.model, TokenSeq(new.prompt), new.target_output, None,
+            session.tenant,
+        )  # fmt: skip
         self._requests[new.key] = Request(call, None, new.target_output, 0.0)
         params = new.params or SamplingParams(max_tokens=new.target_output, temperature=0.0)
         self._records[new.key] = CallRecord(

@@ -30,12 +30,12 @@ from talaria.memory.kv.types import (
     SessionKV,
     expect_invariant,
 )
-from talaria.types import Link, SessionId, TokenSeq, salt_for
+from talaria.types import Link, SessionKey, TokenSeq, salt_for
 
 
 @attrs.define
 class _CallState:
-    session: SessionId
+    session: SessionKey
     model: str
     hashes: tuple[int, ...]  # hashes of the prompt's full blocks
     prompt_hashes: tuple[int, ...]  # hashed prompt blocks this call references
@@ -113,7 +113,7 @@ class KVManager:
         return self.device_free + self.device_evictable
 
     @property
-    def sessions(self) -> Mapping[SessionId, _SessionState]:
+    def sessions(self) -> Mapping[SessionKey, _SessionState]:
         return self._index.sessions
 
     def tpb(self, model: str) -> int:
@@ -158,7 +158,7 @@ class KVManager:
         unheld = sum(1 for h in reused if not (b := self._blocks[h]).ref and not b.pin)
         return self.device_available - unheld
 
-    def session_kv(self, session: SessionId) -> SessionKV:
+    def session_kv(self, session: SessionKey) -> SessionKV:
         st = self._index.sessions.get(session)
         if st is None:
             return SessionKV(0, 0, 0)
@@ -166,14 +166,14 @@ class KVManager:
         dev, host = self._index.runs(st.table)
         return SessionKV(dev * tpb, host * tpb, len(st.table) * tpb)
 
-    def session_device_blocks(self, session: SessionId) -> int:
+    def session_device_blocks(self, session: SessionKey) -> int:
         """Device blocks listed in the session's table (shared ones included)."""
         st = self._index.sessions.get(session)
         if st is None:
             return 0
         return st.n_device
 
-    def dropped_tokens(self, session: SessionId) -> int:
+    def dropped_tokens(self, session: SessionKey) -> int:
         st = self._index.sessions.get(session)
         return st.dropped_tokens if st else 0
 
@@ -314,7 +314,7 @@ class KVManager:
         self._index.sessions[call.session].running = False
 
     # ------------------------------------------------------------------ sessions
-    def set_priority(self, session: SessionId, value: float) -> None:
+    def set_priority(self, session: SessionKey, value: float) -> None:
         """Value of keeping the session's KV on device (e.g. probability it returns soon).
         A value that is not a number (NaN) counts as the lowest, 0, so eviction ranks stay
         totally ordered whatever a policy computes."""
@@ -322,7 +322,7 @@ class KVManager:
         if st is not None:
             st.priority = value if value == value else 0.0
 
-    def pin(self, session: SessionId) -> int:
+    def pin(self, session: SessionKey) -> int:
         """Pin the session's present (computed) blocks, a reservation: they are not evicted
         until ``unpin``. Returns the device blocks pinned (0 if already pinned)."""
         st = self._index.session(session)
@@ -336,17 +336,17 @@ class KVManager:
             self._pool.pin(blk)
         return n_dev
 
-    def unpin(self, session: SessionId) -> None:
+    def unpin(self, session: SessionKey) -> None:
         st = self._index.session(session)
         for h in st.pinned:
             self._pool.unpin(self._blocks[h])
         st.pinned = ()
 
-    def is_pinned(self, session: SessionId) -> bool:
+    def is_pinned(self, session: SessionKey) -> bool:
         st = self._index.sessions.get(session)
         return bool(st and st.pinned)
 
-    def offload(self, session: SessionId, now: float) -> EvictionResult:
+    def offload(self, session: SessionKey, now: float) -> EvictionResult:
         """Demote the session's unheld device blocks to host (dropped if host is full).
 
         Called when a reservation is reclaimed: the session's KV stays restorable.
@@ -360,16 +360,16 @@ class KVManager:
                 victims.append((rank, h, blk))
         return self._demote_all(victims)
 
-    def restore_blocks_needed(self, session: SessionId) -> int:
+    def restore_blocks_needed(self, session: SessionKey) -> int:
         st = self._index.session(session)
         return self._index.runs(st.table)[1]
 
-    def can_restore(self, session: SessionId) -> bool:
+    def can_restore(self, session: SessionKey) -> bool:
         st = self._index.session(session)
         dev, host = self._index.runs(st.table)
         return host <= self._available_besides(st.table[:dev])
 
-    def restore(self, session: SessionId, now: float) -> tuple[MovePlan, EvictionResult]:
+    def restore(self, session: SessionKey, now: float) -> tuple[MovePlan, EvictionResult]:
         """Bring the session's host run back to device ahead of its next call (prefetch).
 
         The session's device run is kept (never evicted to make room for its own restore).
@@ -402,7 +402,7 @@ class KVManager:
         """Take back every lent block; returns how many."""
         return self._pool.return_lent()
 
-    def end_session(self, session: SessionId) -> bool:
+    def end_session(self, session: SessionKey) -> bool:
         """Forget the session's table; its blocks become orphans (evicted first).
 
         Returns False (and changes nothing) while the session has a call running.

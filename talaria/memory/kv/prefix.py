@@ -18,7 +18,7 @@ import attrs
 from talaria.errors import BadRequest
 from talaria.memory.kv.blocks import _Block
 from talaria.memory.kv.types import expect_invariant
-from talaria.types import SessionId
+from talaria.types import SessionKey
 
 
 @attrs.define
@@ -45,10 +45,10 @@ class PrefixIndex:
         self.blocks: dict[int, _Block] = {}
         self.orphans: dict[int, None] = {}  # live hashes no table lists, oldest first
         self.listers: dict[int, list[_SessionState]] = {}  # hash -> tables listing it
-        self.sessions: dict[SessionId, _SessionState] = {}
+        self.sessions: dict[SessionKey, _SessionState] = {}
 
     # ------------------------------------------------------------------ queries
-    def session(self, session: SessionId) -> _SessionState:
+    def session(self, session: SessionKey) -> _SessionState:
         st = self.sessions.get(session)
         if st is None:
             raise BadRequest(f"unknown session {session!r} on this instance")

@@ -10,9 +10,9 @@ from __future__ import annotations
 import attrs
 
 from talaria.errors import TalariaError
-from talaria.types import Link, SessionId
+from talaria.types import Link, SessionKey
 
-CallKey = tuple[SessionId, int]
+CallKey = tuple[SessionKey, int]
 
 
 class KVIntegrityError(TalariaError, RuntimeError):
