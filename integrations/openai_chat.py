@@ -15,10 +15,10 @@ def create_options(
     model: str,
     messages: list[dict[str, Any]],
     params: Mapping[str, Any],
+    headers: Mapping[str, str],
     *,
     stream: bool,
     session_id: str | None,
-    headers: Mapping[str, str] | None = None,
     timeout_s: float,
     connect_timeout_s: float,
 ) -> dict[str, Any]:
@@ -27,7 +27,7 @@ def create_options(
     usage asked for in a stream); ``session_id``, when given, in the ``X-Session-ID`` header
     beside ``headers``. The connection may take ``connect_timeout_s``, at most ``timeout_s``,
     the whole call's limit. A new dict each call; nothing given is mutated."""
-    extra_headers = dict(headers or {})
+    extra_headers = dict(headers)
     if session_id is not None:
         extra_headers["X-Session-ID"] = session_id
     extra: dict[str, Any] = dict(params)

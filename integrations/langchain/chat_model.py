@@ -244,6 +244,7 @@ class ChatTalaria(BaseChatModel):
             self.model,
             request.messages,
             request.params,
+            {},  # no headers of its own: the session id is the only one
             stream=stream,
             session_id=request.session_id,
             timeout_s=self.timeout,

@@ -110,9 +110,9 @@ def _options(call: Call, stream: bool) -> dict[str, Any]:
         call.model,
         call.messages,
         call.params,
+        call.headers,
         stream=stream,
         session_id=call.session_id,
-        headers=call.headers,
         timeout_s=call.timeout_s,
         connect_timeout_s=call.connect_timeout_s,
     )
