@@ -381,12 +381,7 @@ def cpu_profile_from_dict(
         host_link_Bps=float(m["memcpy_payload_B_s"]),
         host_memory_bytes=ram // 4,
         disk_Bps=float(m["disk_read_B_s"]),
-        mfu=1.0,
-        hbm_efficiency=1.0,
-        host_link_efficiency=1.0,
-        disk_efficiency=1.0,
-        d2d_efficiency=1.0,
-        interconnect_efficiency=1.0,
+        **dict.fromkeys(EFFICIENCY_FIELDS, 1.0),  # achieved rates: every factor is 1
         step_overhead_s=overhead,
         allreduce_latency_s=0.0,
         copy_latency_s=float(m["torch_op_overhead_s"]),
