@@ -30,7 +30,6 @@ from talaria.swebench_replay.runs import (
     RunKind,
     Setting,
     WorkloadSpec,
-    execute_all,
     workload,
 )
 from talaria.swebench_replay.split import Part
@@ -184,19 +183,3 @@ def comparison_document(
     doc["tuning"] = dict(tuning) if tuning is not None else {"tuned": False}
     doc["comparison"] = headline(policies)
     return doc
-
-
-def compare(
-    spec: WorkloadSpec,
-    setting: Setting,
-    policies: Sequence[PolicyConfig],
-    seeds: Sequence[int] = TEST_SEEDS,
-    jobs: int = 1,
-    references: bool = True,
-    keep: Sequence[str] = (),
-    on_done: Callable[[Outcome], None] | None = None,
-    on_result: Callable[[str, SimResult], None] | None = None,
-) -> dict[str, dict[str, Any]]:
-    """The ``policies`` section of a comparison of ``policies`` (already tuned)."""
-    runs = comparison_runs(spec, setting, policies, seeds, references, keep)
-    return summarize(seeds, execute_all(runs, jobs, on_done), on_result)

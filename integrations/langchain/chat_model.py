@@ -31,6 +31,7 @@ from talaria.integrations.langchain.convert import (
     openai_messages,
     stream_tool_chunks,
 )
+from talaria.integrations.openai_chat import create_options
 from talaria.session import normalize_session_id, session_id_from_langchain
 
 __all__ = ["API_KEY_ENV", "DEFAULT_BASE_URL", "DEFAULT_MODEL", "SESSION_KWARG", "ChatTalaria"]
@@ -239,19 +240,16 @@ class ChatTalaria(BaseChatModel):
         return _Request(openai_messages(messages), params, sid)
 
     def _options(self, request: _Request, stream: bool) -> dict[str, Any]:
-        headers = {} if request.session_id is None else {"X-Session-ID": request.session_id}
-        extra = dict(request.params)
-        if stream:
-            extra["stream_options"] = {"include_usage": True}
-        connect = min(self.connect_timeout, self.timeout)
-        return {
-            "model": self.model,
-            "messages": request.messages,
-            "stream": stream,
-            "extra_headers": headers,
-            "extra_body": extra,
-            "timeout": openai.Timeout(self.timeout, connect=connect),
-        }
+        return create_options(
+            self.model,
+            request.messages,
+            request.params,
+            {},  # no headers of its own: the session id is the only one
+            stream=stream,
+            session_id=request.session_id,
+            timeout_s=self.timeout,
+            connect_timeout_s=self.connect_timeout,
+        )
 
     def _key(self) -> str:
         return self.api_key.get_secret_value() if self.api_key is not None else "EMPTY"

@@ -29,6 +29,7 @@ from talaria.integrations.litellm.call import (
     Unreachable,
     Usage,
 )
+from talaria.integrations.openai_chat import create_options
 
 __all__ = ["HttpBackend", "openai_base_url", "translate_errors"]
 
@@ -104,23 +105,17 @@ def _usage(usage: CompletionUsage | None) -> Usage | None:
 
 
 def _options(call: Call, stream: bool) -> dict[str, Any]:
-    """Keyword arguments of ``chat.completions.create``: every body field travels in
-    ``extra_body`` so that the server, not the client library, judges it."""
-    headers = dict(call.headers)
-    if call.session_id is not None:
-        headers["X-Session-ID"] = call.session_id
-    extra: dict[str, Any] = dict(call.params)
-    if stream:
-        extra["stream_options"] = {"include_usage": True}
-    connect = min(call.connect_timeout_s, call.timeout_s)
-    return {
-        "model": call.model,
-        "messages": call.messages,
-        "stream": stream,
-        "extra_headers": headers,
-        "extra_body": extra,
-        "timeout": openai.Timeout(call.timeout_s, connect=connect),
-    }
+    """Keyword arguments of ``chat.completions.create`` for ``call`` (:func:`create_options`)."""
+    return create_options(
+        call.model,
+        call.messages,
+        call.params,
+        call.headers,
+        stream=stream,
+        session_id=call.session_id,
+        timeout_s=call.timeout_s,
+        connect_timeout_s=call.connect_timeout_s,
+    )
 
 
 def _answer(completion: ChatCompletion, headers: Any) -> Answer:

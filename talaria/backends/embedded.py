@@ -30,6 +30,7 @@ from talaria.config import ClusterConfig, InstanceSpec, PolicyConfig
 from talaria.core.cluster import ClusterCore
 from talaria.core.instance import InstanceCore
 from talaria.cost import HardwareProfile, cluster_estimators, estimator_for
+from talaria.engine.arch import ModelArch
 from talaria.engine.catalog import Source, entry
 from talaria.engine.kernels import optional_decode_kernel
 from talaria.engine.loader import (
@@ -165,11 +166,8 @@ def cluster_from_loaded(
     (default: ``torch.get_num_threads()`` of the thread that builds the cluster)."""
     if not loaded:
         raise ConfigError("name at least one model to serve")
-    specs = [m.arch.to_spec(name, dtype, source=m.source) for name, m in loaded.items()]
-    cluster = ClusterConfig(specs, tuple(instances))
-    estimators = cluster_estimators(cluster, hardware)
-    core = ClusterCore(cluster, policy, estimators, learner=GapPredictor.default())
-    eos = {name: tuple(m.eos_token_ids) for name, m in loaded.items()}
+    core = loaded_cluster_core(instances, loaded, policy, dtype, hardware)
+    archs, tokenizers, sources, eos = served_models(loaded)
     kernel = optional_decode_kernel(device) if native_kernels else None
     runners = {
         name: EngineRunner(
@@ -185,11 +183,35 @@ def cluster_from_loaded(
         )
         for name, inst in core.instances.items()
     }
-    return EmbeddedCluster(
-        core,
-        runners,
+    return EmbeddedCluster(core, runners, archs, tokenizers, sources, eos)
+
+
+def loaded_cluster_core(
+    instances: Sequence[InstanceSpec],
+    loaded: Mapping[str, LoadedModel],
+    policy: PolicyConfig,
+    dtype: torch.dtype,
+    hardware: Mapping[str, HardwareProfile] | None,
+) -> ClusterCore:
+    """The cluster core of ``instances`` serving ``loaded`` (each model's spec from its
+    architecture in ``dtype``), its routers pricing with ``hardware`` over the shipped
+    profiles and learning gaps with the default predictor."""
+    specs = [m.arch.to_spec(name, dtype, source=m.source) for name, m in loaded.items()]
+    cluster = ClusterConfig(specs, tuple(instances))
+    estimators = cluster_estimators(cluster, hardware)
+    return ClusterCore(cluster, policy, estimators, learner=GapPredictor.default())
+
+
+def served_models(
+    loaded: Mapping[str, LoadedModel],
+) -> tuple[
+    dict[str, ModelArch], dict[str, Tokenizer | None], dict[str, str], dict[str, tuple[int, ...]]
+]:
+    """What a :class:`ServedCluster` keeps of each loaded model, in its field order: the
+    architectures, tokenizers, sources and end-of-sequence ids, by model name."""
+    return (
         {name: m.arch for name, m in loaded.items()},
         {name: m.tokenizer for name, m in loaded.items()},
         {name: m.source for name, m in loaded.items()},
-        eos,
+        {name: tuple(m.eos_token_ids) for name, m in loaded.items()},
     )

@@ -162,20 +162,6 @@ class CostModel:
             + attention / self.attention_flops_per_s
         )
 
-    def kv_traffic_bytes(
-        self,
-        model: ModelSpec,
-        prefill_tokens: int,
-        prefill_attn_tokens: float,
-        decode_seqs: int,
-        decode_context_tokens: int,
-    ) -> float:
-        """KV bytes written (new tokens) and read (contexts) by one step."""
-        tokens_rw: float = prefill_tokens + decode_seqs + decode_context_tokens
-        if prefill_tokens:
-            tokens_rw += prefill_attn_tokens / prefill_tokens
-        return tokens_rw * self.kv_bytes_per_token(model)
-
     def tp_comm_s(self, model: ModelSpec, tokens: int) -> float:
         """Allreduce time of one step over ``tokens`` tokens; 0 with one device or no tokens."""
         n = self.n_devices
@@ -211,8 +197,13 @@ class CostModel:
         if tokens == 0:
             return 0.0
         compute = self.compute_s(model, tokens, attn, context)
+        # KV tokens written (the new ones) and read (the decode contexts, and the prefill's
+        # mean attended context once)
+        kv_tokens: float = tokens + context
+        if prefill:
+            kv_tokens += attn / prefill
         memory = self.weight_bytes_touched(model, tokens) / self.hbm_Bps
-        memory += self.kv_traffic_bytes(model, prefill, attn, seqs, context) / self.kv_read_Bps
+        memory += kv_tokens * self.kv_bytes_per_token(model) / self.kv_read_Bps
         per_seq = seqs * (self.hw.decode_seq_overhead_s or 0.0)
         return (
             max(compute, memory) + self.tp_comm_s(model, tokens) + self.hw.step_overhead_s + per_seq

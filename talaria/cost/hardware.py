@@ -40,6 +40,16 @@ from talaria.errors import ConfigError
 
 CPU_PROFILE_FILE: Final = "cpu_profile.json"
 
+EFFICIENCY_FIELDS: Final = (
+    "mfu",
+    "hbm_efficiency",
+    "host_link_efficiency",
+    "disk_efficiency",
+    "d2d_efficiency",
+    "interconnect_efficiency",
+)
+"""The achieved-rate factors (each in (0, 1]); a measured profile's are all 1."""
+
 # Fields that hold numbers; each needs a "<field>: ..." entry in ``sources``.
 NUMERIC_FIELDS: Final = (
     "n_devices",
@@ -50,12 +60,7 @@ NUMERIC_FIELDS: Final = (
     "host_link_Bps",
     "host_memory_bytes",
     "disk_Bps",
-    "mfu",
-    "hbm_efficiency",
-    "host_link_efficiency",
-    "disk_efficiency",
-    "d2d_efficiency",
-    "interconnect_efficiency",
+    *EFFICIENCY_FIELDS,
     "step_overhead_s",
     "allreduce_latency_s",
     "copy_latency_s",
@@ -376,12 +381,7 @@ def cpu_profile_from_dict(
         host_link_Bps=float(m["memcpy_payload_B_s"]),
         host_memory_bytes=ram // 4,
         disk_Bps=float(m["disk_read_B_s"]),
-        mfu=1.0,
-        hbm_efficiency=1.0,
-        host_link_efficiency=1.0,
-        disk_efficiency=1.0,
-        d2d_efficiency=1.0,
-        interconnect_efficiency=1.0,
+        **dict.fromkeys(EFFICIENCY_FIELDS, 1.0),  # achieved rates: every factor is 1
         step_overhead_s=overhead,
         allreduce_latency_s=0.0,
         copy_latency_s=float(m["torch_op_overhead_s"]),
@@ -509,17 +509,7 @@ def _cpu_sources(where: str, fp32_flops: float, engine: str | None = None) -> tu
         f"interconnect_Bps: unused with one device; set to the memcpy payload rate, {where}",
         f"host_link_Bps: payload rate of a copy between two preallocated buffers, {where}",
         f"disk_Bps: read of a fsync'd temp file after posix_fadvise(DONTNEED), {where}",
-        *(
-            f"{f}: {achieved}"
-            for f in (
-                "mfu",
-                "hbm_efficiency",
-                "host_link_efficiency",
-                "disk_efficiency",
-                "d2d_efficiency",
-                "interconnect_efficiency",
-            )
-        ),
+        *(f"{f}: {achieved}" for f in EFFICIENCY_FIELDS),
         f"step_overhead_s: {engine}"
         if engine
         else f"step_overhead_s: {_OPS_PER_STEP} torch ops (SmolLM2-135M: 30 layers x ~10 "

@@ -229,7 +229,13 @@ class DecodeKernel:
         point.
         """
         n, n_heads, hd = q.shape
-        kvh = self._attend_kv_heads(q, k_rows, v_rows, tables, ctxs, tokens_per_block)
+        kvh = _rows_kv_heads(q, k_rows, v_rows, tokens_per_block)
+        if (
+            kvh == 0
+            or not _block_tables_fit(tables, ctxs, n)
+            or not self.supports(n_heads, kvh, hd, q.dtype)
+        ):
+            raise ValueError(_unsupported(q, k_rows, tables, ctxs))
         out = torch.empty((n, n_heads, hd), dtype=torch.bfloat16)
         rc = self._fn(
             q.data_ptr(),
@@ -252,48 +258,6 @@ class DecodeKernel:
         if rc != 0:
             raise MemoryError(f"paged decode kernel failed (code {rc}): out of memory")
         return out
-
-    def _attend_kv_heads(
-        self,
-        q: torch.Tensor,
-        k_rows: torch.Tensor,
-        v_rows: torch.Tensor,
-        tables: torch.Tensor,
-        ctxs: torch.Tensor,
-        tokens_per_block: int,
-    ) -> int:
-        """The KV heads of :meth:`attend`'s block rows, once its operands' shapes, dtypes
-        and strides are checked (``ValueError`` naming them otherwise)."""
-        n, n_heads, hd = q.shape
-        width = k_rows.shape[1]
-        kvh, rem = divmod(width, tokens_per_block * hd)
-        if (
-            q.dtype != torch.bfloat16
-            or k_rows.dtype != torch.bfloat16
-            or v_rows.shape != k_rows.shape
-            or v_rows.dtype != torch.bfloat16
-            or rem
-            or kvh == 0
-            or q.stride(2) != 1
-            or q.stride(1) != hd
-            or k_rows.stride(1) != 1
-            or v_rows.stride() != k_rows.stride()
-            or q.device.type != "cpu"
-            or tables.dtype != torch.int64
-            or ctxs.dtype != torch.int64
-            or tables.dim() != 2
-            or tables.shape[0] != n
-            or ctxs.shape != (n,)
-            or not tables.is_contiguous()
-            or not ctxs.is_contiguous()
-            or not self.supports(n_heads, kvh, hd, q.dtype)
-        ):
-            raise ValueError(
-                f"paged decode kernel: unsupported operands q {tuple(q.shape)} {q.dtype} "
-                f"strides {q.stride()}, rows {tuple(k_rows.shape)} {k_rows.dtype}, tables "
-                f"{tuple(tables.shape)} {tables.dtype}, ctxs {tuple(ctxs.shape)} {ctxs.dtype}"
-            )
-        return kvh
 
     def gemm_supports(self, w: torch.Tensor) -> bool:
         """Whether :meth:`gemm_small` takes weight ``w``: this build has the AVX512-BF16
@@ -346,3 +310,50 @@ class DecodeKernel:
         if rc != 0:
             raise ValueError(f"small gemm kernel refused {tuple(w.shape)} (code {rc})")
         return y
+
+
+def _rows_kv_heads(q: torch.Tensor, k_rows: torch.Tensor, v_rows: torch.Tensor, tpb: int) -> int:
+    """The KV heads of :meth:`DecodeKernel.attend`'s block rows ``[num_blocks, tpb * kvh *
+    hd]``, or 0 when the queries and rows are not bf16 CPU tensors of matching widths with
+    unit-stride heads and rows."""
+    hd = q.shape[2]
+    kvh, rem = divmod(k_rows.shape[1], tpb * hd)
+    if (
+        q.dtype != torch.bfloat16
+        or k_rows.dtype != torch.bfloat16
+        or v_rows.shape != k_rows.shape
+        or v_rows.dtype != torch.bfloat16
+        or rem
+        or q.stride(2) != 1
+        or q.stride(1) != hd
+        or k_rows.stride(1) != 1
+        or v_rows.stride() != k_rows.stride()
+        or q.device.type != "cpu"
+    ):
+        return 0
+    return kvh
+
+
+def _block_tables_fit(tables: torch.Tensor, ctxs: torch.Tensor, n: int) -> bool:
+    """Whether ``tables`` ``[n, max_blocks]`` and ``ctxs`` ``[n]`` are contiguous int64, as
+    :meth:`DecodeKernel.attend` reads them."""
+    return (
+        tables.dtype == torch.int64
+        and ctxs.dtype == torch.int64
+        and tables.dim() == 2
+        and tables.shape[0] == n
+        and ctxs.shape == (n,)
+        and tables.is_contiguous()
+        and ctxs.is_contiguous()
+    )
+
+
+def _unsupported(
+    q: torch.Tensor, rows: torch.Tensor, tables: torch.Tensor, ctxs: torch.Tensor
+) -> str:
+    """The ``ValueError`` message of operands :meth:`DecodeKernel.attend` does not take."""
+    return (
+        f"paged decode kernel: unsupported operands q {tuple(q.shape)} {q.dtype} "
+        f"strides {q.stride()}, rows {tuple(rows.shape)} {rows.dtype}, tables "
+        f"{tuple(tables.shape)} {tables.dtype}, ctxs {tuple(ctxs.shape)} {ctxs.dtype}"
+    )

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from talaria.engine.arch import ModelArch, RopeKind
-from talaria.engine.attention import PagedGroup, Scratch, attend_decode, attend_prefill
+from talaria.engine.attention import PagedGroup, Scratch, attend_decode, attend_prefill, gather_kv
 from talaria.engine.batch import BatchInput, DecodeAttn, Plan, SeqAttn, SeqInput
 from talaria.engine.kernels import MAX_SMALL_M, DecodeKernel
 from talaria.engine.ops import apply_rope, linear, rms_norm
@@ -162,9 +162,8 @@ class LlamaModel:
         else:
             out = q.new_empty(q.shape)
             for s in plan.multi:
-                out[s.row0 : s.row1] = attend_prefill(
-                    q[s.row0 : s.row1], k_rows, v_rows, s.group, shape, self.scratch, s.mask
-                )
+                k_ctx, v_ctx = gather_kv(k_rows, v_rows, s.group, shape, self.scratch)
+                out[s.row0 : s.row1] = attend_prefill(q[s.row0 : s.row1], k_ctx, v_ctx, s.mask)
             for d in plan.decode:
                 out[d.rows] = self._decode(q[d.rows], k_rows, v_rows, d.group, shape)
         return self._linear(out.reshape(rows, -1), layer.o, layer.o_bias)
@@ -183,7 +182,8 @@ class LlamaModel:
         if kernel is not None and g.lengths is not None and k_rows.dtype == torch.bfloat16:
             scale = self.arch.head_dim**-0.5
             return kernel.attend(q, k_rows, v_rows, g.tables, g.lengths, shape[0], scale)
-        return attend_decode(q, k_rows, v_rows, g, shape, self.scratch)
+        k_ctx, v_ctx = gather_kv(k_rows, v_rows, g, shape, self.scratch)
+        return attend_decode(q, k_ctx, v_ctx, g.mask)
 
     # ------------------------------------------------------------------------- planning
 

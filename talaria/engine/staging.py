@@ -28,7 +28,7 @@ import ctypes
 import os
 import threading
 from collections.abc import Sequence
-from typing import Final
+from typing import Final, TypeAlias
 
 import torch
 
@@ -37,6 +37,9 @@ CHUNK_BYTES: Final = 4 << 20
 
 NICE: Final = 19
 """Scheduling priority of the copy thread (Linux per-thread nice)."""
+
+CopyRun: TypeAlias = tuple[torch.Tensor, torch.Tensor]
+"""One ``(dst, src)`` pair a stage copies: as many bytes into ``dst`` as ``src`` holds."""
 
 
 class BackgroundCopy:
@@ -65,12 +68,7 @@ class BackgroundCopy:
         """The started copy has finished (or there is none)."""
         return self._thread is None or not self._thread.is_alive()
 
-    def start(
-        self,
-        model: str,
-        blocks: Sequence[int],
-        runs: Sequence[tuple[torch.Tensor, torch.Tensor]],
-    ) -> None:
+    def start(self, model: str, blocks: Sequence[int], runs: Sequence[CopyRun]) -> None:
         """Copy every ``src`` into its ``dst`` (same byte count, contiguous, CPU) in the
         background, labelled ``model`` into ``blocks``. Raises ``ValueError`` for a run it
         cannot copy, ``RuntimeError`` if a copy is still active."""
@@ -153,7 +151,7 @@ class StreamCopy:
         self.blocks: tuple[int, ...] = ()
         self.copied_bytes = 0
         self._event: torch.cuda.Event | None = None
-        self._keep: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._keep: list[CopyRun] = []
 
     @property
     def active(self) -> bool:
@@ -165,12 +163,7 @@ class StreamCopy:
         """The started copy has landed on the device (or there is none)."""
         return self._event is None or bool(self._event.query())  # type: ignore[no-untyped-call]
 
-    def start(
-        self,
-        model: str,
-        blocks: Sequence[int],
-        runs: Sequence[tuple[torch.Tensor, torch.Tensor]],
-    ) -> None:
+    def start(self, model: str, blocks: Sequence[int], runs: Sequence[CopyRun]) -> None:
         """Queue every ``src`` (pinned host bytes) into its ``dst`` (device bytes, same
         count) on the side stream, after what the runner's stream has queued so far (the
         lent blocks may have been written by its KV moves). ``ValueError`` for a run it

@@ -13,6 +13,7 @@ with 413 before parsing, whether sent with ``Content-Length`` or chunked. Refusa
 
 from __future__ import annotations
 
+import abc
 import hashlib
 import hmac
 import time
@@ -41,18 +42,33 @@ def _endpoint(path: str) -> str | None:
     return "other"
 
 
-class Observe:
-    """Stamps request receipt (``scope["state"]["talaria_received"]``, perf_counter s) and
-    counts every answered request with its status and duration, whoever answered it."""
+class _HttpMiddleware(abc.ABC):
+    """An ASGI middleware that sees HTTP requests only (:meth:`handle`); every other scope
+    (lifespan, websockets) goes straight on to ``app``."""
 
-    def __init__(self, app: ASGIApp, metrics: ServerMetrics) -> None:
+    def __init__(self, app: ASGIApp) -> None:
         self.app = app
-        self.metrics = metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        await self.handle(scope, receive, send)
+
+    @abc.abstractmethod
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Answer or pass on one HTTP request (``scope["type"] == "http"``)."""
+
+
+class Observe(_HttpMiddleware):
+    """Stamps request receipt (``scope["state"]["talaria_received"]``, perf_counter s) and
+    counts every answered request with its status and duration, whoever answered it."""
+
+    def __init__(self, app: ASGIApp, metrics: ServerMetrics) -> None:
+        super().__init__(app)
+        self.metrics = metrics
+
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         start = time.perf_counter()
         state: dict[str, Any] = scope.setdefault("state", {})
         state["talaria_received"] = start
@@ -82,17 +98,17 @@ def tenant_of_key(key: str, names: Mapping[str, str]) -> str:
     return name if name is not None else "key-" + hashlib.sha256(key.encode()).hexdigest()[:12]
 
 
-class ApiKeys:
+class ApiKeys(_HttpMiddleware):
     """401 for ``/v1/...`` requests without a configured bearer key (no keys: open). A
     matched key's tenant is put in the request state (``talaria_tenant``)."""
 
     def __init__(self, app: ASGIApp, keys: tuple[str, ...], tenants: Mapping[str, str]) -> None:
-        self.app = app
+        super().__init__(app)
         self.keys = tuple(k.encode() for k in keys)
         self.tenants = tuple(tenant_of_key(k, tenants) for k in keys)
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and self.keys and scope["path"].startswith("/v1"):
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.keys and scope["path"].startswith("/v1"):
             headers = Headers(scope=scope)
             problem, tenant = self._check(headers.get("authorization"), headers.get("x-api-key"))
             if problem is not None:
@@ -127,19 +143,16 @@ class ApiKeys:
         return None, self.tenants[matches.index(True)]
 
 
-class BodyLimit:
+class BodyLimit(_HttpMiddleware):
     """413 for a request body over ``max_bytes``, checked on the raw bytes before any
     parsing: at once from ``Content-Length``, else while reading a chunked body. The body
     is buffered (at most ``max_bytes``) and replayed to the app."""
 
     def __init__(self, app: ASGIApp, max_bytes: int) -> None:
-        self.app = app
+        super().__init__(app)
         self.max_bytes = max_bytes
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         declared = Headers(scope=scope).get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
             await self._refuse(scope, receive, send)

@@ -17,6 +17,7 @@ from talaria.engine.attention import (
     Scratch,
     attend_decode,
     attend_prefill,
+    gather_kv,
     sdpa_gqa,
 )
 from talaria.engine.batch import BatchInput, SeqInput
@@ -76,7 +77,8 @@ def test_decode_matches_a_gathered_reference(n_heads: int, n_kv_heads: int) -> N
     q = torch.randn(len(ctxs), n_heads, arch.head_dim, generator=gen)
     shape = (TPB, n_kv_heads, arch.head_dim)
     k_rows, v_rows = kv.rows(1)
-    out = attend_decode(q, k_rows, v_rows, group, shape, Scratch())
+    k_ctx, v_ctx = gather_kv(k_rows, v_rows, group, shape, Scratch())
+    out = attend_decode(q, k_ctx, v_ctx, group.mask)
     k_cache, v_cache = kv.layer(1)
     for i, (table, ctx) in enumerate(zip(tables, ctxs, strict=True)):
         expected = _reference(q[i], k_cache, v_cache, table, ctx)
@@ -94,7 +96,8 @@ def test_prefill_matches_a_gathered_reference() -> None:
     mask = torch.arange(ctx).unsqueeze(0) <= torch.arange(ctx - m, ctx).unsqueeze(1)
     group = PagedGroup(1, torch.tensor(table), len(table), ctx, None)
     k_rows, v_rows = kv.rows(0)
-    out = attend_prefill(q, k_rows, v_rows, group, (TPB, 2, arch.head_dim), Scratch(), mask)
+    k_ctx, v_ctx = gather_kv(k_rows, v_rows, group, (TPB, 2, arch.head_dim), Scratch())
+    out = attend_prefill(q, k_ctx, v_ctx, mask)
     k_cache, v_cache = kv.layer(0)
     k = k_cache[torch.tensor(table)].flatten(0, 1)[:ctx].transpose(0, 1)
     v = v_cache[torch.tensor(table)].flatten(0, 1)[:ctx].transpose(0, 1)

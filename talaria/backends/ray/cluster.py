@@ -23,16 +23,15 @@ import attrs
 import ray
 import torch
 
-from talaria.backends.embedded import load_catalog_model
+from talaria.backends.embedded import load_catalog_model, loaded_cluster_core, served_models
 from talaria.backends.ray.actor import InstanceWorker, WorkerInfo
 from talaria.backends.ray.executor import ATTACH_TIMEOUT_S, STEP_TIMEOUT_S, RayExecutor
 from talaria.backends.served import ServedCluster
-from talaria.config import ClusterConfig, InstanceSpec, PolicyConfig
+from talaria.config import InstanceSpec, PolicyConfig
 from talaria.core.cluster import ClusterCore
-from talaria.cost import HardwareProfile, cluster_estimators
+from talaria.cost import HardwareProfile
 from talaria.errors import ConfigError
 from talaria.executor import Layout
-from talaria.session.gaps import GapPredictor
 
 __all__ = ["DEFAULT_RESOURCE", "LOCAL", "RayCluster", "build_ray_cluster", "connect"]
 
@@ -129,11 +128,7 @@ def build_ray_cluster(
     if not isinstance(torch_dtype, torch.dtype):
         raise ConfigError(f"unknown dtype {dtype!r}")
     described = {m: load_catalog_model(m, torch_dtype, weights=False) for m in models}
-    specs = [d.arch.to_spec(m, torch_dtype, source=d.source) for m, d in described.items()]
-    cluster = ClusterConfig(specs, tuple(instances))
-    core = ClusterCore(
-        cluster, policy, cluster_estimators(cluster, hardware), learner=GapPredictor.default()
-    )
+    core = loaded_cluster_core(instances, described, policy, torch_dtype, hardware)
     connected = connect(address, len(instances), resource)
     actors: dict[str, Any] = {}
     try:
@@ -145,16 +140,7 @@ def build_ray_cluster(
     except BaseException:
         RayCluster(core, {}, {}, {}, {}, {}, actors, connected).close()
         raise
-    return RayCluster(
-        core,
-        runners,
-        {m: d.arch for m, d in described.items()},
-        {m: d.tokenizer for m, d in described.items()},
-        {m: d.source for m, d in described.items()},
-        {m: tuple(d.eos_token_ids) for m, d in described.items()},
-        actors,
-        connected,
-    )
+    return RayCluster(core, runners, *served_models(described), actors, connected)
 
 
 def _attach(
