@@ -96,6 +96,10 @@ def test_bad_input_is_typed_and_leaves_everything_intact(tal: SyncTalaria) -> No
         tal.chat([], MODEL, params=SamplingParams(max_tokens=4))
     with pytest.raises(BadRequest, match="max_tokens"):
         tal.chat(ask("hi"), MODEL, params=SamplingParams(max_tokens=-1))
+    with pytest.raises(BadRequest, match=r"unknown argument\(s\) max_tokens: .*SamplingParams"):
+        tal.chat(ask("hi"), MODEL, max_tokens=4)  # type: ignore[call-arg]
+    with pytest.raises(BadRequest, match=r"unknown argument\(s\) tools"):
+        tal.complete("hi", MODEL, tools=[])  # type: ignore[call-arg]
     with pytest.raises(BadRequest, match="temperature"):
         tal.chat(ask("hi"), MODEL, params=SamplingParams(max_tokens=4, temperature=-2))
     with pytest.raises(ContextTooLong):

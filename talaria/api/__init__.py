@@ -36,7 +36,7 @@ from talaria.api.results import (
     Usage,
 )
 from talaria.api.sync import SyncTalaria
-from talaria.api.talaria import Talaria
+from talaria.api.talaria import CallArgs, ChatArgs, Talaria
 from talaria.generation import SamplingParams
 from talaria.runtime.sessions import SessionSummary
 from talaria.types import DEFAULT_TENANT, SessionKey
@@ -44,6 +44,8 @@ from talaria.types import DEFAULT_TENANT, SessionKey
 __all__ = [
     "DEFAULT_MAX_TOKENS",
     "DEFAULT_TENANT",
+    "CallArgs",
+    "ChatArgs",
     "ChatChunk",
     "ChatResult",
     "Choice",

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
-from typing import Any
+from typing import Any, Unpack
 
 import anyio
 import anyio.abc
@@ -16,7 +16,7 @@ import anyio.from_thread
 
 from talaria.api.config import TalariaConfig
 from talaria.api.results import ChatChunk, ChatResult, ModelInfo, Tokenized
-from talaria.api.talaria import Talaria
+from talaria.api.talaria import CallArgs, ChatArgs, Talaria
 from talaria.runtime.sessions import SessionSummary
 
 
@@ -63,12 +63,14 @@ class SyncTalaria(AbstractContextManager["SyncTalaria"]):
             raise RuntimeError("use `with SyncTalaria(config) as t:`")
         return self._portal
 
-    def chat(self, messages: Sequence[Mapping[str, Any]], model: str, **kwargs: Any) -> ChatResult:
+    def chat(
+        self, messages: Sequence[Mapping[str, Any]], model: str, **kwargs: Unpack[ChatArgs]
+    ) -> ChatResult:
         portal = self._require()
         return portal.call(lambda: self.talaria.chat(messages, model, **kwargs))
 
     def chat_stream(
-        self, messages: Sequence[Mapping[str, Any]], model: str, **kwargs: Any
+        self, messages: Sequence[Mapping[str, Any]], model: str, **kwargs: Unpack[ChatArgs]
     ) -> Iterator[ChatChunk]:
         portal = self._require()
         stream = portal.call(
@@ -80,7 +82,9 @@ class SyncTalaria(AbstractContextManager["SyncTalaria"]):
             except StopAsyncIteration:
                 return
 
-    def complete(self, prompt: str, model: str, **kwargs: Any) -> ChatResult:
+    def complete(
+        self, prompt: str | Sequence[int], model: str, **kwargs: Unpack[CallArgs]
+    ) -> ChatResult:
         portal = self._require()
         return portal.call(lambda: self.talaria.complete(prompt, model, **kwargs))
 

@@ -14,7 +14,7 @@ import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from contextlib import aclosing
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 import anyio
 import anyio.abc
@@ -49,6 +49,41 @@ from talaria.types import DEFAULT_TENANT, EventKind, SessionKey, TokenSeq
 MAX_CHOICES = 16  # ``n``: samples of one prompt per request
 SEED_SPAN = 2**64  # torch seeds: a choice's seed (seed + index) wraps within this span
 _Item = tuple[int, str, Delta | Finished] | tuple[int, BaseException]
+
+
+class CallArgs(TypedDict, total=False):
+    """What every call takes beside its prompt and model (the HTTP server passes the same,
+    ``talaria.server.backend``): ``params``, its sampling (``SamplingParams``; None, or
+    ``max_tokens`` None, leaves the output cap to the server: ``default_max_tokens`` or
+    what the context leaves beside the prompt); ``session_id`` (None: a one-call session),
+    within its ``tenant`` (default: ``DEFAULT_TENANT``); ``n`` choices of the same prompt
+    (default 1; see :meth:`Talaria._choices`)."""
+
+    params: SamplingParams | None
+    session_id: str | None
+    tenant: str
+    n: int
+
+
+class ChatArgs(CallArgs, total=False):
+    """A chat call's :class:`CallArgs` and its tools: ``tools``, ``tool_choice`` and
+    ``parallel_tool_calls`` as OpenAI's (``talaria.api.tool_choice``); the answer's calls
+    come back in ``tool_calls``."""
+
+    tools: Sequence[Mapping[str, Any]] | None
+    tool_choice: str | Mapping[str, Any] | None
+    parallel_tool_calls: bool | None
+
+
+def _check_args(call: Mapping[str, object], kind: type[CallArgs]) -> None:
+    """``BadRequest`` naming an argument ``kind`` does not take (keyword arguments are not
+    checked at run time otherwise)."""
+    unknown = sorted(set(call) - set(kind.__annotations__))
+    if unknown:
+        raise BadRequest(
+            f"unknown argument(s) {', '.join(unknown)}: a call takes "
+            f"{', '.join(kind.__annotations__)} (sampling goes in params=SamplingParams(...))"
+        )
 
 
 @attrs.frozen
@@ -369,78 +404,59 @@ class Talaria:
         return self._tokenizer(model).decode(ids, skip_special_tokens=False)
 
     async def chat(
-        self,
-        messages: Sequence[Mapping[str, Any]],
-        model: str,
-        *,
-        params: SamplingParams | None = None,
-        session_id: str | None = None,
-        tenant: str = DEFAULT_TENANT,
-        tools: Sequence[Mapping[str, Any]] | None = None,
-        tool_choice: str | Mapping[str, Any] | None = None,
-        parallel_tool_calls: bool | None = None,
-        n: int = 1,
+        self, messages: Sequence[Mapping[str, Any]], model: str, **call: Unpack[ChatArgs]
     ) -> ChatResult:
-        """Answer a conversation (OpenAI message dicts), sampled by ``params`` (see
-        ``SamplingParams``; None: its defaults with the output cap left to the server, and
-        ``max_tokens=None`` does the same). ``n`` > 1 draws that many choices of the same
-        prompt (see :meth:`_choices`). ``tools``, ``tool_choice`` and
-        ``parallel_tool_calls`` as OpenAI's (see ``talaria.api.tool_choice``): the answer's
-        calls come back in ``tool_calls``."""
-        text, plan = self._chat_text(
-            model, messages, tools, tool_choice=tool_choice, parallel_tool_calls=parallel_tool_calls
-        )
-        p = self._prepare(model, session_id, text, params, tenant, plan)
-        return await self._whole(self._choices(p, n))
+        """Answer a conversation (OpenAI message dicts); ``call`` as :class:`ChatArgs`
+        (sampling, session, tenant, choices, tools). Choice 0 is the answer."""
+        return await self._whole(self._chat_calls(messages, model, call))
 
     def chat_stream(
-        self,
-        messages: Sequence[Mapping[str, Any]],
-        model: str,
-        *,
-        params: SamplingParams | None = None,
-        session_id: str | None = None,
-        tenant: str = DEFAULT_TENANT,
-        tools: Sequence[Mapping[str, Any]] | None = None,
-        tool_choice: str | Mapping[str, Any] | None = None,
-        parallel_tool_calls: bool | None = None,
-        n: int = 1,
+        self, messages: Sequence[Mapping[str, Any]], model: str, **call: Unpack[ChatArgs]
     ) -> AsyncIterator[ChatChunk]:
         """Like ``chat``, as chunks of text (and of whole tool calls). Input errors raise
         here, before iteration. A consumer that stops early should close the iterator
         (``contextlib.aclosing``): that cancels the call and frees its KV at once."""
-        text, plan = self._chat_text(
-            model, messages, tools, tool_choice=tool_choice, parallel_tool_calls=parallel_tool_calls
-        )
-        p = self._prepare(model, session_id, text, params, tenant, plan)
-        return self._chunks(self._choices(p, n))
+        return self._chunks(self._chat_calls(messages, model, call))
 
     async def complete(
-        self,
-        prompt: str | Sequence[int],
-        model: str,
-        *,
-        params: SamplingParams | None = None,
-        session_id: str | None = None,
-        tenant: str = DEFAULT_TENANT,
-        n: int = 1,
+        self, prompt: str | Sequence[int], model: str, **call: Unpack[CallArgs]
     ) -> ChatResult:
         """Continue a raw prompt (no chat template): a text, or the model's token ids."""
-        p = self._prepare(model, session_id, prompt, params, tenant)
-        return await self._whole(self._choices(attrs.evolve(p, id_prefix="cmpl"), n))
+        _check_args(call, CallArgs)
+        return await self._whole(self._calls(model, prompt, call, "cmpl"))
 
     def complete_stream(
-        self,
-        prompt: str | Sequence[int],
-        model: str,
-        *,
-        params: SamplingParams | None = None,
-        session_id: str | None = None,
-        tenant: str = DEFAULT_TENANT,
-        n: int = 1,
+        self, prompt: str | Sequence[int], model: str, **call: Unpack[CallArgs]
     ) -> AsyncIterator[ChatChunk]:
-        p = self._prepare(model, session_id, prompt, params, tenant)
-        return self._chunks(self._choices(attrs.evolve(p, id_prefix="cmpl"), n))
+        """Like ``complete``, as chunks of text."""
+        _check_args(call, CallArgs)
+        return self._chunks(self._calls(model, prompt, call, "cmpl"))
+
+    def _chat_calls(
+        self, messages: Sequence[Mapping[str, Any]], model: str, call: ChatArgs
+    ) -> list[_Prepared]:
+        _check_args(call, ChatArgs)
+        text, plan = self._chat_text(
+            model,
+            messages,
+            call.get("tools"),
+            tool_choice=call.get("tool_choice"),
+            parallel_tool_calls=call.get("parallel_tool_calls"),
+        )
+        return self._calls(model, text, call, "chatcmpl", plan)
+
+    def _calls(
+        self,
+        model: str,
+        text: str | Sequence[int],
+        call: CallArgs,
+        id_prefix: str,
+        plan: ToolPlan | None = None,
+    ) -> list[_Prepared]:
+        """The prepared calls of one request (one per choice; arguments checked)."""
+        tenant = call.get("tenant", DEFAULT_TENANT)
+        p = self._prepare(model, call.get("session_id"), text, call.get("params"), tenant, plan)
+        return self._choices(attrs.evolve(p, id_prefix=id_prefix), call.get("n", 1))
 
     def _choices(self, p: _Prepared, n: int) -> list[_Prepared]:
         """The calls that answer a request for ``n`` choices (``1 <= n <= MAX_CHOICES``).

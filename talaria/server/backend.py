@@ -4,23 +4,12 @@ it calls (a protocol, so a test can serve a fake), typed with the API's own resu
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol, TypedDict, Unpack
+from typing import TYPE_CHECKING, Any, Protocol, Unpack
 
 if TYPE_CHECKING:
     from talaria.api.results import ChatChunk, ModelInfo, Tokenized
-    from talaria.generation import SamplingParams
+    from talaria.api.talaria import CallArgs, ChatArgs
     from talaria.runtime.sessions import SessionSummary
-
-
-class CallArgs(TypedDict, total=False):
-    """The keyword arguments chat and text completions share: the sampling parameters (one
-    ``SamplingParams``, ``max_tokens`` None for the server's cap), the session, its tenant
-    and the number of choices (``talaria.api.Talaria.chat_stream`` documents each)."""
-
-    params: SamplingParams
-    session_id: str | None
-    tenant: str
-    n: int
 
 
 class Backend(Protocol):
@@ -28,14 +17,7 @@ class Backend(Protocol):
     (from the call or from the iterator); ``models`` and ``stats`` do no I/O."""
 
     def chat_stream(
-        self,
-        messages: list[dict[str, Any]],
-        model: str,
-        *,
-        tools: Sequence[Mapping[str, Any]] | None = ...,
-        tool_choice: str | Mapping[str, Any] | None = ...,
-        parallel_tool_calls: bool | None = ...,
-        **call: Unpack[CallArgs],
+        self, messages: list[dict[str, Any]], model: str, **call: Unpack[ChatArgs]
     ) -> AsyncIterator[ChatChunk]: ...
 
     def complete_stream(

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
@@ -35,9 +35,12 @@ from talaria.api.results import ChatChunk, Logprob, ModelInfo, ToolCall, Usage
 from talaria.server import handling, openapi, responses_api, streaming
 from talaria.server import requests as req
 from talaria.server import responses as resp
-from talaria.server.backend import Backend, CallArgs
 from talaria.server.errors import ErrorShape, bad_request
 from talaria.server.session_ids import session_of
+
+if TYPE_CHECKING:
+    from talaria.api.talaria import CallArgs
+    from talaria.server.backend import Backend
 
 log = logging.getLogger(__name__)
 
