@@ -26,8 +26,6 @@ def test_bad_tenant_names_are_refused(name: str) -> None:
 def test_a_session_is_keyed_by_tenant_and_id() -> None:
     a, b = SessionKey("team-a", "s1"), SessionKey("team-b", "s1")
     assert a != b and a != SessionKey(DEFAULT_TENANT, "s1") and hash(a) != hash(b)
-    assert str(SessionKey(DEFAULT_TENANT, "s1")) == "s1"  # errors name the client's own id
-    assert str(a) == "s1 (tenant team-a)"
 
 
 def test_the_tenant_limits_come_from_the_toml_and_must_be_positive(tmp_path: Path) -> None:

@@ -273,7 +273,7 @@ class ClusterCore:
         info = self.sessions.get(session)
         if info is None or info.ended:
             raise UnknownSession(
-                f"unknown session {str(session)!r}: send a call with this session id first"
+                f"unknown session {session.id!r}: send a call with this session id first"
             )
         return info
 

@@ -281,7 +281,7 @@ class LiveCluster:
         sess = self.sessions.get(session)
         if sess is None:
             raise UnknownSession(
-                f"unknown session {str(session)!r}: send a call with this session id first "
+                f"unknown session {session.id!r}: send a call with this session id first "
                 "(sessions also end after an 'end' event or when idle too long)"
             )
         now = self.clock.now()

@@ -32,7 +32,7 @@ from talaria.memory.kv import MovePlan
 from talaria.policy.baselines import POLICIES
 from talaria.runtime.local import LocalInstance
 from talaria.types import Call, Link, TokenSeq
-from tests.helpers import RoundNumberEstimator
+from tests.helpers import RoundNumberEstimator, sk
 
 transformers = pytest.importorskip("transformers")
 try:
@@ -333,7 +333,7 @@ def test_greedy_generation_is_token_identical_to_transformers(
                 max_new_tokens=NEW_TOKENS,
             )
         expected = out[0, len(prompt) :].tolist()
-        ours = list(outputs[(f"s{i}", 0)])
+        ours = list(outputs[(sk(f"s{i}"), 0)])
         assert ours == expected, (i, tok.decode(ours), tok.decode(expected))
         text = tok.decode(ours)
         assert text.strip(), (i, ours)
