@@ -74,7 +74,8 @@ def one_call(inst: EmbeddedInstance, key: str, tokens: int, grammar: Grammar | N
     prompt = TokenSeq(tok.encode(text, add_special_tokens=False))
     params = SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True, grammar=grammar)
     local = inst.instance
-    local.submit(Call(key, 0, MODEL, prompt, tokens), 0.0, params=params)
+    call = Call(key, 0, MODEL, prompt, tokens)
+    local.submit(call, 0.0, params=params)
     local.step(0.0)  # the prefill and the first token, not timed
     t0 = time.perf_counter()
     now = 0.0
@@ -82,7 +83,7 @@ def one_call(inst: EmbeddedInstance, key: str, tokens: int, grammar: Grammar | N
         now += 0.01
         local.step(now)
     seconds = time.perf_counter() - t0
-    n = len(local.take_output((key, 0)))
+    n = len(local.take_output(call.key))
     return seconds / max(1, n - 1)
 
 

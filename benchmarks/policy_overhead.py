@@ -86,7 +86,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         call = Call(sid, 0, models[k % 3], prompt, 64, 64, arrival_s=now)
         history = prompt.extend(rng.randrange(32000) for _ in range(64))
         run_call(core, call, history, now)
-        core.event(sid, EventKind.TOOL_START, 0.3, now)
+        core.event(call.session, EventKind.TOOL_START, 0.3, now)
         prompts[sid], histories[sid] = prompt, history
         now += 0.001
     if args.gc_freeze:
@@ -111,7 +111,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         samples.append((t1 - t0 + per_call, t1 - t0, per_call, t2 - t1))
         for req in drain(inst, now):
             core.on_finished(req)
-        core.event(sid, EventKind.TOOL_START, 0.3, now)
+        core.event(call.session, EventKind.TOOL_START, 0.3, now)
         histories[sid] = history
         index[sid] += 1
         now += 0.001

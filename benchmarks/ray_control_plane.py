@@ -51,7 +51,7 @@ from talaria.memory.kv import CallKey
 from talaria.policy.baselines import POLICIES
 from talaria.runtime.live import LiveCluster
 from talaria.runtime.streams import Failed, Finished
-from talaria.types import TokenSeq
+from talaria.types import DEFAULT_TENANT, SessionKey, TokenSeq
 
 MODEL = "smollm2-tiny-dummy"
 GB = 10**9
@@ -142,10 +142,9 @@ async def drive(core: ClusterCore, runners: dict[str, RayExecutor], sessions: in
         async def session(i: int) -> None:
             prompt = TokenSeq(range(i, i + PROMPT))
             for _ in range(calls):
-                async with live.session(f"s{i}").lock:
-                    _, events = await live.submit(
-                        f"s{i}", MODEL, prompt, params, StopChecker(params)
-                    )
+                key = SessionKey(DEFAULT_TENANT, f"s{i}")
+                async with live.session(key).lock:
+                    _, events = await live.submit(key, MODEL, prompt, params, StopChecker(params))
                     async for ev in events:
                         if isinstance(ev, Failed):
                             raise ev.error
