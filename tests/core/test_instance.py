@@ -355,7 +355,7 @@ def test_cluster_refuses_bad_input_without_changing_state() -> None:
     with pytest.raises(ContextTooLong):
         cc.place(Call("s", 1, "A", TokenSeq(tokens(40)), 8), 8, None, 0.0)  # 12 of 10 blocks
     with pytest.raises(UnknownSession):
-        cc.event("never-seen", EventKind.TOOL_START, 1.0, 0.0)
+        cc.event(SessionKey(DEFAULT_TENANT, "never-seen"), EventKind.TOOL_START, 1.0, 0.0)
     assert snapshot(cc) == before
     cc.check_integrity()
 
@@ -408,7 +408,9 @@ def test_tool_end_makes_a_long_announced_gap_an_imminent_return() -> None:
     assert far < 0.05 < 0.5 < near
     expected = inst.admission.probability(since, since + 1.0, 1.0)
     assert inst.kv.sessions[S1].priority == pytest.approx(expected, rel=1e-12)
-    inst.tool_ended("nobody", since + 1.0)  # unknown sessions are ignored
+    inst.tool_ended(
+        SessionKey(DEFAULT_TENANT, "nobody"), since + 1.0
+    )  # unknown sessions are ignored
     inst.check_integrity()
 
 
@@ -508,7 +510,7 @@ def test_a_clients_hint_takes_over_from_the_answers_tool_calls() -> None:
     assert learner.observations("tests") == 1  # type: ignore[attr-defined]
     assert learner.observations(learner.key_for("Bash")) == 0  # type: ignore[attr-defined]
     with pytest.raises(UnknownSession):
-        cc.tool_calls("nobody", ["Bash"], 1.0)
+        cc.tool_calls(SessionKey(DEFAULT_TENANT, "nobody"), ["Bash"], 1.0)
 
 
 # ---------------------------------------------------------------------------- Continuum
