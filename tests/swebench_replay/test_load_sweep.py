@@ -107,3 +107,12 @@ def test_load_command_refuses_bad_input(tmp_path: Path, flag: str, value: str) -
 def test_load_command_names_an_odd_pool(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["load", "--instances", "3", "--no-tune", "--out", str(tmp_path)]) == 2
     assert "even number" in capsys.readouterr().out
+
+
+def test_load_help_says_what_it_measures(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["load", "--help"])
+    assert exc.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    for phrase in ("talaria load", "--rates", "--pattern", "Zipf", "isolated", "doubles"):
+        assert phrase in text
