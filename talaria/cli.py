@@ -81,6 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_map_parser(sub)
     _add_sweep_parser(sub)
+    from talaria.cli_load import add_load_parser
+
+    add_load_parser(sub)
     sub.add_parser(
         "models",
         help="list the models Talaria can serve or simulate, and where each comes from",
@@ -588,12 +591,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     console = Console(width=None if sys.stdout.isatty() else 120)
     from talaria.cli_compare import cmd_map, cmd_tune
+    from talaria.cli_load import cmd_load
 
     commands = {
         "replay": _cmd_replay,
         "tune": cmd_tune,
         "map": cmd_map,
         "sweep": _cmd_sweep,
+        "load": cmd_load,
         "models": _cmd_models,
         "serve": _cmd_serve,
     }

@@ -32,6 +32,7 @@ class InstanceCounters:
     calls_finished: int = 0
     calls_failed: int = 0
     policy_faults: int = 0  # sessions whose gap reasoning raised (isolated, see InstanceCore)
+    cold_loads: int = 0  # switches and stages that read a model's weights from disk
 
 
 class Counted(Protocol):

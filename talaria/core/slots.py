@@ -5,7 +5,8 @@ commits a switch in the weight arena and hands the executor the copy plan; it op
 model's slot when the copy is done; and while a slot runs it stages the predicted next
 model's weights into free KV blocks lent for the purpose, keeping headroom for the open
 slot's queue. Mutates the arena, the round scheduler's slot, the KV pool's lent blocks and
-the instance's switch counters; reads the call table. The reservations of the slot a switch
+the instance's switch counters (``cold_loads`` counts the switches and stages that read a
+model's weights from disk); reads the call table. The reservations of the slot a switch
 ends are released through ``release_reservations`` (the admitter's, in
 :mod:`talaria.core.admitter`).
 
@@ -24,7 +25,7 @@ from talaria.memory.kv import KVManager
 from talaria.memory.weights import SwitchPlan, WeightArena
 from talaria.policy.rounds import RoundScheduler, SlotDemand
 from talaria.schedule import Schedule
-from talaria.types import Residency
+from talaria.types import Link, Residency
 
 
 class SlotControl:
@@ -68,6 +69,7 @@ class SlotControl:
         self.counters.model_switches += 1
         self.counters.staged_switches += staged
         self.counters.weight_bytes_moved += plan.total_bytes
+        self.counters.cold_loads += Link.DISK_TO_HOST in plan.bytes_by_link
         return Schedule(switch=plan)
 
     def switch_done(self, model: str, now: float) -> None:
@@ -102,6 +104,7 @@ class SlotControl:
         self.stage_blocks = self.kv.lend(blocks)
         plan = arena.start_stage(nxt, nbytes)
         self.counters.weight_bytes_moved += plan.total_bytes
+        self.counters.cold_loads += Link.DISK_TO_HOST in plan.bytes_by_link
         return plan
 
     def spare_blocks(self) -> int:

@@ -238,6 +238,7 @@ class _Run:
         self.kv_moved = 0
         self.stages: dict[str, _StageCopy] = {}
         self.stage_versions = 0
+        self.device_busy_s = 0.0  # device-seconds instances were held (serial time x devices)
 
     def push(self, t: float, kind: _Ev, name: str = "", idx: int = 0) -> None:
         self.seq += 1
@@ -336,6 +337,8 @@ class _Run:
         serial = cost.serial_s
         if sched.switch is None and (step is not None or cost.kv_s > 0):
             serial = self._beside_stage(name, inst, cost.kv_s, cost.step_s, moves)
+        if sched.switch is not None or step is not None or cost.kv_s > 0:
+            self.device_busy_s += serial * inst.spec.n_devices
         if sched.switch is not None:
             self.slot_log.switch(name, sched.switch.model, self.now)
             self.busy[name] = _Busy(sched)
@@ -464,7 +467,9 @@ class _Run:
         )
 
     def _counters(self) -> dict[str, int]:
-        return cluster_counters(self.core.instances.values(), self.kv_moved)
+        out = cluster_counters(self.core.instances.values(), self.kv_moved)
+        out["device_busy_ms"] = round(self.device_busy_s * 1000)
+        return out
 
 
 def record_of(req: Request, instance: str) -> CallRecord:

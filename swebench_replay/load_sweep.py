@@ -1,0 +1,350 @@
+"""The load sweep (``talaria load``): a serverless pool under open-loop load, rate by rate.
+
+A :class:`LoadSetting` is a Zipf catalog (:mod:`talaria.sim.pool_catalog`) on ``n_instances``
+TP4 H200 instances, sessions arriving open-loop (:mod:`talaria.swebench_replay.open_loop`).
+For each policy and each rate the simulator plays the test part's sessions (the same
+arrivals at every rate, closer together as the rate grows) and reports, per point:
+
+* SCT p50 / p95 and TTFT p95 (seconds);
+* cold starts per hour: switches and stages that read a model's weights from disk
+  (``cold_loads``), per hour of the run (first arrival to last session end);
+* device-seconds per session: the seconds instances were held by a switch, a step or KV
+  moves, times their devices (``device_busy_ms``); beside it the provisioned
+  device-seconds (every device of the pool for the whole run: this slice has no scale to
+  zero, so that is what the pool costs);
+* goodput: sessions per hour of the run that finished within the SLO, ``slo_factor`` (2)
+  times the session's *isolated* time: the same session, arriving alone on an idle pool of
+  one server (two instances: every instance of an idle pool is alike, and a lone session
+  uses one), under talaria's policy, from the pool's initial state (a model not in the
+  instance's host tier is a cold start there too).
+
+Each policy is first tuned by the project's protocol (:mod:`talaria.swebench_replay.tuning`:
+every setting of its own knobs, :func:`talaria.policy.knobs.grid`; the lowest mean SCT p50
+over the tune seeds, ties within 1% to the lowest p95) on the *tune* part of the traces, at
+one rate (``tune_rate``), before any test-part point runs. The rate at which a policy's SCT
+p95 doubles over its value at the lowest rate is interpolated linearly between the sweep's
+points (None: not within the sweep).
+
+Simulations are independent jobs (:func:`execute_all`, in worker processes when ``jobs`` >
+1). Mutates nothing it is given.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Final
+
+import attrs
+import numpy as np
+
+from talaria.config import ClusterConfig, PolicyConfig
+from talaria.cost import cluster_estimators
+from talaria.errors import BadRequest, ConfigError
+from talaria.policy.baselines import TALARIA
+from talaria.policy.knobs import best, grid, knobs_of, with_knobs
+from talaria.session.gaps import GapPredictor
+from talaria.sim.pool_catalog import INSTANCES_PER_SERVER, PoolCatalog, pool_cluster
+from talaria.sim.simulator import Simulator
+from talaria.swebench_replay.metrics import percentile
+from talaria.swebench_replay.open_loop import (
+    ArrivalPattern,
+    Draw,
+    OpenLoad,
+    build_load,
+    check_rate,
+    draw_arrivals,
+    trace_sessions,
+)
+from talaria.swebench_replay.split import Part
+from talaria.swebench_replay.tuning import RULE, TIE, TUNE_SEEDS, Trial, Tuned
+from talaria.types import SessionScript
+
+SLO_FACTOR: Final = 2.0
+
+
+@attrs.frozen
+class LoadSetting:
+    """What a load sweep runs on (module docstring); ``sessions`` arrivals per point."""
+
+    catalog: PoolCatalog
+    n_instances: int = 8
+    sessions: int = 60
+    pattern: ArrivalPattern = attrs.field(factory=ArrivalPattern)
+    trace: Path | None = None
+    gap_scale: float = 1.0
+    hints: bool = True
+    slo_factor: float = SLO_FACTOR
+
+    def __attrs_post_init__(self) -> None:
+        if isinstance(self.sessions, bool) or not isinstance(self.sessions, int):
+            raise BadRequest(f"sessions must be an integer, got {self.sessions!r}")
+        if self.sessions < 1:
+            raise BadRequest(f"a load point needs at least one session, got {self.sessions}")
+        if not (isinstance(self.slo_factor, (int, float)) and self.slo_factor >= 1):
+            raise BadRequest(f"slo_factor must be a number >= 1, got {self.slo_factor!r}")
+        pool_cluster(self.catalog, self.n_instances)  # ConfigError: a model fits no instance
+
+    def cluster(self, alone: bool = False) -> ClusterConfig:
+        """The pool; ``alone``: one server of it (where isolated times are taken)."""
+        return pool_cluster(self.catalog, INSTANCES_PER_SERVER if alone else self.n_instances)
+
+    @property
+    def devices(self) -> int:
+        return sum(i.n_devices for i in self.cluster().instances)
+
+
+@attrs.frozen
+class Job:
+    """One simulation: ``policy`` on ``part`` at ``rate_per_s`` under ``seed``."""
+
+    setting: LoadSetting
+    policy: PolicyConfig
+    part: Part
+    rate_per_s: float
+    seed: int
+
+
+@attrs.frozen
+class Played:
+    """What a job produced: each session's SCT and model, the calls' TTFT p95, the
+    counters and the run's end (seconds)."""
+
+    job: Job
+    sct_s: Mapping[str, float]
+    models: Mapping[str, str]
+    trace_keys: Mapping[str, tuple[str, str]]
+    ttft_p95_s: float
+    counters: Mapping[str, int]
+    end_s: float
+
+
+def open_load(setting: LoadSetting, part: Part, rate_per_s: float, seed: int) -> OpenLoad:
+    """The arrivals of one point (the same sessions at every rate of one seed)."""
+    sessions, path = trace_sessions(setting.trace, part)
+    draws = draw_arrivals(
+        sessions, setting.catalog, setting.sessions, rate_per_s, setting.pattern, seed
+    )
+    return build_load(
+        draws, seed, trace_path=path, gap_scale=setting.gap_scale, hints=setting.hints
+    )
+
+
+def _key(d: Draw) -> tuple[str, str]:
+    return (f"{d.trace.source}#{d.trace_id}", d.model)
+
+
+def play(job: Job) -> Played:
+    """Simulate ``job`` (deterministic)."""
+    load = open_load(job.setting, job.part, job.rate_per_s, job.seed)
+    cluster = job.setting.cluster()
+    sim = Simulator(cluster, job.policy, cluster_estimators(cluster), learner=GapPredictor.default)
+    result = sim.run(load.scripts)
+    by = load.by_session
+    return Played(
+        job,
+        {s.session_id: s.sct_s for s in result.sessions},
+        {s.session_id: s.model for s in result.sessions},
+        {sid: _key(d) for sid, d in by.items()},
+        percentile([c.ttft_s for c in result.calls], 95),
+        dict(result.counters),
+        result.end_s,
+    )
+
+
+def isolated_s(setting: LoadSetting, script: SessionScript) -> float:
+    """``script``'s SCT alone on an idle server of the pool (module docstring)."""
+    cluster = setting.cluster(alone=True)
+    lone = attrs.evolve(script, start_s=0.0)
+    sim = Simulator(cluster, TALARIA, cluster_estimators(cluster), learner=GapPredictor.default)
+    return sim.run([lone]).sessions[0].sct_s
+
+
+def _isolated_job(args: tuple[LoadSetting, SessionScript]) -> float:
+    return isolated_s(*args)
+
+
+def execute_all(fn: Callable[[Any], Any], jobs: Sequence[Any], workers: int = 1) -> list[Any]:
+    """``fn`` of every job, in order; ``workers`` > 1 runs them in that many fresh worker
+    processes (``spawn``)."""
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ConfigError(f"jobs must be a positive integer, got {workers!r}")
+    if workers == 1 or len(jobs) <= 1:
+        return [fn(j) for j in jobs]
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=context) as pool:
+        return list(pool.map(fn, jobs))
+
+
+# ---------------------------------------------------------------------------- tuning
+
+
+def tune_load(
+    setting: LoadSetting,
+    policies: Sequence[PolicyConfig],
+    rate_per_s: float,
+    seeds: Sequence[int] = TUNE_SEEDS,
+    workers: int = 1,
+) -> dict[str, Tuned]:
+    """Each policy's :class:`Tuned` on the tune part at ``rate_per_s`` (module docstring):
+    the tuning protocol's grid and rule, with open-loop arrivals for the workload."""
+    check_rate(rate_per_s)
+    if not seeds:
+        raise ConfigError("name at least one tune seed")
+    plan = [(p, point) for p in policies for point in grid(p)]
+    jobs = [
+        Job(setting, with_knobs(p, point), Part.TUNE, rate_per_s, seed)
+        for p, point in plan
+        for seed in seeds
+    ]
+    played = iter(execute_all(play, jobs, workers))
+    trials: dict[str, list[Trial]] = {p.name: [] for p in policies}
+    for p, point in plan:
+        runs = [next(played) for _ in seeds]
+        p50 = tuple(percentile(list(r.sct_s.values()), 50) for r in runs)
+        p95 = tuple(percentile(list(r.sct_s.values()), 95) for r in runs)
+        trials[p.name].append(Trial(point, p50, p95))
+    out = {}
+    for p in policies:
+        ts = trials[p.name]
+        pick = best([(t.mean_p50_s, t.mean_p95_s) for t in ts], TIE)
+        out[p.name] = Tuned(p.name, ts[pick].knobs, tuple(ts))
+    return out
+
+
+def untuned(policies: Sequence[PolicyConfig]) -> dict[str, Tuned]:
+    """Each policy at its defaults, recorded as a tuning of one trial-less setting."""
+    return {p.name: Tuned(p.name, MappingProxyType(knobs_of(p)), ()) for p in policies}
+
+
+# ---------------------------------------------------------------------------- metrics
+
+
+def point_metrics(
+    played: Sequence[Played], isolated: Mapping[tuple[str, str], float], setting: LoadSetting
+) -> dict[str, Any]:
+    """One (policy, rate) point: each figure the mean over its seeds' runs."""
+    per_seed = [_seed_metrics(p, isolated, setting) for p in played]
+    out: dict[str, Any] = {k: float(np.mean([m[k] for m in per_seed])) for k in per_seed[0]}
+    out["per_seed"] = per_seed
+    return out
+
+
+def _seed_metrics(
+    p: Played, isolated: Mapping[tuple[str, str], float], setting: LoadSetting
+) -> dict[str, float]:
+    scts = list(p.sct_s.values())
+    hours = max(p.end_s, 1e-9) / 3600
+    met = sum(
+        1 for sid, sct in p.sct_s.items() if sct <= setting.slo_factor * isolated[p.trace_keys[sid]]
+    )
+    n = len(scts)
+    return {
+        "sessions": float(n),
+        "sct_p50_s": percentile(scts, 50),
+        "sct_p95_s": percentile(scts, 95),
+        "ttft_p95_s": p.ttft_p95_s,
+        "cold_starts": float(p.counters.get("cold_loads", 0)),
+        "cold_starts_per_h": p.counters.get("cold_loads", 0) / hours,
+        "device_busy_s_per_session": p.counters.get("device_busy_ms", 0) / 1000 / n,
+        "device_provisioned_s_per_session": setting.devices * p.end_s / n,
+        "goodput_sessions_per_h": met / hours,
+        "slo_met_share": met / n,
+        "makespan_s": p.end_s,
+    }
+
+
+def doubling_rate(rates: Sequence[float], p95s: Sequence[float]) -> float | None:
+    """The rate at which SCT p95 reaches twice its value at the lowest rate, interpolated
+    linearly between the points around it (rates ascending); None if it never does."""
+    if len(rates) != len(p95s) or not rates:
+        raise BadRequest("doubling_rate needs one p95 per rate")
+    target = 2 * p95s[0]
+    for i in range(1, len(rates)):
+        if p95s[i] >= target:
+            lo, hi = p95s[i - 1], p95s[i]
+            share = 1.0 if hi == lo else (target - lo) / (hi - lo)
+            return rates[i - 1] + share * (rates[i] - rates[i - 1])
+    return None
+
+
+# ---------------------------------------------------------------------------- the sweep
+
+
+def check_rates(rates: Sequence[float]) -> list[float]:
+    """Rates ascending; ``BadRequest`` for none, a rate <= 0 or a repeated rate."""
+    if not rates:
+        raise BadRequest("name at least one arrival rate")
+    out = sorted(check_rate(r) for r in rates)
+    if len(set(out)) != len(out):
+        raise BadRequest(f"arrival rates must differ, got {list(rates)}")
+    return out
+
+
+def isolated_times(
+    setting: LoadSetting, seeds: Sequence[int], rate: float, workers: int = 1
+) -> dict[tuple[str, str], float]:
+    """Each (trace session, model) pair the test part's arrivals draw: its isolated SCT."""
+    scripts: dict[tuple[str, str], SessionScript] = {}
+    for seed in seeds:
+        load = open_load(setting, Part.TEST, rate, seed)
+        by = load.by_session
+        for s in load.scripts:
+            scripts.setdefault(_key(by[s.session_id]), s)
+    keys = sorted(scripts)
+    times = execute_all(_isolated_job, [(setting, scripts[k]) for k in keys], workers)
+    return dict(zip(keys, times, strict=True))
+
+
+def sweep(
+    setting: LoadSetting,
+    policies: Sequence[PolicyConfig],
+    rates: Sequence[float],
+    tuned: Mapping[str, Tuned],
+    seeds: Sequence[int] = (0,),
+    workers: int = 1,
+) -> dict[str, Any]:
+    """Every tuned policy at every rate on the test part: the ``policies`` part of the
+    document (points, doubling rate, knobs) and the isolated times used."""
+    ordered = check_rates(rates)
+    if not seeds:
+        raise ConfigError("name at least one seed")
+    chosen = [with_knobs(p, tuned[p.name].knobs) for p in policies]
+    isolated = isolated_times(setting, seeds, ordered[0], workers)
+    jobs = [Job(setting, p, Part.TEST, r, s) for p in chosen for r in ordered for s in seeds]
+    played = iter(execute_all(play, jobs, workers))
+    out: dict[str, Any] = {}
+    for p in chosen:
+        points = []
+        for r in ordered:
+            entry = point_metrics([next(played) for _ in seeds], isolated, setting)
+            points.append({"rate_per_s": r, **entry})
+        p95 = [pt["sct_p95_s"] for pt in points]
+        out[p.name] = {
+            "knobs": dict(tuned[p.name].knobs),
+            "points": points,
+            "sct_p95_doubling_rate_per_s": doubling_rate(ordered, p95),
+        }
+    return {
+        "policies": out,
+        "isolated_s": {f"{k[0]} @ {k[1]}": v for k, v in isolated.items()},
+    }
+
+
+def tuning_document(
+    tuned: Mapping[str, Tuned], rate: float | None, seeds: Sequence[int]
+) -> dict[str, Any]:
+    """The tuning as the results carry it (``{"tuned": false}`` without a rate)."""
+    if rate is None:
+        return {"tuned": False, "why": "run with --no-tune: every policy at its defaults"}
+    return {
+        "tuned": True,
+        "part": Part.TUNE.value,
+        "rate_per_s": rate,
+        "seeds": list(seeds),
+        "rule": RULE,
+        "policies": {name: t.to_json() for name, t in tuned.items()},
+    }

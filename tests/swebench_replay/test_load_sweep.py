@@ -1,0 +1,118 @@
+"""The load sweep: its figures, the doubling rate, tuning on the tune part, the command."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from talaria.cli import main
+from talaria.errors import BadRequest, ConfigError
+from talaria.policy.baselines import policy
+from talaria.policy.knobs import grid
+from talaria.sim.pool_catalog import pool_catalog
+from talaria.swebench_replay.load_sweep import (
+    LoadSetting,
+    check_rates,
+    doubling_rate,
+    tune_load,
+)
+
+
+def test_doubling_rate_interpolates_between_points() -> None:
+    assert doubling_rate([1, 2, 3], [10, 15, 30]) == pytest.approx(2 + 5 / 15)
+    assert doubling_rate([1, 2], [10, 20]) == 2
+    assert doubling_rate([1, 2, 4], [10, 12, 19]) is None
+    assert doubling_rate([0.5], [3.0]) is None
+    with pytest.raises(BadRequest):
+        doubling_rate([1, 2], [1.0])
+
+
+@pytest.mark.parametrize("rates", [[], [0.0], [0.1, -0.1], [0.1, 0.1], [float("nan")]])
+def test_bad_rates_are_refused(rates: list[float]) -> None:
+    with pytest.raises(BadRequest):
+        check_rates(rates)
+
+
+def test_rates_sorted() -> None:
+    assert check_rates([0.3, 0.01, 0.1]) == [0.01, 0.1, 0.3]
+
+
+def test_bad_settings_are_refused() -> None:
+    with pytest.raises(BadRequest):
+        LoadSetting(pool_catalog(12), 2, sessions=0)
+    with pytest.raises(ConfigError):
+        LoadSetting(pool_catalog(12), 3)
+
+
+def test_tuning_reads_the_protocols_grid_on_the_tune_part() -> None:
+    setting = LoadSetting(pool_catalog(3), 2, sessions=1)
+    least = policy("least-loaded")
+    tuned = tune_load(setting, [least], 0.05, seeds=(0,))["least-loaded"]
+    assert [t.knobs for t in tuned.trials] == list(grid(least))
+    assert tuned.knobs in [t.knobs for t in tuned.trials]
+    best = min(t.mean_p50_s for t in tuned.trials)
+    chosen = next(t for t in tuned.trials if t.knobs == tuned.knobs)
+    assert chosen.mean_p50_s <= best * 1.01
+
+
+def test_load_command_end_to_end(tmp_path: Path) -> None:
+    out = tmp_path / "load"
+    argv = [
+        "load",
+        "--instances",
+        "2",
+        "--models",
+        "3",
+        "--sessions",
+        "1",
+        "--rates",
+        "0.01,0.2",
+        "--no-tune",
+    ]
+    argv += ["--policies", "talaria,least-loaded", "--out", str(out)]
+    assert main(argv) == 0
+    doc = json.loads((out / "load.json").read_text())
+    assert (out / "load_sct_p95.png").stat().st_size > 0
+    assert doc["rates_per_s"] == [0.01, 0.2] and doc["tuning"]["tuned"] is False
+    for entry in doc["policies"].values():
+        assert [p["rate_per_s"] for p in entry["points"]] == [0.01, 0.2]
+        for p in entry["points"]:
+            assert p["sessions"] == 1 and p["sct_p95_s"] >= p["sct_p50_s"] > 0
+            assert 0 <= p["slo_met_share"] <= 1 and p["device_busy_s_per_session"] > 0
+            assert p["device_provisioned_s_per_session"] >= p["device_busy_s_per_session"]
+    assert doc["isolated_s"] and all(v > 0 for v in doc["isolated_s"].values())
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"), [("--rates", "0"), ("--rates", "-0.1"), ("--pattern", "weibull")]
+)
+def test_load_command_refuses_bad_input(tmp_path: Path, flag: str, value: str) -> None:
+    argv = [
+        "load",
+        "--instances",
+        "2",
+        "--models",
+        "12",
+        "--no-tune",
+        flag,
+        value,
+        "--out",
+        str(tmp_path),
+    ]
+    assert main(argv) == 2
+
+
+def test_load_command_names_an_odd_pool(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["load", "--instances", "3", "--no-tune", "--out", str(tmp_path)]) == 2
+    assert "even number" in capsys.readouterr().out
+
+
+def test_load_help_says_what_it_measures(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["load", "--help"])
+    assert exc.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    for phrase in ("talaria load", "--rates", "--pattern", "Zipf", "isolated", "doubles"):
+        assert phrase in text
