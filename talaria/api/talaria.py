@@ -76,8 +76,7 @@ class ChatArgs(CallArgs, total=False):
 
 
 def _check_args(call: Mapping[str, object], kind: type[CallArgs]) -> None:
-    """``BadRequest`` naming an argument ``kind`` does not take (keyword arguments are not
-    checked at run time otherwise)."""
+    """``BadRequest`` naming an argument ``kind`` does not take (unchecked at run time)."""
     unknown = sorted(set(call) - set(kind.__annotations__))
     if unknown:
         raise BadRequest(
