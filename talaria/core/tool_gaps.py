@@ -53,8 +53,7 @@ class GapTable:
 
     def newest_first(self, model: str) -> Iterator[tuple[SessionKey, ToolGap]]:
         """``model``'s gaps, newest first."""
-        gaps = self._by_model[model]
-        return ((sid, gaps[sid]) for sid in reversed(gaps))
+        return reversed(self._by_model[model].items())  # no lookup per gap
 
     def start(self, session: SessionKey, gap: ToolGap) -> None:
         """Record a gap that starts now (any earlier gap of the session is over)."""
