@@ -267,10 +267,10 @@ class Talaria:
                 "a response format cannot be combined with a forced tool call (tool_choice "
                 "'required' or a named function): send one of them"
             )
+        if params.grammar is not None:  # a grammar the library refuses is a 400, not a failure
+            check_grammar(params.grammar)  # (a forced call's was checked by plan_tools)
         grammar = forced if forced is not None else params.grammar
         params = attrs.evolve(params, max_tokens=max_tokens, stop=stops, grammar=grammar)
-        if params.grammar is not None:  # a grammar the library refuses is a 400, not a failure
-            check_grammar(params.grammar)
         one_shot = session_id is None
         sid = session_id if session_id is not None else f"call-{uuid.uuid4().hex}"
         if not sid or len(sid) > 256:
