@@ -27,7 +27,7 @@ from rich.console import Console
 from rich.table import Table
 
 from talaria.backends.embedded import load_catalog_model
-from talaria.calibration.engine import fit, measure_engine
+from talaria.calibration.engine import fit, measure_engine, small_rows
 from talaria.calibration.plan import EngineBench
 from talaria.engine.catalog import DEFAULT_MODELS
 from talaria.engine.loader import LoadedModel
@@ -113,7 +113,13 @@ def main(argv: list[str] | None = None) -> int:
         if not isinstance(stored, dict) or not isinstance(stored.get("models"), dict):
             console.print(f"{args.json} has no engine measurements to refit; run without --refit")
             return 2
-        doc = {**stored, "fit": fit(stored["models"])}
+        specs = {
+            name: load_catalog_model(name, torch.bfloat16, weights=False).arch.to_spec(
+                name, torch.bfloat16
+            )
+            for name in stored["models"]
+        }
+        doc = {**stored, "fit": fit(stored["models"], specs, small_rows(torch.bfloat16))}
     else:
         doc = run(args, console)
     render(doc, console)

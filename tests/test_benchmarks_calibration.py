@@ -183,6 +183,7 @@ def test_a_model_is_measured_alone_and_beside_a_stage_copy() -> None:
         attention_batch=2,
         device_memory_bytes=200 * 10**6,
         host_memory_bytes=200 * 10**6,
+        grid=None,
     )
     out = measure_model("smollm2-tiny-dummy", tiny, bench, torch.float32)
     for key in ("stage_decode_step_s_alone", "stage_decode_step_s_beside"):

@@ -202,6 +202,7 @@ class Calibration:
 
     def describe(self) -> dict[str, Any]:
         """The ``calibration`` entry of a results document (plain JSON)."""
+        prices = self.profile.step_prices
         return {
             "origin": self.origin,
             "measured_at": self.measured_at,
@@ -214,6 +215,7 @@ class Calibration:
             "others_cpu_share": self.others_cpu_share,
             "busy": self.busy,
             "profile": {f: getattr(self.profile, f) for f in _REPORTED},
+            "step_prices": None if prices is None else prices.to_json(),
         }
 
 

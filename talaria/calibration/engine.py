@@ -40,11 +40,13 @@ import anyio
 import numpy as np
 import torch
 
+from talaria.calibration.grid import StepPoint, measure_grid, points_json
+from talaria.calibration.linear import cross_validate, fit_steps, residuals
 from talaria.calibration.plan import EngineBench
-from talaria.config import InstanceSpec
+from talaria.config import InstanceSpec, ModelSpec
 from talaria.core.instance import InstanceCore
 from talaria.cost import estimator_for
-from talaria.engine.kernels import optional_decode_kernel
+from talaria.engine.kernels import MAX_SMALL_M, optional_decode_kernel
 from talaria.engine.loader import LoadedModel
 from talaria.engine.runner import EngineRunner
 from talaria.engine.staging import BackgroundCopy
@@ -260,9 +262,13 @@ def measure_model(
     probe = _Probe(LocalInstance(core, runner), runner, name, min(30000, model.arch.vocab_size))
     b = bench
     timings = anyio.run(_timings, probe, b)
+    grid = None
+    if b.grid is not None:
+        flat = runner.host_weights[name]
+        grid = points_json(measure_grid(name, model.arch, flat, dtype, b.grid))
     del runner, core, probe
     gc.collect()
-    return {
+    out = {
         "weight_bytes": spec.weight_bytes,
         "flops_per_token": spec.flops_per_token,
         "attention_flops_prefill": spec.attention_flops(
@@ -284,6 +290,7 @@ def measure_model(
         "attention_flops_chunk_extra": spec.attention_flops(b.chunk * b.long_ctx),
         **{k: v for k, v in timings.items() if k.startswith("stage_")},
     }
+    return out if grid is None else out | {"grid": grid}
 
 
 def _short(m: Mapping[str, Any]) -> int:
@@ -291,7 +298,11 @@ def _short(m: Mapping[str, Any]) -> int:
     return int(m.get("short_ctx", 256))
 
 
-def fit(models: Mapping[str, Mapping[str, Any]]) -> dict[str, float]:
+def fit(
+    models: Mapping[str, Mapping[str, Any]],
+    specs: Mapping[str, ModelSpec] | None = None,
+    small_rows: int = 0,
+) -> dict[str, Any]:
     """Fit the engine's step costs to the measurements of each model:
 
     - from models measured at two context lengths, the KV read rate: extra decode time per
@@ -302,7 +313,11 @@ def fit(models: Mapping[str, Mapping[str, Any]]) -> dict[str, float]:
       step overhead is the intercept less one sequence's time (a batch-1 step pays both);
     - the prefill FLOP rate, the median over models of ``FLOPs / (t - overhead)``;
     - the attention FLOP rate: the extra time of a chunk after a cached prefix, less its
-      extra KV reads, per extra attention FLOP.
+      extra KV reads, per extra attention FLOP;
+    - where every model measured a step grid and ``specs`` describes them: the additive
+      model's prices (:func:`_fit_grid`; ``small_rows``: the rows the engine multiplies with
+      its native small-batch product, :func:`small_rows`), which price a step in place of
+      the rates above.
     """
     long = [m for m in models.values() if "decode_step_s_long_ctx" in m]
     out = _fit_kv_reads(long)
@@ -325,7 +340,43 @@ def fit(models: Mapping[str, Mapping[str, Any]]) -> dict[str, float]:
     out |= _fit_stage(models)
     if "decode_kv_B_s" in out:
         out |= _fit_attention(long, out["decode_kv_B_s"])
+    if specs is not None and all("grid" in m for m in models.values()):
+        out |= _fit_grid(models, specs, small_rows)
     return out
+
+
+def small_rows(dtype: torch.dtype) -> int:
+    """The rows up to which the engine on this CPU multiplies ``dtype`` weights with its
+    native small-batch product (0: it has none for them)."""
+    native = dtype == torch.bfloat16 and optional_decode_kernel("cpu") is not None
+    return MAX_SMALL_M if native else 0
+
+
+def _fit_grid(
+    models: Mapping[str, Mapping[str, Any]], specs: Mapping[str, ModelSpec], small: int
+) -> dict[str, Any]:
+    """The additive model's prices fitted to every model's step grid (bare forwards), plus
+    what the serving path adds: the batch-1 decode step served (``decode_step_s_batch1``)
+    less its grid price is the step overhead the serving loop adds, and batch 8 against
+    batch 1 likewise gives what it adds per decoding sequence (medians over the models).
+    The fit's error on held-out grid points comes with it (``step_grid_held_out``)."""
+    points = [StepPoint.from_json(d) for m in models.values() for d in m["grid"]]
+    bare = fit_steps(points, specs, small)
+    extra_step, extra_seq = [], []
+    for name, m in models.items():
+        spec, ctx = specs[name], _short(m)
+        one = bare.step_s(spec, 0, 0.0, 1, ctx)
+        eight = bare.step_s(spec, 0, 0.0, 8, 8 * ctx)
+        extra_step.append(m["decode_step_s_batch1"] - one)
+        served = m["decode_step_s_batch8"] - m["decode_step_s_batch1"]
+        extra_seq.append((served - (eight - one)) / 7)
+    prices = bare.plus(statistics.median(extra_step), statistics.median(extra_seq))
+    return {
+        "step_prices": prices.to_json(),
+        "step_grid_bare": bare.to_json(),
+        "step_grid_in_sample": residuals(bare, points, specs).summary(),
+        "step_grid_held_out": cross_validate(points, specs, small).summary(),
+    }
 
 
 def _fit_kv_reads(long: Sequence[Mapping[str, Any]]) -> dict[str, float]:
@@ -404,10 +455,12 @@ def measure_engine(
     ``engine`` section of a ``cpu_profile.json`` document. ``on_model`` hears each model's
     name before it is measured."""
     measured: dict[str, dict[str, Any]] = {}
+    specs: dict[str, ModelSpec] = {}
     for name, model, host in models():
         if on_model is not None:
             on_model(name)
         measured[name] = measure_model(name, model, bench, dtype, host)
+        specs[name] = model.arch.to_spec(name, dtype, source=model.source)
     if len(measured) < 2:
         raise ConfigError("the engine fit needs at least two models of different sizes")
     return {
@@ -416,5 +469,5 @@ def measure_engine(
         f"model, {dtype}, "
         f"{torch.get_num_threads()} threads; {bench.describe()}",
         "models": measured,
-        "fit": fit(measured),
+        "fit": fit(measured, specs, small_rows(dtype)),
     }

@@ -31,6 +31,7 @@ from talaria.calibration.cache import (
     read_cached,
     source_hash,
 )
+from talaria.calibration.grid import StepGrid
 from talaria.calibration.machine import RateSizes, cpu_model, ram_bytes, visible_cpus
 from talaria.cost.hardware import HardwareProfile
 from talaria.engine.catalog import DEFAULT_MODELS
@@ -54,9 +55,10 @@ CALIBRATION_MODELS: Final = DEFAULT_MODELS
 
 @attrs.frozen
 class EngineBench:
-    """What each model is measured on (tokens, steps, repetitions) and the instance it runs
-    on (bytes). ``short_ctx`` < ``long_ctx``; every context must fit the models'. The
-    defaults are the shipped profile's (``benchmarks/engine_calibration.py``)."""
+    """What each model is measured on (tokens, steps, repetitions), the instance it runs
+    on (bytes), and the step grid that prices a step's parts (None: the roofline prices).
+    ``short_ctx`` < ``long_ctx``; every context must fit the models'. The defaults are the
+    shipped profile's (``benchmarks/engine_calibration.py``)."""
 
     prefill_tokens: int = 1024
     decode_steps: int = 12
@@ -67,6 +69,7 @@ class EngineBench:
     attention_batch: int = 4
     device_memory_bytes: int = 4 * GB
     host_memory_bytes: int = 4 * GB
+    grid: StepGrid | None = attrs.field(factory=StepGrid)
 
     def __attrs_post_init__(self) -> None:
         for name in ("prefill_tokens", "decode_steps", "reps", "short_ctx", "chunk"):
@@ -78,12 +81,13 @@ class EngineBench:
             raise ConfigError("EngineBench.attention_batch must be at least 1")
 
     def describe(self) -> str:
+        grid = "" if self.grid is None else "; " + self.grid.describe()
         return (
             f"decode on {self.short_ctx}-token contexts, prefill {self.prefill_tokens} tokens "
             f"in one chunk; attention: decode batch {self.attention_batch} at {self.short_ctx} "
             f"and {self.long_ctx}-token contexts, a {self.chunk}-token chunk fresh and after a "
             f"{self.long_ctx}-token cached prefix; {self.reps} reps, {self.decode_steps} "
-            "decode steps"
+            f"decode steps{grid}"
         )
 
 

@@ -182,7 +182,9 @@ class CostModel:
         decode_seqs: int,
         decode_context_tokens: int,
     ) -> float:
-        """Seconds for one engine iteration; 0.0 when it has no tokens at all.
+        """Seconds for one engine iteration; 0.0 when it has no tokens at all. A profile
+        with measured :class:`~talaria.cost.step_prices.StepPrices` prices it with them (the
+        additive model), else with the roofline of the module docstring.
 
         ``prefill_tokens``: new prompt tokens in the step; ``prefill_attn_tokens``: the sum over
         those tokens of the keys each attends (its position + 1, cached prefix included);
@@ -196,6 +198,9 @@ class CostModel:
         tokens = prefill + seqs
         if tokens == 0:
             return 0.0
+        prices = self.hw.step_prices
+        if prices is not None:  # measured parts that do not overlap (one device: no TP)
+            return prices.step_s(model, prefill, attn, seqs, context)
         compute = self.compute_s(model, tokens, attn, context)
         # KV tokens written (the new ones) and read (the decode contexts, and the prefill's
         # mean attended context once)

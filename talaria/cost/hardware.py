@@ -36,6 +36,7 @@ from typing import Any, Final, TypeGuard
 import attrs
 
 from talaria.config import InstanceSpec
+from talaria.cost.step_prices import StepPrices
 from talaria.errors import ConfigError
 
 CPU_PROFILE_FILE: Final = "cpu_profile.json"
@@ -71,6 +72,7 @@ OPTIONAL_FIELDS: Final = (
     "decode_seq_overhead_s",
     "stage_step_slowdown",
     "stage_share_beside_steps",
+    "step_prices",
 )
 """Numbers a profile may leave None; cited in ``sources`` when set."""
 
@@ -164,6 +166,9 @@ class HardwareProfile:
     the share of its idle copy rate the stage keeps while steps run; both measured (None:
     no contention, a stage delays nothing). A stage and host-to-device KV moves share the
     host link half and half (:mod:`talaria.sim.simulator`).
+
+    ``step_prices`` (a calibration's step grid, :mod:`talaria.cost.step_prices`) replaces
+    the roofline for a step's time where it is measured: the CPU engine's parts add up.
     """
 
     name: str = attrs.field(validator=_name)
@@ -191,6 +196,7 @@ class HardwareProfile:
     decode_seq_overhead_s: float | None = attrs.field(default=None, validator=_opt_positive)
     stage_step_slowdown: float | None = attrs.field(default=None, validator=_opt_positive)
     stage_share_beside_steps: float | None = attrs.field(default=None, validator=_opt_positive)
+    step_prices: StepPrices | None = None
 
     def __attrs_post_init__(self) -> None:
         if not isinstance(self.description, str):
@@ -205,6 +211,8 @@ class HardwareProfile:
             raise ConfigError(f"profile {self.name}: stage_step_slowdown must be >= 1")
         if share is not None and share > 1:
             raise ConfigError(f"profile {self.name}: stage_share_beside_steps must be <= 1")
+        if self.step_prices is not None and not isinstance(self.step_prices, StepPrices):
+            raise ConfigError(f"profile {self.name}: step_prices must be StepPrices or None")
         if missing:
             raise ConfigError(
                 f"profile {self.name}: every number needs a source; add a "
@@ -370,6 +378,7 @@ def cpu_profile_from_dict(
     flops, bandwidth, overhead, engine_note = _engine_fit(doc, m, origin)
     kv_rate, attn_rate, seq_s, attn_sources = _attention_fit(doc, origin)
     slowdown, share, stage_sources = _stage_fit(doc, origin)
+    prices, price_sources = _step_prices(doc, origin)
     return HardwareProfile(
         name="cpu",
         description=f"this machine: {machine.get('cpu', 'CPU')}, RAM as both tiers",
@@ -387,12 +396,36 @@ def cpu_profile_from_dict(
         copy_latency_s=float(m["torch_op_overhead_s"]),
         sources=_cpu_sources(where, float(m["matmul_fp32_flop_s"]), engine_note)
         + attn_sources
-        + stage_sources,
+        + stage_sources
+        + price_sources,
         kv_read_Bps=kv_rate,
         attention_flops_per_s=attn_rate,
         decode_seq_overhead_s=seq_s,
         stage_step_slowdown=slowdown,
         stage_share_beside_steps=share,
+        step_prices=prices,
+    )
+
+
+def _step_prices(doc: Mapping[str, Any], origin: str) -> tuple[StepPrices | None, tuple[str, ...]]:
+    """The additive model's prices from the engine fit's ``step_prices`` (the step grid's
+    fit plus the serving path's overhead), with its source line; None without one."""
+    engine = doc.get("engine")
+    if not isinstance(engine, Mapping) or not isinstance(engine.get("fit"), Mapping):
+        return None, ()
+    stored = engine["fit"].get("step_prices")
+    if stored is None:
+        return None, ()
+    if not isinstance(stored, Mapping):
+        raise ConfigError(f"{origin}: engine.fit.step_prices must be an object")
+    try:
+        prices = StepPrices.from_json(stored)
+    except ConfigError as exc:
+        raise ConfigError(f"{origin}: engine.fit.step_prices: {exc}") from None
+    held = engine["fit"].get("step_grid_held_out", {})
+    how = f"; held-out error median {held['median_abs']:.1%}" if "median_abs" in held else ""
+    return prices, (
+        f"step_prices: step grid fit ({_engine_by(engine)}, {engine.get('measured_at', '?')}){how}",
     )
 
 

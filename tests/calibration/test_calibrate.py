@@ -22,6 +22,7 @@ from talaria.calibration.cache import (
     write_cached,
 )
 from talaria.calibration.calibrate import calibrate
+from talaria.calibration.grid import StepGrid
 from talaria.calibration.machine import CpuWatch, RateSizes
 from talaria.calibration.plan import (
     CALIBRATION_MODELS,
@@ -52,6 +53,13 @@ TINY_PLAN = CalibrationPlan(
         attention_batch=2,
         device_memory_bytes=8 * MB,
         host_memory_bytes=8 * MB,
+        grid=StepGrid(
+            decode_batches=(1, 3),
+            decode_contexts=(16, 40),
+            chunks=(4, 20),
+            prefixes=(0, 24),
+            reps=1,
+        ),
     ),
 )
 
@@ -107,6 +115,15 @@ def test_calibrate_measures_caches_hits_the_cache_and_fresh_replaces_it(
     stored = json.loads(Path(measured.path).read_text())
     assert set(stored["engine"]["models"]) == {"llama-tiny", "qwen-tiny"}
     assert stored["engine"]["method"].startswith("talaria.calibration.calibrate:")
+    # the step grid was measured on both models and its fit prices the profile's steps
+    assert all(len(m["grid"]) == 8 for m in stored["engine"]["models"].values())
+    fitted = stored["engine"]["fit"]
+    prices = measured.profile.step_prices
+    assert prices is not None and prices.to_json() == fitted["step_prices"]
+    assert prices.small_rows == 0  # float32: no native small-batch product
+    assert set(fitted["step_grid_held_out"]) == {"median_abs", "p90_abs", "max_abs"}
+    assert measured.profile.source_of("step_prices")
+    assert measured.describe()["step_prices"] == fitted["step_prices"]
 
     def no_measuring(*_args: Any, **_kwargs: Any) -> Any:
         raise AssertionError("a cache hit measures nothing")

@@ -1,0 +1,189 @@
+"""A step-time grid: the engine's forward over batch x context and chunk x cached prefix.
+
+The calibration's microbenchmarks (:mod:`talaria.calibration.engine`) measure a handful of
+shapes through the serving path and fit one rate from each pair. This module measures the
+same forward (``LlamaModel.forward`` on a paged KV pool, the native decode kernel where it
+builds, as the runner calls it) over a grid of shapes, so that a cost model can be checked
+where the replays really run it:
+
+- decode: ``batch`` sequences of ``context`` tokens each, one token each;
+- prefill: one ``chunk``-token chunk after a cached ``prefix``.
+
+The KV the steps read is the pool's zeros: a step's time does not depend on what the cache
+holds, only on how much of it is read. :func:`measure_grid` returns :class:`StepPoint` rows
+(plain data, JSON-ready with :meth:`StepPoint.to_json`); :mod:`talaria.calibration.linear`
+fits and checks a cost model on them.
+"""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import attrs
+import torch
+
+from talaria.engine.arch import ModelArch
+from talaria.engine.batch import BatchInput, SeqInput
+from talaria.engine.kernels import optional_decode_kernel
+from talaria.engine.kv_pool import KVPool
+from talaria.engine.model import LlamaModel
+from talaria.engine.weight_layout import bind_weights
+from talaria.errors import ConfigError
+
+BLOCK_TOKENS = 16
+"""Tokens per KV block (the runtime's default ``block_size``)."""
+
+
+def _check_sizes(values: object, what: str, zero: bool) -> None:
+    low = 0 if zero else 1
+    if (
+        not isinstance(values, tuple)
+        or not values
+        or any(isinstance(v, bool) or not isinstance(v, int) or v < low for v in values)
+    ):
+        raise ConfigError(f"StepGrid.{what} must be a non-empty tuple of integers >= {low}")
+
+
+@attrs.frozen
+class StepGrid:
+    """The shapes measured per model and how often (the median of ``reps`` after a warm-up).
+    The defaults cover what the embedded replay runs (up to 12 sessions, contexts up to
+    8,192 tokens at its token scale) on two cores in about a minute per model."""
+
+    decode_batches: tuple[int, ...] = (1, 2, 4, 8, 16)
+    decode_contexts: tuple[int, ...] = (256, 1024, 4096)
+    chunks: tuple[int, ...] = (16, 64, 256, 1024)
+    prefixes: tuple[int, ...] = (0, 1024, 4096)
+    reps: int = 3
+
+    def __attrs_post_init__(self) -> None:
+        for name in ("decode_batches", "decode_contexts", "chunks", "prefixes"):
+            _check_sizes(getattr(self, name), name, zero=name == "prefixes")
+        if isinstance(self.reps, bool) or not isinstance(self.reps, int) or self.reps < 1:
+            raise ConfigError("StepGrid.reps must be an integer >= 1")
+
+    def describe(self) -> str:
+        return (
+            f"step grid: decode batches {list(self.decode_batches)} x contexts "
+            f"{list(self.decode_contexts)}, chunks {list(self.chunks)} x cached prefixes "
+            f"{list(self.prefixes)}, {self.reps} reps"
+        )
+
+    @property
+    def kv_blocks(self) -> int:
+        """KV blocks the largest shape holds at once (the pool is sized for it)."""
+        decode = max(self.decode_batches) * _blocks(max(self.decode_contexts) + 1)
+        return max(decode, _blocks(max(self.prefixes) + max(self.chunks)))
+
+    def shapes(self) -> list[tuple[int, int, int, int]]:
+        """``(batch, context, chunk, prefix)`` of every point: decode points have chunk 0,
+        prefill points batch 0."""
+        decode = [(b, c, 0, 0) for c in self.decode_contexts for b in self.decode_batches]
+        prefill = [(0, 0, n, p) for p in self.prefixes for n in self.chunks]
+        return decode + prefill
+
+
+@attrs.frozen
+class StepPoint:
+    """One measured step: ``batch`` decoding sequences of ``context`` tokens each, or one
+    ``chunk``-token prefill after ``prefix`` cached tokens, and its median seconds."""
+
+    model: str
+    batch: int
+    context: int
+    chunk: int
+    prefix: int
+    seconds: float
+
+    @property
+    def is_decode(self) -> bool:
+        return self.chunk == 0
+
+    def to_json(self) -> dict[str, Any]:
+        return attrs.asdict(self)
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> StepPoint:
+        return cls(**doc)
+
+
+def _blocks(tokens: int) -> int:
+    return -(-tokens // BLOCK_TOKENS)
+
+
+def _table(first: int, tokens: int) -> tuple[int, ...]:
+    return tuple(range(first, first + _blocks(tokens)))
+
+
+class _Forward:
+    """One model's forward on its own weights region and a zeroed KV pool."""
+
+    def __init__(
+        self, arch: ModelArch, flat: torch.Tensor, dtype: torch.dtype, kv_blocks: int
+    ) -> None:
+        self.region = flat.clone()  # a region of its own, as the runner's device region
+        weights = bind_weights(arch, self.region, dtype)
+        self.model = LlamaModel(arch, weights, optional_decode_kernel("cpu"))
+        block_bytes = KVPool.block_bytes_for([arch], dtype, BLOCK_TOKENS)
+        self.pool = KVPool(kv_blocks, 1, block_bytes)
+        self.pool.device_pool.zero_()
+        self.kv = self.pool.paged(arch, dtype)
+        self.vocab = arch.vocab_size
+
+    def decode(self, batch: int, context: int) -> Callable[[], object]:
+        per = _blocks(context + 1)
+        seqs = [
+            SeqInput((1 + i % (self.vocab - 1),), context, _table(i * per, context + 1))
+            for i in range(batch)
+        ]
+        step = BatchInput(seqs)  # type: ignore[arg-type]  # attrs plugin: converter=tuple
+        return lambda: self.model.forward(step, self.kv)
+
+    def prefill(self, chunk: int, prefix: int) -> Callable[[], object]:
+        ids = tuple(1 + i % (self.vocab - 1) for i in range(chunk))
+        step = BatchInput([SeqInput(ids, prefix, _table(0, prefix + chunk))])  # type: ignore[list-item]
+        return lambda: self.model.forward(step, self.kv)
+
+
+def _interleaved_medians(steps: Sequence[Callable[[], object]], reps: int) -> list[float]:
+    """The median time of each step over ``reps`` rounds after a warm-up round, every
+    round running each step once in turn: a disturbance on a shared machine (another
+    process for a second) then hits one repetition of several points, which the median
+    drops, rather than every repetition of one point."""
+    times: list[list[float]] = [[] for _ in steps]
+    for r in range(reps + 1):
+        for i, step in enumerate(steps):
+            t0 = time.perf_counter()
+            step()
+            if r:
+                times[i].append(time.perf_counter() - t0)
+    return [statistics.median(ts) for ts in times]
+
+
+def measure_grid(
+    name: str,
+    arch: ModelArch,
+    flat: torch.Tensor,
+    dtype: torch.dtype,
+    grid: StepGrid,
+) -> list[StepPoint]:
+    """Every shape of ``grid`` on ``name`` (``arch`` with its flat weights ``flat``, as
+    :func:`~talaria.engine.runner.flatten_weights` lays them out), in ``dtype``,
+    on this thread with torch's threads as they are. Allocates the model's weights once
+    more and a KV pool for the largest shape; frees both before it returns."""
+    fwd = _Forward(arch, flat, dtype, grid.kv_blocks)
+    shapes = grid.shapes()
+    steps = [fwd.decode(b, c) if n == 0 else fwd.prefill(n, p) for b, c, n, p in shapes]
+    with torch.inference_mode():
+        seconds = _interleaved_medians(steps, grid.reps)
+    del fwd, steps
+    gc.collect()
+    return [StepPoint(name, *shape, s) for shape, s in zip(shapes, seconds, strict=True)]
+
+
+def points_json(points: Sequence[StepPoint]) -> list[dict[str, Any]]:
+    return [p.to_json() for p in points]

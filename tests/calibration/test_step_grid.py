@@ -1,0 +1,93 @@
+"""The step grid and its fit: exact recovery of known prices, held-out residuals, the
+measured grid on a tiny model, and the calibration's prices in the cpu profile."""
+
+from __future__ import annotations
+
+import attrs
+import pytest
+import torch
+
+from talaria.calibration.grid import StepGrid, StepPoint, measure_grid
+from talaria.calibration.linear import cross_validate, fit_steps, point_args, residuals
+from talaria.config import ModelSpec
+from talaria.cost.step_prices import TERMS, StepPrices
+from talaria.engine.loader import load_dummy
+from talaria.engine.runner import flatten_weights
+from talaria.errors import ConfigError
+from tests.helpers import llama_config
+from tests.sim.test_cost_model import DENSE
+
+TRUE = StepPrices((0.02, 5e-4, 4e-11, 5e-11, 1e-10, 6e-13, 3e-12, 3e-10), small_rows=2)
+GRID = StepGrid(
+    decode_batches=(1, 2, 4, 8), decode_contexts=(64, 512), chunks=(8, 64), prefixes=(0, 256)
+)
+BIG = attrs.evolve(DENSE, name="big", total_params=2_000_000, active_params=2_000_000, n_layers=4)
+
+
+def specs() -> dict[str, ModelSpec]:
+    return {DENSE.name: DENSE, BIG.name: BIG}
+
+
+def synthetic(prices: StepPrices) -> list[StepPoint]:
+    """Every shape of GRID for DENSE and a model twice its size, timed by ``prices``."""
+    out = []
+    for spec in (DENSE, BIG):
+        for b, c, n, p in GRID.shapes():
+            seconds = prices.step_s(spec, *point_args(StepPoint(spec.name, b, c, n, p, 1.0)))
+            out.append(StepPoint(spec.name, b, c, n, p, seconds))
+    return out
+
+
+def test_the_fit_recovers_known_prices_and_predicts_held_out_points_exactly() -> None:
+    points = synthetic(TRUE)
+    fitted = fit_steps(points, specs(), 2)
+    assert fitted.small_rows == 2
+    for term in TERMS:
+        assert fitted.price(term) == pytest.approx(TRUE.price(term), rel=1e-6)
+    assert residuals(fitted, points, specs()).max_abs < 1e-9
+    assert cross_validate(points, specs(), 2).max_abs < 1e-6
+
+
+def test_a_term_the_data_does_not_need_is_priced_zero_not_negative() -> None:
+    free_kv = StepPrices((*TRUE.prices[:4], 0.0, *TRUE.prices[5:]), small_rows=2)
+    fitted = fit_steps(synthetic(free_kv), specs(), 2)
+    assert all(v >= 0 for v in fitted.prices)
+    assert fitted.price("decode_kv_s_per_B") == pytest.approx(0.0, abs=1e-15)
+
+
+def test_residuals_report_a_known_error() -> None:
+    points = synthetic(TRUE)
+    slower = [
+        StepPoint(p.model, p.batch, p.context, p.chunk, p.prefix, p.seconds * 1.25) for p in points
+    ]
+    r = residuals(TRUE, slower, specs())
+    assert r.median_abs == pytest.approx(0.2) and r.max_abs == pytest.approx(0.2)
+
+
+def test_bad_fits_are_refused() -> None:
+    points = synthetic(TRUE)
+    with pytest.raises(ConfigError, match="at least"):
+        fit_steps(points[:3], specs(), 2)
+    with pytest.raises(ConfigError, match="ModelSpec"):
+        fit_steps(points, {DENSE.name: DENSE}, 2)
+    with pytest.raises(ConfigError, match="folds"):
+        cross_validate(points, specs(), 2, folds=1)
+    with pytest.raises(ConfigError):
+        StepGrid(decode_batches=())
+    with pytest.raises(ConfigError):
+        StepGrid(prefixes=(-1,))
+    with pytest.raises(ConfigError):
+        StepGrid(reps=0)
+
+
+def test_the_grid_is_measured_on_a_tiny_model() -> None:
+    model = load_dummy(llama_config(vocab_size=256).to_dict(), seed=1, dtype=torch.float32)
+    flat = flatten_weights("tiny", model.arch, model.tensors, torch.float32)
+    grid = StepGrid(
+        decode_batches=(1, 3), decode_contexts=(16, 40), chunks=(4, 20), prefixes=(0, 24), reps=1
+    )
+    points = measure_grid("tiny", model.arch, flat, torch.float32, grid)
+    assert [(p.batch, p.context, p.chunk, p.prefix) for p in points] == grid.shapes()
+    assert all(p.model == "tiny" and p.seconds > 0 for p in points)
+    assert [p.is_decode for p in points] == [True] * 4 + [False] * 4
+    assert StepPoint.from_json(points[0].to_json()) == points[0]
