@@ -40,7 +40,12 @@ from talaria.policy.baselines import parse_policies
 from talaria.sim.simulator import SimResult
 from talaria.swebench_replay.live_replay import EmbeddedOptions, run_embedded_replay
 from talaria.swebench_replay.metrics import policy_summary
-from talaria.swebench_replay.report import fidelity_table, mechanism_table, policy_table
+from talaria.swebench_replay.report import (
+    fidelity_table,
+    mechanism_table,
+    policy_table,
+    step_cost_table,
+)
 from talaria.swebench_replay.setup import load_workload
 
 GB = 10**9
@@ -165,6 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     console.print(policy_table(results))
     console.print(mechanism_table(results))
     console.print(fidelity_table(results))
+    console.print(step_cost_table(results))
     return 0
 
 

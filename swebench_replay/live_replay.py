@@ -40,6 +40,7 @@ from talaria.clock import Clock, WallClock
 from talaria.config import ClusterConfig, InstanceSpec, PolicyConfig
 from talaria.core.cluster import ClusterCore
 from talaria.core.counters import cluster_counters
+from talaria.cost import cluster_estimators
 from talaria.cost.estimator import Estimator
 from talaria.cost.hardware import HardwareProfile
 from talaria.engine.catalog import DEFAULT_MODELS
@@ -240,6 +241,16 @@ def _run(
         if options.simulate:
             predicted = _simulate(cluster, policy, scripts)
             fidelity[policy.name] = _fidelity(policies[policy.name], policy_summary(predicted))
+            roofline = _roofline(hardware)
+            if roofline is not None:  # the same run priced as before the step grid
+                old = _simulate(
+                    cluster, policy, scripts, cluster_estimators(cluster.core.cluster, roofline)
+                )
+                fidelity[policy.name] |= {
+                    f"roofline_{k}": v
+                    for k, v in _fidelity(policies[policy.name], policy_summary(old)).items()
+                    if not k.startswith("measured_")
+                }
             if not references:
                 references = _references(cluster, scripts)
         del cluster
@@ -480,16 +491,28 @@ def _shifted(rec: Any, t0: float) -> Any:
 
 
 def _simulate(
-    cluster: PlayedCluster, policy: PolicyConfig, scripts: Sequence[SessionScript]
+    cluster: PlayedCluster,
+    policy: PolicyConfig,
+    scripts: Sequence[SessionScript],
+    estimators: Mapping[str, Estimator] | None = None,
 ) -> SimResult:
     """The same scripts through the simulator, on the same cluster configuration, priced by
-    the estimators the live cluster's routers use (the calibration's ``cpu`` profile)."""
+    the estimators the live cluster's routers use (the calibration's ``cpu`` profile) unless
+    ``estimators`` are given."""
     config = cluster.core.cluster
-    estimators: dict[str, Estimator] = {
-        name: inst.estimator for name, inst in cluster.core.instances.items()
-    }
-    sim = Simulator(config, policy, estimators, learner=GapPredictor.default)
+    if estimators is None:
+        estimators = {name: inst.estimator for name, inst in cluster.core.instances.items()}
+    sim = Simulator(config, policy, dict(estimators), learner=GapPredictor.default)
     return sim.run(scripts)
+
+
+def _roofline(hardware: Mapping[str, HardwareProfile]) -> dict[str, HardwareProfile] | None:
+    """The calibration's profiles with their step grid's prices dropped (the roofline of
+    the same measured rates prices the steps), or None when none of them has prices: the
+    fidelity of the model the step grid replaced, on the same measured run."""
+    if all(p.step_prices is None for p in hardware.values()):
+        return None
+    return {name: attrs.evolve(p, step_prices=None) for name, p in hardware.items()}
 
 
 def _references(

@@ -175,18 +175,22 @@ def calibration_line(results: Mapping[str, Any]) -> str | None:
 
 def fidelity_table(results: Mapping[str, Any]) -> Table:
     """Simulator fidelity: the simulator's predicted SCT against the measured one, per
-    policy, with the relative error (predicted - measured) / measured; the caption names
-    the calibration that priced the prediction (:func:`calibration_line`)."""
+    policy, with the relative error (predicted - measured) / measured, and where the
+    profile's steps were priced by a step grid, the error of the roofline it replaced on the
+    same run (``roofline``); the caption names the calibration that priced the prediction
+    (:func:`calibration_line`)."""
     hardware = results.get("hardware", "cpu")
-    table = _table(
-        f"simulator fidelity ({hardware} profile vs the real engine)",
-        ["policy", "SCT p50 s", "predicted", "error", "SCT p95 s", "predicted", "error"],
-    )
+    fidelity = results.get("fidelity", {})
+    roofline = any("roofline_error_sct_p50_s" in f for f in fidelity.values())
+    columns = ["policy", "SCT p50 s", "predicted", "error", "SCT p95 s", "predicted", "error"]
+    if roofline:
+        columns += ["roofline p50", "roofline p95"]
+    table = _table(f"simulator fidelity ({hardware} profile vs the real engine)", columns)
     line = calibration_line(results)
     if line is not None:
         table.caption = f"{hardware} profile: {line}"
         table.caption_justify = "left"
-    for name, f in results.get("fidelity", {}).items():
+    for name, f in fidelity.items():
         row = [name]
         for key in ("sct_p50_s", "sct_p95_s"):
             row += [
@@ -194,7 +198,28 @@ def fidelity_table(results: Mapping[str, Any]) -> Table:
                 f"{f[f'predicted_{key}']:.1f}",
                 f"{100 * f[f'error_{key}']:+.0f}%",
             ]
+        if roofline:
+            row += [
+                f"{100 * f[f'roofline_error_{key}']:+.0f}%" if f"roofline_error_{key}" in f else "-"
+                for key in ("sct_p50_s", "sct_p95_s")
+            ]
         table.add_row(*row)
+    return table
+
+
+def step_cost_table(results: Mapping[str, Any]) -> Table:
+    """Where the prediction's error comes from: each kind of executed step (prefill,
+    decode, switch, stage, KV moves alone) with its count, the seconds measured and the
+    seconds the profile predicts for the same steps, per policy."""
+    table = _table(
+        "step costs (the same steps measured and priced)",
+        ["policy", "kind", "steps", "measured s", "predicted s", "error"],
+    )
+    for name, kinds in results.get("step_costs", {}).items():
+        for kind, row in kinds.items():
+            m, p = row["measured_s"], row["predicted_s"]
+            error = f"{100 * (p - m) / m:+.0f}%" if m else "-"
+            table.add_row(name, kind, str(row["count"]), f"{m:.1f}", f"{p:.1f}", error)
     return table
 
 

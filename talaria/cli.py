@@ -463,7 +463,12 @@ def _live_replay(
 ) -> int:
     """A real-time replay (``run(on_progress, on_status, on_result)`` plays every policy and
     returns the results document) with progress bars, then its files and tables."""
-    from talaria.swebench_replay.report import fidelity_table, mechanism_table, policy_table
+    from talaria.swebench_replay.report import (
+        fidelity_table,
+        mechanism_table,
+        policy_table,
+        step_cost_table,
+    )
 
     out = args.out or DEFAULT_OUT / default_out
     runs: dict[str, SimResult] = {}  # each policy's measured calls and slots, for the timeline
@@ -484,6 +489,7 @@ def _live_replay(
     console.print(policy_table(results))
     console.print(mechanism_table(results))
     console.print(fidelity_table(results))
+    console.print(step_cost_table(results))
     for line in results.get("engine", {}).get("mechanisms", ()):
         console.print(f"vllm: {line}")
     console.print(f"wrote {', '.join(map(str, [out / 'results.json', *plots]))}")

@@ -49,6 +49,9 @@ class RoundNumberEstimator:
     def stage_contention(self) -> None:
         return None
 
+    def co_run_slowdown(self) -> None:
+        return None
+
 
 def tiny_spec(name: str, weight_bytes: int = 1000, max_context: int = 131072) -> ModelSpec:
     """``weight_bytes`` of weights (one byte per parameter) and 32 bytes of KV per token."""

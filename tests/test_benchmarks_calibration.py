@@ -189,3 +189,16 @@ def test_a_model_is_measured_alone_and_beside_a_stage_copy() -> None:
     for key in ("stage_decode_step_s_alone", "stage_decode_step_s_beside"):
         assert 0 < out[key] < 1.0
     assert out["stage_B_s_idle"] > 1e8 and out["stage_B_s_beside_decode"] > 0
+
+
+def test_the_step_grid_benchmark_runs_twice_and_reports_agreement(tmp_path: Path) -> None:
+    from benchmarks.step_grid import main
+
+    out = tmp_path / "grid.json"
+    assert main(["--quick", "--runs", "2", "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert len(doc["runs"]) == 2 and doc["small_rows"] == 0  # float32: no native product
+    for run in doc["runs"]:
+        assert len(run["points"]) == 2 * 10  # two models, 6 decode and 4 prefill shapes
+        assert set(run["held_out_by_kind"]) == {"decode", "prefill"}
+    assert doc["agreement"]["prediction_difference_max"] >= 0

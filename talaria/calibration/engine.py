@@ -40,7 +40,7 @@ import anyio
 import numpy as np
 import torch
 
-from talaria.calibration.grid import StepPoint, measure_grid, points_json
+from talaria.calibration.grid import StepPoint, measure_co_run, measure_grid, points_json
 from talaria.calibration.linear import cross_validate, fit_steps, residuals
 from talaria.calibration.plan import EngineBench
 from talaria.config import InstanceSpec, ModelSpec
@@ -262,10 +262,11 @@ def measure_model(
     probe = _Probe(LocalInstance(core, runner), runner, name, min(30000, model.arch.vocab_size))
     b = bench
     timings = anyio.run(_timings, probe, b)
-    grid = None
+    grid: dict[str, Any] = {}
     if b.grid is not None:
         flat = runner.host_weights[name]
-        grid = points_json(measure_grid(name, model.arch, flat, dtype, b.grid))
+        grid["grid"] = points_json(measure_grid(name, model.arch, flat, dtype, b.grid))
+        grid |= measure_co_run(model.arch, flat, dtype, b.grid)
     del runner, core, probe
     gc.collect()
     out = {
@@ -290,7 +291,7 @@ def measure_model(
         "attention_flops_chunk_extra": spec.attention_flops(b.chunk * b.long_ctx),
         **{k: v for k, v in timings.items() if k.startswith("stage_")},
     }
-    return out if grid is None else out | {"grid": grid}
+    return out | grid
 
 
 def _short(m: Mapping[str, Any]) -> int:
@@ -359,7 +360,9 @@ def _fit_grid(
     what the serving path adds: the batch-1 decode step served (``decode_step_s_batch1``)
     less its grid price is the step overhead the serving loop adds, and batch 8 against
     batch 1 likewise gives what it adds per decoding sequence (medians over the models).
-    The fit's error on held-out grid points comes with it (``step_grid_held_out``)."""
+    The fit's error on held-out grid points comes with it (``step_grid_held_out``), and so
+    does how many times longer a step takes beside a second engine stepping on another
+    thread (``co_run_slowdown``, the median over the models, at least 1)."""
     points = [StepPoint.from_json(d) for m in models.values() for d in m["grid"]]
     bare = fit_steps(points, specs, small)
     extra_step, extra_seq = [], []
@@ -371,7 +374,9 @@ def _fit_grid(
         served = m["decode_step_s_batch8"] - m["decode_step_s_batch1"]
         extra_seq.append((served - (eight - one)) / 7)
     prices = bare.plus(statistics.median(extra_step), statistics.median(extra_seq))
+    co_run = [m["co_run_s_beside"] / m["co_run_s_alone"] for m in models.values()]
     return {
+        "co_run_slowdown": max(1.0, float(statistics.median(co_run))),
         "step_prices": prices.to_json(),
         "step_grid_bare": bare.to_json(),
         "step_grid_in_sample": residuals(bare, points, specs).summary(),

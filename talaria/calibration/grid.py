@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import gc
 import statistics
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -183,6 +184,57 @@ def measure_grid(
     del fwd, steps
     gc.collect()
     return [StepPoint(name, *shape, s) for shape, s in zip(shapes, seconds, strict=True)]
+
+
+def measure_co_run(
+    arch: ModelArch, flat: torch.Tensor, dtype: torch.dtype, grid: StepGrid
+) -> dict[str, float]:
+    """How much slower a step runs while a second engine (its own copy of the weights and
+    its own KV pool) steps on another thread, as a second instance in the same process does:
+    the median time of the grid's middle decode shape and middle fresh prefill chunk alone
+    and beside the other engine's decode steps of the middle shape, alternating
+    ``grid.reps`` rounds so that drift hits both alike; both threads run torch's current
+    thread count. Returns ``co_run_s_alone`` and ``co_run_s_beside`` (sums over the two
+    shapes of the medians, seconds)."""
+    batch, context = grid.decode_batches, grid.decode_contexts
+    b, c = batch[len(batch) // 2], context[len(context) // 2]
+    n = grid.chunks[len(grid.chunks) // 2]
+    blocks = max(b * _blocks(c + 1), _blocks(n))
+    mine, other = (_Forward(arch, flat, dtype, blocks) for _ in range(2))
+    steps = [mine.decode(b, c), mine.prefill(n, 0)]
+    noise = other.decode(b, c)
+    threads = torch.get_num_threads()
+    stop = threading.Event()
+
+    def busy() -> None:
+        torch.set_num_threads(threads)
+        with torch.inference_mode():
+            while not stop.is_set():
+                noise()
+
+    alone: list[list[float]] = [[] for _ in steps]
+    beside: list[list[float]] = [[] for _ in steps]
+    with torch.inference_mode():
+        for step in steps:
+            step()  # warm-up
+        for _ in range(grid.reps):
+            for i, t in enumerate(_interleaved_medians(steps, 1)):
+                alone[i].append(t)
+            worker = threading.Thread(target=busy, daemon=True)
+            worker.start()
+            try:
+                for i, t in enumerate(_interleaved_medians(steps, 1)):
+                    beside[i].append(t)
+            finally:
+                stop.set()
+                worker.join()
+                stop.clear()
+    del mine, steps
+    gc.collect()
+    return {
+        "co_run_s_alone": sum(statistics.median(ts) for ts in alone),
+        "co_run_s_beside": sum(statistics.median(ts) for ts in beside),
+    }
 
 
 def points_json(points: Sequence[StepPoint]) -> list[dict[str, Any]]:

@@ -51,6 +51,11 @@ class Estimator(Protocol):
         """How a weight stage contends with the steps beside it; None: it does not."""
         ...
 
+    def co_run_slowdown(self) -> float | None:
+        """How many times longer this instance's work takes while another instance of the
+        same hardware on its server works; None: instances do not slow each other."""
+        ...
+
 
 @attrs.frozen
 class StageContention:
@@ -118,6 +123,9 @@ class CostModelEstimator:
         if hw.stage_step_slowdown is None or hw.stage_share_beside_steps is None:
             return None
         return StageContention(hw.stage_step_slowdown, hw.stage_share_beside_steps)
+
+    def co_run_slowdown(self) -> float | None:
+        return self.cost.hw.co_run_slowdown
 
     def decode_step_s(self, model: str, batch: int, context_tokens: int) -> float:
         """One decode step (memoized with the context rounded up to 1,024 tokens: this is a

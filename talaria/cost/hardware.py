@@ -73,6 +73,7 @@ OPTIONAL_FIELDS: Final = (
     "stage_step_slowdown",
     "stage_share_beside_steps",
     "step_prices",
+    "co_run_slowdown",
 )
 """Numbers a profile may leave None; cited in ``sources`` when set."""
 
@@ -169,6 +170,9 @@ class HardwareProfile:
 
     ``step_prices`` (a calibration's step grid, :mod:`talaria.cost.step_prices`) replaces
     the roofline for a step's time where it is measured: the CPU engine's parts add up.
+    ``co_run_slowdown`` (>= 1) is how many times longer an instance's work takes while
+    another instance of this profile on the same server works (CPU instances share the
+    machine's cores' memory bandwidth and caches); None: instances do not slow each other.
     """
 
     name: str = attrs.field(validator=_name)
@@ -197,6 +201,7 @@ class HardwareProfile:
     stage_step_slowdown: float | None = attrs.field(default=None, validator=_opt_positive)
     stage_share_beside_steps: float | None = attrs.field(default=None, validator=_opt_positive)
     step_prices: StepPrices | None = None
+    co_run_slowdown: float | None = attrs.field(default=None, validator=_opt_positive)
 
     def __attrs_post_init__(self) -> None:
         if not isinstance(self.description, str):
@@ -209,6 +214,8 @@ class HardwareProfile:
         slowdown, share = self.stage_step_slowdown, self.stage_share_beside_steps
         if slowdown is not None and slowdown < 1:
             raise ConfigError(f"profile {self.name}: stage_step_slowdown must be >= 1")
+        if self.co_run_slowdown is not None and self.co_run_slowdown < 1:
+            raise ConfigError(f"profile {self.name}: co_run_slowdown must be >= 1")
         if share is not None and share > 1:
             raise ConfigError(f"profile {self.name}: stage_share_beside_steps must be <= 1")
         if self.step_prices is not None and not isinstance(self.step_prices, StepPrices):
@@ -378,7 +385,7 @@ def cpu_profile_from_dict(
     flops, bandwidth, overhead, engine_note = _engine_fit(doc, m, origin)
     kv_rate, attn_rate, seq_s, attn_sources = _attention_fit(doc, origin)
     slowdown, share, stage_sources = _stage_fit(doc, origin)
-    prices, price_sources = _step_prices(doc, origin)
+    prices, co_run, price_sources = _step_prices(doc, origin)
     return HardwareProfile(
         name="cpu",
         description=f"this machine: {machine.get('cpu', 'CPU')}, RAM as both tiers",
@@ -404,18 +411,22 @@ def cpu_profile_from_dict(
         stage_step_slowdown=slowdown,
         stage_share_beside_steps=share,
         step_prices=prices,
+        co_run_slowdown=co_run,
     )
 
 
-def _step_prices(doc: Mapping[str, Any], origin: str) -> tuple[StepPrices | None, tuple[str, ...]]:
+def _step_prices(
+    doc: Mapping[str, Any], origin: str
+) -> tuple[StepPrices | None, float | None, tuple[str, ...]]:
     """The additive model's prices from the engine fit's ``step_prices`` (the step grid's
-    fit plus the serving path's overhead), with its source line; None without one."""
+    fit plus the serving path's overhead) and the co-run slowdown measured beside it, with
+    their source lines; None without them."""
     engine = doc.get("engine")
     if not isinstance(engine, Mapping) or not isinstance(engine.get("fit"), Mapping):
-        return None, ()
+        return None, None, ()
     stored = engine["fit"].get("step_prices")
     if stored is None:
-        return None, ()
+        return None, None, ()
     if not isinstance(stored, Mapping):
         raise ConfigError(f"{origin}: engine.fit.step_prices must be an object")
     try:
@@ -424,9 +435,17 @@ def _step_prices(doc: Mapping[str, Any], origin: str) -> tuple[StepPrices | None
         raise ConfigError(f"{origin}: engine.fit.step_prices: {exc}") from None
     held = engine["fit"].get("step_grid_held_out", {})
     how = f"; held-out error median {held['median_abs']:.1%}" if "median_abs" in held else ""
-    return prices, (
-        f"step_prices: step grid fit ({_engine_by(engine)}, {engine.get('measured_at', '?')}){how}",
-    )
+    where = f"({_engine_by(engine)}, {engine.get('measured_at', '?')})"
+    sources = [f"step_prices: step grid fit {where}{how}"]
+    co_run = engine["fit"].get("co_run_slowdown")
+    if co_run is not None:
+        if not _is_number(co_run) or co_run < 1:
+            raise ConfigError(f"{origin}: engine.fit.co_run_slowdown must be a number >= 1")
+        sources.append(
+            f"co_run_slowdown: steps beside a second engine stepping on another thread over "
+            f"steps alone {where}, {float(co_run):.3f}"
+        )
+    return prices, None if co_run is None else float(co_run), tuple(sources)
 
 
 def _engine_fit(

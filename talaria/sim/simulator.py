@@ -337,6 +337,7 @@ class _Run:
         serial = cost.serial_s
         if sched.switch is None and (step is not None or cost.kv_s > 0):
             serial = self._beside_stage(name, inst, cost.kv_s, cost.step_s, moves)
+        serial *= self._co_run(name, inst)
         if sched.switch is not None or step is not None or cost.kv_s > 0:
             self.device_busy_s += serial * inst.spec.n_devices
         if sched.switch is not None:
@@ -391,6 +392,21 @@ class _Run:
         stage.since_s = self.now + kv_s
         self._retime(name)
         return kv_s + step_s
+
+    def _co_run(self, name: str, inst: InstanceCore) -> float:
+        """The profile's co-run slowdown when another instance of the same hardware is busy
+        as this one starts its work, else 1 (an approximation: the factor holds for the
+        whole of the work, decided when it starts)."""
+        slow = inst.estimator.co_run_slowdown()
+        if slow is None:
+            return 1.0
+        hardware = inst.spec.hardware
+        instances = self.core.instances
+        peers_at_work = any(
+            other != name and busy is not None and instances[other].spec.hardware == hardware
+            for other, busy in self.busy.items()
+        )
+        return slow if peers_at_work else 1.0
 
     def _idle_stage(self, name: str) -> None:
         """The instance stopped stepping: a stage in progress copies at its idle rate."""

@@ -123,6 +123,8 @@ def test_calibrate_measures_caches_hits_the_cache_and_fresh_replaces_it(
     assert prices.small_rows == 0  # float32: no native small-batch product
     assert set(fitted["step_grid_held_out"]) == {"median_abs", "p90_abs", "max_abs"}
     assert measured.profile.source_of("step_prices")
+    co_run = measured.profile.co_run_slowdown
+    assert co_run is not None and co_run >= 1 and measured.profile.source_of("co_run_slowdown")
     assert measured.describe()["step_prices"] == fitted["step_prices"]
 
     def no_measuring(*_args: Any, **_kwargs: Any) -> Any:

@@ -7,7 +7,7 @@ import attrs
 import pytest
 import torch
 
-from talaria.calibration.grid import StepGrid, StepPoint, measure_grid
+from talaria.calibration.grid import StepGrid, StepPoint, measure_co_run, measure_grid
 from talaria.calibration.linear import cross_validate, fit_steps, point_args, residuals
 from talaria.config import ModelSpec
 from talaria.cost.step_prices import TERMS, StepPrices
@@ -91,3 +91,12 @@ def test_the_grid_is_measured_on_a_tiny_model() -> None:
     assert all(p.model == "tiny" and p.seconds > 0 for p in points)
     assert [p.is_decode for p in points] == [True] * 4 + [False] * 4
     assert StepPoint.from_json(points[0].to_json()) == points[0]
+
+
+def test_a_step_beside_a_second_engine_is_timed_alone_and_beside_it() -> None:
+    model = load_dummy(llama_config(vocab_size=256).to_dict(), seed=1, dtype=torch.float32)
+    flat = flatten_weights("tiny", model.arch, model.tensors, torch.float32)
+    grid = StepGrid(decode_batches=(1, 3), decode_contexts=(16, 40), chunks=(4, 20), reps=1)
+    out = measure_co_run(model.arch, flat, torch.float32, grid)
+    assert set(out) == {"co_run_s_alone", "co_run_s_beside"}
+    assert out["co_run_s_alone"] > 0 and out["co_run_s_beside"] > 0

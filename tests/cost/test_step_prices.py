@@ -10,6 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from talaria.cost.cost_model import CostModel
+from talaria.cost.hardware import cpu_profile_from_dict, read_cpu_document
 from talaria.cost.step_prices import TERMS, StepPrices, step_counts
 from talaria.errors import BadRequest, ConfigError
 from tests.sim.test_cost_model import DENSE, make_hw
@@ -103,3 +104,24 @@ def test_a_step_costs_more_with_more_work(
     t = prices.step_s(DENSE, prefill, attn, seqs, context)
     assert math.isfinite(t) and t >= 0.01
     assert prices.step_s(DENSE, prefill, attn, seqs, context + 1) >= t
+
+
+def test_a_cpu_document_with_step_prices_makes_a_profile_that_uses_them() -> None:
+    doc = read_cpu_document()
+    fitted = doc["engine"]["fit"]
+    fitted["step_prices"] = ONE_EACH.to_json()
+    fitted["step_grid_held_out"] = {"median_abs": 0.08, "p90_abs": 0.2, "max_abs": 0.3}
+    fitted["co_run_slowdown"] = 1.5
+    prof = cpu_profile_from_dict(doc, "test")
+    assert prof.step_prices == ONE_EACH and prof.co_run_slowdown == 1.5
+    assert "held-out error median 8.0%" in prof.source_of("step_prices")[0]
+    assert prof.source_of("co_run_slowdown")
+    fitted["co_run_slowdown"] = 0.5  # a peer cannot speed a step up
+    with pytest.raises(ConfigError, match="co_run_slowdown"):
+        cpu_profile_from_dict(doc, "test")
+    fitted["co_run_slowdown"] = 1.5
+    del fitted["step_prices"]["per_seq_s"]
+    with pytest.raises(ConfigError, match="per_seq_s"):
+        cpu_profile_from_dict(doc, "test")
+    del fitted["step_prices"]
+    assert cpu_profile_from_dict(doc, "test").step_prices is None  # the roofline prices

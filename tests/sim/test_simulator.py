@@ -266,3 +266,52 @@ def test_paper_testbed_sp_and_staging_only_where_enabled() -> None:
     round_, _ = paper_run("round")
     assert talaria.counters["sp_admissions"] > 0 and talaria.counters["staged_switches"] > 0
     assert round_.counters["sp_admissions"] == 0 and round_.counters["staged_switches"] == 0
+
+
+class CoRunEstimator(FakeEstimator):
+    """Round-number costs on hardware whose instances slow each other twofold."""
+
+    def co_run_slowdown(self) -> float:  # type: ignore[override]
+        return 2.0
+
+
+def two_instances() -> ClusterConfig:
+    base = TINY.instances[0]
+    specs = tuple(attrs.evolve(base, name=f"tiny-{i}") for i in range(2))
+    return ClusterConfig(models=TINY.models, instances=specs)
+
+
+def test_a_peer_at_work_slows_an_instance_by_the_co_run_factor() -> None:
+    cluster = two_instances()
+    run = _Run(
+        ClusterCore(
+            cluster, POLICIES["talaria"], {n: CoRunEstimator() for n in ("tiny-0", "tiny-1")}
+        )
+    )
+    inst = run.core.instances["tiny-0"]
+    assert run._co_run("tiny-0", inst) == 1.0  # nobody else at work
+    run.busy["tiny-1"] = simulator._Busy()
+    assert run._co_run("tiny-0", inst) == 2.0
+    run.busy["tiny-0"], run.busy["tiny-1"] = simulator._Busy(), None
+    assert run._co_run("tiny-0", inst) == 1.0  # its own work is no peer's
+    plain = _Run(
+        ClusterCore(
+            cluster, POLICIES["talaria"], {n: FakeEstimator() for n in ("tiny-0", "tiny-1")}
+        )
+    )
+    plain.busy["tiny-1"] = simulator._Busy()
+    assert plain._co_run("tiny-0", plain.core.instances["tiny-0"]) == 1.0  # no factor: none
+
+
+def test_a_lone_session_runs_as_fast_and_concurrent_ones_slower() -> None:
+    cluster = two_instances()
+    policy = POLICIES["talaria"]
+    names = ("tiny-0", "tiny-1")
+
+    def end(estimator: type[FakeEstimator], scripts: list[SessionScript]) -> float:
+        return simulate(cluster, policy, {n: estimator() for n in names}, scripts)[0].end_s
+
+    lone = [script("s0", "A", 0.0, 3, first=64, growth=16, out=8, tool_s=0.3)]
+    assert end(CoRunEstimator, lone) == end(FakeEstimator, lone)
+    pair = [*lone, script("s1", "B", 0.0, 3, first=64, growth=16, out=8, tool_s=0.3)]
+    assert end(CoRunEstimator, pair) > end(FakeEstimator, pair)
