@@ -15,7 +15,8 @@ and the simulator's prediction price with the shipped ``h200-tp8`` profile at on
 (``tests/test_benchmarks_gpu_replay.py``). The trace comes from ``--trace`` (default: the
 library's search, as ``talaria replay`` does). Each policy's summary is written to
 ``--out``/``policies.json`` as soon as it finishes, the whole results document to
-``--out``/``results.json`` at the end, and the policy table is printed.
+``--out``/``results.json`` at the end (every executed step, measured and priced, to
+``steps.json``), and the policy table is printed.
 """
 
 from __future__ import annotations
@@ -163,6 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     if device.type == "cuda":
         results["engine"]["gpu"] = torch.cuda.get_device_name(device)
         results["engine"]["cuda_max_memory_allocated_bytes"] = torch.cuda.max_memory_allocated()
+    steps = results.pop("step_log", {})  # every executed schedule, measured and priced
+    (args.out / "steps.json").write_text(json.dumps(steps) + "\n")
     (args.out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
     from rich.console import Console
 

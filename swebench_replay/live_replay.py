@@ -218,6 +218,7 @@ def _run(
     policies: dict[str, dict[str, Any]] = {}
     fidelity: dict[str, dict[str, float]] = {}
     step_costs: dict[str, dict[str, dict[str, float]]] = {}
+    step_log: dict[str, list[dict[str, Any]]] = {}
     references: dict[str, dict[str, Any]] = {}
     for policy in policies_run:
         say(f"replaying under {policy.name} in real time")
@@ -238,6 +239,7 @@ def _run(
         if on_result is not None:
             on_result(policy.name, result)
         step_costs[policy.name] = step_breakdown(steps)
+        step_log[policy.name] = [attrs.asdict(st) for st in steps]
         if options.simulate:
             predicted = _simulate(cluster, policy, scripts)
             fidelity[policy.name] = _fidelity(policies[policy.name], policy_summary(predicted))
@@ -258,7 +260,7 @@ def _run(
     policies.update(references)
     return _document(
         replay, options, policies, policies_run, calibration,
-        fidelity=fidelity, step_costs=step_costs, tuning=tuning_doc,
+        fidelity=fidelity, step_costs=step_costs, tuning=tuning_doc, step_log=step_log,
     )  # fmt: skip
 
 
@@ -272,6 +274,7 @@ def _document(
     fidelity: dict[str, dict[str, float]],
     step_costs: dict[str, dict[str, dict[str, float]]],
     tuning: dict[str, Any],
+    step_log: dict[str, list[dict[str, Any]]],
 ) -> dict[str, Any]:
     """The embedded replay's ``results.json``: every policy's summary with its ratios and
     knobs, the engine, the simulator's fidelity, the calibration, step costs and tuning."""
@@ -299,6 +302,7 @@ def _document(
         else {"mode": "none", "profile": f"shipped {options.hardware} (not calibrated off CPU)"}
     )
     doc["step_costs"] = step_costs
+    doc["step_log"] = step_log  # every executed schedule (the CLI writes it to steps.json)
     doc["tuning"] = tuning
     for policy in policies_run:
         doc["policies"][policy.name]["knobs"] = knobs_of(policy)

@@ -484,6 +484,8 @@ def _live_replay(
     results["workload"]["source"] = workload.source
     results["wall_s"] = time.perf_counter() - started
     out.mkdir(parents=True, exist_ok=True)
+    steps = out / "steps.json"  # every executed schedule, measured and priced
+    steps.write_text(json.dumps(results.pop("step_log", {})) + "\n")
     (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
     plots = _plots(results, runs, out)
     console.print(policy_table(results))
@@ -492,7 +494,7 @@ def _live_replay(
     console.print(step_cost_table(results))
     for line in results.get("engine", {}).get("mechanisms", ()):
         console.print(f"vllm: {line}")
-    console.print(f"wrote {', '.join(map(str, [out / 'results.json', *plots]))}")
+    console.print(f"wrote {', '.join(map(str, [out / 'results.json', steps, *plots]))}")
     return 0
 
 

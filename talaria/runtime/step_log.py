@@ -27,6 +27,8 @@ class StepTiming:
     prefill_tokens: int
     decodes: int
     context_tokens: int
+    prefill_chunks: int  # sequences prefilling in the step
+    prefill_attn_tokens: float  # keys their tokens attend in all (cached prefixes included)
     switch_bytes: int
     stage_bytes: int
     kv_bytes: int
@@ -49,6 +51,8 @@ class StepTiming:
             step.prefill_tokens if step is not None else 0,
             len(step.decode) if step is not None else 0,
             step.decode_context_tokens if step is not None else 0,
+            len(step.prefill) if step is not None else 0,
+            step.prefill_attn_tokens if step is not None else 0.0,
             sched.switch.total_bytes if sched.switch is not None else 0,
             sched.stage.total_bytes if sched.stage is not None else 0,
             kv,
