@@ -540,7 +540,8 @@ def _references(
 
 def step_breakdown(steps: Sequence[StepTiming]) -> dict[str, dict[str, float]]:
     """Measured and predicted seconds summed per kind of executed schedule: prefill steps
-    (any prefill chunk), decode-only steps, switches, stage copies and KV moves alone."""
+    (any prefill chunk), decode-only steps, switches, stage copies and KV moves alone; with
+    the CPU time the event loop's thread used while they ran (``loop_cpu_s``)."""
     out: dict[str, dict[str, float]] = {}
     for st in steps:
         if st.switch_bytes:
@@ -553,10 +554,13 @@ def step_breakdown(steps: Sequence[StepTiming]) -> dict[str, dict[str, float]]:
             kind = "stage"
         else:
             kind = "kv_moves"
-        row = out.setdefault(kind, {"count": 0, "measured_s": 0.0, "predicted_s": 0.0})
+        row = out.setdefault(
+            kind, {"count": 0, "measured_s": 0.0, "predicted_s": 0.0, "loop_cpu_s": 0.0}
+        )
         row["count"] += 1
         row["measured_s"] += st.seconds
         row["predicted_s"] += st.predicted_s
+        row["loop_cpu_s"] += st.loop_cpu_s
     return out
 
 

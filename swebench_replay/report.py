@@ -210,16 +210,18 @@ def fidelity_table(results: Mapping[str, Any]) -> Table:
 def step_cost_table(results: Mapping[str, Any]) -> Table:
     """Where the prediction's error comes from: each kind of executed step (prefill,
     decode, switch, stage, KV moves alone) with its count, the seconds measured and the
-    seconds the profile predicts for the same steps, per policy."""
+    seconds the profile predicts for the same steps, per policy, and the CPU time the event
+    loop's thread used while they ran (its Python work holds the GIL the steps' ops need)."""
     table = _table(
         "step costs (the same steps measured and priced)",
-        ["policy", "kind", "steps", "measured s", "predicted s", "error"],
+        ["policy", "kind", "steps", "measured s", "predicted s", "error", "loop CPU s"],
     )
     for name, kinds in results.get("step_costs", {}).items():
         for kind, row in kinds.items():
             m, p = row["measured_s"], row["predicted_s"]
             error = f"{100 * (p - m) / m:+.0f}%" if m else "-"
-            table.add_row(name, kind, str(row["count"]), f"{m:.1f}", f"{p:.1f}", error)
+            loop = f"{row['loop_cpu_s']:.1f}" if "loop_cpu_s" in row else "-"
+            table.add_row(name, kind, str(row["count"]), f"{m:.1f}", f"{p:.1f}", error, loop)
     return table
 
 

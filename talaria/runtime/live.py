@@ -31,6 +31,7 @@ import collections
 import contextlib
 import logging
 import math
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -458,10 +459,12 @@ class LiveCluster:
             inst = self.core.instances[name]
             sched = inst.schedule(self.clock.now())
             work = self._work(name, sched)
-            started = self.clock.now()
+            started, loop_cpu = self.clock.now(), time.thread_time()
             try:
                 done = await anyio.to_thread.run_sync(d.runner.execute, work, limiter=d.limiter)
                 elapsed = self.clock.now() - started
+                # the loop's own Python work meanwhile holds the GIL the step's ops need
+                loop_cpu = time.thread_time() - loop_cpu
             except InstanceLost:
                 self._abandon(name, sched)
                 raise
@@ -475,7 +478,7 @@ class LiveCluster:
                 await self._idle(d, IDLE_WAIT_S if inst.idle else IDLE_POLL_S)
                 continue
             d.failures = 0
-            self._timed(name, d, sched, started, elapsed)
+            self._timed(name, d, sched, started, elapsed, loop_cpu)
             await anyio.lowlevel.checkpoint()
 
     def _work(self, name: str, sched: Schedule) -> Work:
@@ -487,10 +490,10 @@ class LiveCluster:
         return Work(sched, Placement.of(inst, sched), calls, dropped)
 
     def _timed(
-        self, name: str, d: _Driver, sched: Schedule, started: float, elapsed: float
+        self, name: str, d: _Driver, sched: Schedule, started: float, elapsed: float, loop: float
     ) -> None:
         est = self.core.instances[name].estimator
-        self.steps.append(StepTiming.of(name, sched, started, elapsed, est))
+        self.steps.append(StepTiming.of(name, sched, started, elapsed, est, loop))
         if d.runner.executes_kv_moves:
             self.kv_bytes_moved += sum(m.nbytes for m in sched.kv_moves)
             if sched.step is not None:

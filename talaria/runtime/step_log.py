@@ -33,10 +33,17 @@ class StepTiming:
     stage_bytes: int
     kv_bytes: int
     predicted_s: float  # the simulator's price of it (``talaria.cost.pricing``), serial part
+    loop_cpu_s: float = 0.0  # CPU time the event loop's thread used while the step ran
 
     @classmethod
     def of(
-        cls, instance: str, sched: Schedule, start_s: float, seconds: float, est: Estimator
+        cls,
+        instance: str,
+        sched: Schedule,
+        start_s: float,
+        seconds: float,
+        est: Estimator,
+        loop_cpu_s: float = 0.0,
     ) -> StepTiming:
         step = sched.step
         moves = list(sched.kv_moves) + (list(step.kv_moves) if step is not None else [])
@@ -57,4 +64,5 @@ class StepTiming:
             sched.stage.total_bytes if sched.stage is not None else 0,
             kv,
             predicted,
+            loop_cpu_s,
         )
