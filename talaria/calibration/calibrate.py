@@ -78,7 +78,7 @@ def calibrate(
         )
     say(
         f"calibration: {why} (key {key.digest()}); measuring the engine on this machine "
-        f"first ({len(models)} models; about 3 minutes on 2 cores for the default three), "
+        f"first ({len(models)} models; about 6 minutes on 2 cores for the default three), "
         "cached for later runs"
     )
     started, watch = time.perf_counter(), CpuWatch()

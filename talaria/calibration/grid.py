@@ -17,12 +17,11 @@ fits and checks a cost model on them.
 
 from __future__ import annotations
 
-import gc
 import statistics
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 import torch
@@ -34,6 +33,8 @@ from talaria.engine.kv_pool import KVPool
 from talaria.engine.model import LlamaModel
 from talaria.engine.weight_layout import bind_weights
 from talaria.errors import ConfigError
+
+T = TypeVar("T")
 
 BLOCK_TOKENS = 16
 """Tokens per KV block (the runtime's default ``block_size``)."""
@@ -165,6 +166,31 @@ def _interleaved_medians(steps: Sequence[Callable[[], object]], reps: int) -> li
     return [statistics.median(ts) for ts in times]
 
 
+def on_worker_thread(fn: Callable[[], T]) -> T:
+    """``fn()`` in inference mode on a thread of its own running torch's current thread
+    count, as the live runtime executes a step (``anyio.to_thread``): on a CPU a forward off
+    the main thread runs slower than on it (with more OpenMP threads than cores the idle
+    ones stop spinning, so each parallel region wakes its team), and serving pays that."""
+    threads = torch.get_num_threads()
+    out: list[T] = []
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        torch.set_num_threads(threads)
+        try:
+            with torch.inference_mode():
+                out.append(fn())
+        except BaseException as exc:  # re-raised on the caller's thread
+            failed.append(exc)
+
+    worker = threading.Thread(target=run, name="talaria-step-grid")
+    worker.start()
+    worker.join()
+    if failed:
+        raise failed[0]
+    return out[0]
+
+
 def measure_grid(
     name: str,
     arch: ModelArch,
@@ -174,15 +200,13 @@ def measure_grid(
 ) -> list[StepPoint]:
     """Every shape of ``grid`` on ``name`` (``arch`` with its flat weights ``flat``, as
     :func:`~talaria.engine.runner.flatten_weights` lays them out), in ``dtype``,
-    on this thread with torch's threads as they are. Allocates the model's weights once
-    more and a KV pool for the largest shape; frees both before it returns."""
+    on a worker thread with torch's current thread count (:func:`on_worker_thread`).
+    Allocates the model's weights once more and a KV pool for the largest shape, both freed
+    as it returns."""
     fwd = _Forward(arch, flat, dtype, grid.kv_blocks)
     shapes = grid.shapes()
     steps = [fwd.decode(b, c) if n == 0 else fwd.prefill(n, p) for b, c, n, p in shapes]
-    with torch.inference_mode():
-        seconds = _interleaved_medians(steps, grid.reps)
-    del fwd, steps
-    gc.collect()
+    seconds = on_worker_thread(lambda: _interleaved_medians(steps, grid.reps))
     return [StepPoint(name, *shape, s) for shape, s in zip(shapes, seconds, strict=True)]
 
 
@@ -193,9 +217,10 @@ def measure_co_run(
     its own KV pool) steps on another thread, as a second instance in the same process does:
     the median time of the grid's middle decode shape and middle fresh prefill chunk alone
     and beside the other engine's decode steps of the middle shape, alternating
-    ``grid.reps`` rounds so that drift hits both alike; both threads run torch's current
-    thread count. Returns ``co_run_s_alone`` and ``co_run_s_beside`` (sums over the two
-    shapes of the medians, seconds)."""
+    ``grid.reps`` rounds so that drift hits both alike; both run on worker threads
+    (:func:`on_worker_thread`) with torch's current thread count. Returns
+    ``co_run_s_alone`` and ``co_run_s_beside`` (sums over the two shapes of the medians,
+    seconds)."""
     batch, context = grid.decode_batches, grid.decode_contexts
     b, c = batch[len(batch) // 2], context[len(context) // 2]
     n = grid.chunks[len(grid.chunks) // 2]
@@ -214,7 +239,8 @@ def measure_co_run(
 
     alone: list[list[float]] = [[] for _ in steps]
     beside: list[list[float]] = [[] for _ in steps]
-    with torch.inference_mode():
+
+    def rounds() -> None:
         for step in steps:
             step()  # warm-up
         for _ in range(grid.reps):
@@ -229,8 +255,8 @@ def measure_co_run(
                 stop.set()
                 worker.join()
                 stop.clear()
-    del mine, steps
-    gc.collect()
+
+    on_worker_thread(rounds)
     return {
         "co_run_s_alone": sum(statistics.median(ts) for ts in alone),
         "co_run_s_beside": sum(statistics.median(ts) for ts in beside),
