@@ -30,7 +30,14 @@ class RoundNumberEstimator:
     step 0.01 s, copies at 1e9 B/s (an ``Estimator``)."""
 
     def step_s(
-        self, model: str, prefill_tokens: int, attn: float, decode_seqs: int, ctx: int
+        self,
+        model: str,
+        prefill_tokens: int,
+        attn: float,
+        decode_seqs: int,
+        ctx: int,
+        prefill_chunks: int | None = None,
+        prefix_tokens: float | None = None,
     ) -> float:
         return prefill_tokens / 1000 + (0.01 if decode_seqs else 0.0)
 

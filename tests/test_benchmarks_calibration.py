@@ -199,6 +199,7 @@ def test_the_step_grid_benchmark_runs_twice_and_reports_agreement(tmp_path: Path
     doc = json.loads(out.read_text())
     assert len(doc["runs"]) == 2 and doc["small_rows"] == 0  # float32: no native product
     for run in doc["runs"]:
-        assert len(run["points"]) == 2 * 10  # two models, 6 decode and 4 prefill shapes
+        # two models, 6 decode, 4 one-chunk prefill and 2 four-chunk prefill shapes
+        assert len(run["points"]) == 2 * 12
         assert set(run["held_out_by_kind"]) == {"decode", "prefill"}
     assert doc["agreement"]["prediction_difference_max"] >= 0

@@ -60,11 +60,17 @@ class StepGrid:
     decode_contexts: tuple[int, ...] = (256, 1024, 4096)
     chunks: tuple[int, ...] = (16, 64, 256, 1024)
     prefixes: tuple[int, ...] = (0, 1024, 4096)
+    multi: tuple[int, ...] = (4,)
     reps: int = 3
 
     def __attrs_post_init__(self) -> None:
         for name in ("decode_batches", "decode_contexts", "chunks", "prefixes"):
             _check_sizes(getattr(self, name), name, zero=name == "prefixes")
+        multi = self.multi
+        if not isinstance(multi, tuple) or any(
+            isinstance(k, bool) or not isinstance(k, int) or k < 2 for k in multi
+        ):
+            raise ConfigError("StepGrid.multi must be a tuple of integers >= 2 (may be empty)")
         if isinstance(self.reps, bool) or not isinstance(self.reps, int) or self.reps < 1:
             raise ConfigError("StepGrid.reps must be an integer >= 1")
 
@@ -72,27 +78,40 @@ class StepGrid:
         return (
             f"step grid: decode batches {list(self.decode_batches)} x contexts "
             f"{list(self.decode_contexts)}, chunks {list(self.chunks)} x cached prefixes "
-            f"{list(self.prefixes)}, {self.reps} reps"
+            f"{list(self.prefixes)}, {list(self.multi)} sequences prefilling "
+            f"{self.multi_chunk}-token chunks at once, {self.reps} reps"
         )
+
+    @property
+    def multi_chunk(self) -> int:
+        """The chunk of each sequence of a step that prefills several at once (the second
+        smallest chunk, or the only one)."""
+        return self.chunks[min(1, len(self.chunks) - 1)]
 
     @property
     def kv_blocks(self) -> int:
         """KV blocks the largest shape holds at once (the pool is sized for it)."""
         decode = max(self.decode_batches) * _blocks(max(self.decode_contexts) + 1)
-        return max(decode, _blocks(max(self.prefixes) + max(self.chunks)))
+        prefill = _blocks(max(self.prefixes) + max(self.chunks))
+        multi = max(self.multi, default=0) * _blocks(max(self.prefixes) + self.multi_chunk)
+        return max(decode, prefill, multi)
 
-    def shapes(self) -> list[tuple[int, int, int, int]]:
-        """``(batch, context, chunk, prefix)`` of every point: decode points have chunk 0,
-        prefill points batch 0."""
-        decode = [(b, c, 0, 0) for c in self.decode_contexts for b in self.decode_batches]
-        prefill = [(0, 0, n, p) for p in self.prefixes for n in self.chunks]
-        return decode + prefill
+    def shapes(self) -> list[tuple[int, int, int, int, int]]:
+        """``(batch, context, chunk, prefix, prefilling)`` of every point: decode points
+        have chunk 0 and no sequence prefilling; prefill points batch 0 and ``prefilling``
+        sequences each prefilling ``chunk`` tokens after ``prefix`` cached ones."""
+        decode = [(b, c, 0, 0, 0) for c in self.decode_contexts for b in self.decode_batches]
+        prefill = [(0, 0, n, p, 1) for p in self.prefixes for n in self.chunks]
+        n = self.multi_chunk
+        multi = [(0, 0, n, p, k) for k in self.multi for p in self.prefixes]
+        return decode + prefill + multi
 
 
 @attrs.frozen
 class StepPoint:
-    """One measured step: ``batch`` decoding sequences of ``context`` tokens each, or one
-    ``chunk``-token prefill after ``prefix`` cached tokens, and its median seconds."""
+    """One measured step: ``batch`` decoding sequences of ``context`` tokens each, or
+    ``prefilling`` sequences each prefilling a ``chunk``-token chunk after ``prefix`` cached
+    tokens; and its median seconds."""
 
     model: str
     batch: int
@@ -100,6 +119,7 @@ class StepPoint:
     chunk: int
     prefix: int
     seconds: float
+    prefilling: int = 1
 
     @property
     def is_decode(self) -> bool:
@@ -145,9 +165,12 @@ class _Forward:
         step = BatchInput(seqs)  # type: ignore[arg-type]  # attrs plugin: converter=tuple
         return lambda: self.model.forward(step, self.kv)
 
-    def prefill(self, chunk: int, prefix: int) -> Callable[[], object]:
+    def prefill(self, chunk: int, prefix: int, seqs: int = 1) -> Callable[[], object]:
         ids = tuple(1 + i % (self.vocab - 1) for i in range(chunk))
-        step = BatchInput([SeqInput(ids, prefix, _table(0, prefix + chunk))])  # type: ignore[list-item]
+        per = _blocks(prefix + chunk)
+        step = BatchInput(
+            [SeqInput(ids, prefix, _table(i * per, prefix + chunk)) for i in range(seqs)]  # type: ignore[misc]
+        )
         return lambda: self.model.forward(step, self.kv)
 
 
@@ -205,9 +228,12 @@ def measure_grid(
     as it returns."""
     fwd = _Forward(arch, flat, dtype, grid.kv_blocks)
     shapes = grid.shapes()
-    steps = [fwd.decode(b, c) if n == 0 else fwd.prefill(n, p) for b, c, n, p in shapes]
+    steps = [fwd.decode(b, c) if n == 0 else fwd.prefill(n, p, k) for b, c, n, p, k in shapes]
     seconds = on_worker_thread(lambda: _interleaved_medians(steps, grid.reps))
-    return [StepPoint(name, *shape, s) for shape, s in zip(shapes, seconds, strict=True)]
+    return [
+        StepPoint(name, b, c, n, p, s, prefilling=max(k, 1))
+        for (b, c, n, p, k), s in zip(shapes, seconds, strict=True)
+    ]
 
 
 def measure_co_run(

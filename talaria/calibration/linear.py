@@ -24,12 +24,15 @@ from talaria.cost.step_prices import TERMS, StepPrices, step_counts
 from talaria.errors import ConfigError
 
 
-def point_args(p: StepPoint) -> tuple[int, float, int, int]:
-    """``(prefill_tokens, prefill_attn_tokens, decode_seqs, decode_context_tokens)`` of a
-    grid point, as :func:`~talaria.cost.step_prices.step_counts` takes them."""
+def point_args(p: StepPoint) -> tuple[int, float, int, int, int, float]:
+    """``(prefill_tokens, prefill_attn_tokens, decode_seqs, decode_context_tokens,
+    prefill_chunks, prefix_tokens)`` of a grid point, as
+    :meth:`~talaria.cost.step_prices.StepPrices.step_s` takes them."""
     if p.is_decode:
-        return 0, 0.0, p.batch, p.batch * p.context
-    return p.chunk, p.chunk * p.prefix + p.chunk * (p.chunk + 1) / 2, 0, 0
+        return 0, 0.0, p.batch, p.batch * p.context, 0, 0.0
+    k = p.prefilling
+    attended = k * (p.chunk * p.prefix + p.chunk * (p.chunk + 1) / 2)
+    return k * p.chunk, attended, 0, 0, k, float(k * p.prefix)
 
 
 def predict(prices: StepPrices, spec: ModelSpec, p: StepPoint) -> float:
@@ -43,7 +46,12 @@ def _design(
     missing = {p.model for p in points} - set(specs)
     if missing:
         raise ConfigError(f"no ModelSpec for {sorted(missing)}")
-    a = np.array([step_counts(specs[p.model], *point_args(p), small_rows) for p in points])
+    rows = []
+    for p in points:
+        tokens, attn, seqs, context, chunks, prefix = point_args(p)
+        spec = specs[p.model]
+        rows.append(step_counts(spec, tokens, attn, seqs, context, small_rows, chunks, prefix))
+    a = np.array(rows)
     return a, np.array([p.seconds for p in points])
 
 

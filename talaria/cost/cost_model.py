@@ -181,6 +181,8 @@ class CostModel:
         prefill_attn_tokens: float,
         decode_seqs: int,
         decode_context_tokens: int,
+        prefill_chunks: int | None = None,
+        prefix_tokens: float | None = None,
     ) -> float:
         """Seconds for one engine iteration; 0.0 when it has no tokens at all. A profile
         with measured :class:`~talaria.cost.step_prices.StepPrices` prices it with them (the
@@ -189,7 +191,9 @@ class CostModel:
         ``prefill_tokens``: new prompt tokens in the step; ``prefill_attn_tokens``: the sum over
         those tokens of the keys each attends (its position + 1, cached prefix included);
         ``decode_seqs``: sequences generating one token each; ``decode_context_tokens``: the sum
-        of their context lengths. Raises BadRequest on negative or non-finite arguments.
+        of their context lengths; ``prefill_chunks`` and ``prefix_tokens`` (the sequences
+        prefilling and their cached tokens, summed; None: one chunk, derived) only matter to
+        step prices. Raises BadRequest on negative or non-finite arguments.
         """
         prefill = int(_count("prefill_tokens", prefill_tokens))
         attn = _count("prefill_attn_tokens", prefill_attn_tokens)
@@ -200,7 +204,11 @@ class CostModel:
             return 0.0
         prices = self.hw.step_prices
         if prices is not None:  # measured parts that do not overlap (one device: no TP)
-            return prices.step_s(model, prefill, attn, seqs, context)
+            chunks = (
+                None if prefill_chunks is None else int(_count("prefill_chunks", prefill_chunks))
+            )
+            prefix = None if prefix_tokens is None else _count("prefix_tokens", prefix_tokens)
+            return prices.step_s(model, prefill, attn, seqs, context, chunks, prefix)
         compute = self.compute_s(model, tokens, attn, context)
         # KV tokens written (the new ones) and read (the decode contexts, and the prefill's
         # mean attended context once)

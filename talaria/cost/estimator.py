@@ -37,6 +37,8 @@ class Estimator(Protocol):
         prefill_attn_tokens: float,
         decode_seqs: int,
         decode_context_tokens: int,
+        prefill_chunks: int | None = None,
+        prefix_tokens: float | None = None,
     ) -> float: ...
 
     def copy_s(self, nbytes: int, link: Link) -> float: ...
@@ -96,6 +98,8 @@ class CostModelEstimator:
         prefill_attn_tokens: float,
         decode_seqs: int,
         decode_context_tokens: int,
+        prefill_chunks: int | None = None,
+        prefix_tokens: float | None = None,
     ) -> float:
         return self.cost.step_s(
             self.spec(model),
@@ -103,6 +107,8 @@ class CostModelEstimator:
             prefill_attn_tokens,
             decode_seqs,
             decode_context_tokens,
+            prefill_chunks,
+            prefix_tokens,
         )
 
     def copy_s(self, nbytes: int, link: Link) -> float:

@@ -37,7 +37,16 @@ def step_s(est: Estimator, step: StepPlan, repeat: int = 1) -> float:
     mean context of the run."""
     n = len(step.decode)
     context = step.decode_context_tokens + n * (repeat - 1) / 2
-    one = est.step_s(step.model, step.prefill_tokens, step.prefill_attn_tokens, n, int(context))
+    prefix = sum(start for _, _, start in step.prefill)  # cached tokens before the chunks
+    one = est.step_s(
+        step.model,
+        step.prefill_tokens,
+        step.prefill_attn_tokens,
+        n,
+        int(context),
+        len(step.prefill),
+        prefix,
+    )
     return one * repeat
 
 

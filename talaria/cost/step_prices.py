@@ -7,11 +7,12 @@ measured them, a step costs::
 
     t = overhead_s
       + decode_seqs x per_seq_s
+      + prefill chunks x per_chunk_s           (each prefilling sequence attends alone)
       + weight bytes x (small_weight_s_per_B if rows <= small_rows else weight_s_per_B)
       + decode KV bytes x decode_kv_s_per_B      (the decoding sequences' contexts)
       + rows x FLOPs per token x matmul_s_per_flop
       + prefill attention FLOPs x attention_s_per_flop
-      + cached-prefix KV bytes x prefix_kv_s_per_B   (a chunk gathers its prefix's KV)
+      + cached-prefix KV bytes x prefix_kv_s_per_B   (each chunk gathers its prefix's KV)
 
 ``rows`` is the step's tokens (prefill plus decode). The engine multiplies up to
 ``small_rows`` rows by the weights with its native small-batch product, which reads the
@@ -36,6 +37,7 @@ from talaria.errors import ConfigError
 TERMS: Final = (
     "overhead_s",
     "per_seq_s",
+    "per_chunk_s",
     "small_weight_s_per_B",
     "weight_s_per_B",
     "decode_kv_s_per_B",
@@ -53,27 +55,36 @@ def step_counts(
     decode_seqs: int,
     decode_context_tokens: int,
     small_rows: int,
+    prefill_chunks: int | None = None,
+    prefix_tokens: float | None = None,
 ) -> tuple[float, ...]:
     """The counts each price of :data:`TERMS` multiplies, for one step of ``model``
     (arguments as :meth:`talaria.cost.cost_model.CostModel.step_s` takes them; the caller
-    validates them). The cached prefix a chunk reads is its mean attended context less its
-    own tokens' share, ``attn / n - (n + 1) / 2`` (exact for one chunk)."""
+    validates them). ``prefill_chunks``: the sequences prefilling (None: one if any token
+    is prefilled); ``prefix_tokens``: the cached tokens before their chunks, summed (None:
+    one chunk's, its mean attended context less its own tokens' share,
+    ``attn / n - (n + 1) / 2``)."""
     rows = prefill_tokens + decode_seqs
     weights = float(model.weight_bytes)
     small = rows <= small_rows
-    prefix = 0.0
-    if prefill_tokens:
-        prefix = max(0.0, prefill_attn_tokens / prefill_tokens - (prefill_tokens + 1) / 2)
+    if prefill_chunks is None:
+        prefill_chunks = 1 if prefill_tokens else 0
+    if prefix_tokens is None:
+        prefix_tokens = 0.0
+        if prefill_tokens:
+            mean = prefill_attn_tokens / prefill_tokens
+            prefix_tokens = max(0.0, mean - (prefill_tokens + 1) / 2)
     kv = model.kv_bytes_per_token
     return (
         1.0,
         float(decode_seqs),
+        float(prefill_chunks),
         weights if small else 0.0,
         0.0 if small else weights,
         float(decode_context_tokens) * kv,
         rows * model.flops_per_token,
         model.attention_flops(prefill_attn_tokens),
-        prefix * kv,
+        prefix_tokens * kv,
     )
 
 
@@ -107,8 +118,10 @@ class StepPrices:
         prefill_attn_tokens: float,
         decode_seqs: int,
         decode_context_tokens: int,
+        prefill_chunks: int | None = None,
+        prefix_tokens: float | None = None,
     ) -> float:
-        """Seconds of one step (validated arguments; 0 tokens is the caller's 0.0)."""
+        """Seconds of one step (validated arguments, as :func:`step_counts` takes them)."""
         counts = step_counts(
             model,
             prefill_tokens,
@@ -116,6 +129,8 @@ class StepPrices:
             decode_seqs,
             decode_context_tokens,
             self.small_rows,
+            prefill_chunks,
+            prefix_tokens,
         )
         return math.fsum(c * p for c, p in zip(counts, self.prices, strict=True))
 

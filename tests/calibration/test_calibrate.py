@@ -116,7 +116,7 @@ def test_calibrate_measures_caches_hits_the_cache_and_fresh_replaces_it(
     assert set(stored["engine"]["models"]) == {"llama-tiny", "qwen-tiny"}
     assert stored["engine"]["method"].startswith("talaria.calibration.calibrate:")
     # the step grid was measured on both models and its fit prices the profile's steps
-    assert all(len(m["grid"]) == 8 for m in stored["engine"]["models"].values())
+    assert all(len(m["grid"]) == 10 for m in stored["engine"]["models"].values())
     fitted = stored["engine"]["fit"]
     prices = measured.profile.step_prices
     assert prices is not None and prices.to_json() == fitted["step_prices"]

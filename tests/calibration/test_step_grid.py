@@ -17,7 +17,7 @@ from talaria.errors import ConfigError
 from tests.helpers import llama_config
 from tests.sim.test_cost_model import DENSE
 
-TRUE = StepPrices((0.02, 5e-4, 4e-11, 5e-11, 1e-10, 6e-13, 3e-12, 3e-10), small_rows=2)
+TRUE = StepPrices((0.02, 5e-4, 3e-3, 4e-11, 5e-11, 1e-10, 6e-13, 3e-12, 3e-10), small_rows=2)
 GRID = StepGrid(
     decode_batches=(1, 2, 4, 8), decode_contexts=(64, 512), chunks=(8, 64), prefixes=(0, 256)
 )
@@ -32,9 +32,10 @@ def synthetic(prices: StepPrices) -> list[StepPoint]:
     """Every shape of GRID for DENSE and a model twice its size, timed by ``prices``."""
     out = []
     for spec in (DENSE, BIG):
-        for b, c, n, p in GRID.shapes():
-            seconds = prices.step_s(spec, *point_args(StepPoint(spec.name, b, c, n, p, 1.0)))
-            out.append(StepPoint(spec.name, b, c, n, p, seconds))
+        for b, c, n, p, k in GRID.shapes():
+            shape = StepPoint(spec.name, b, c, n, p, 1.0, prefilling=max(k, 1))
+            seconds = prices.step_s(spec, *point_args(shape))
+            out.append(attrs.evolve(shape, seconds=seconds))
     return out
 
 
@@ -49,7 +50,7 @@ def test_the_fit_recovers_known_prices_and_predicts_held_out_points_exactly() ->
 
 
 def test_a_term_the_data_does_not_need_is_priced_zero_not_negative() -> None:
-    free_kv = StepPrices((*TRUE.prices[:4], 0.0, *TRUE.prices[5:]), small_rows=2)
+    free_kv = StepPrices((*TRUE.prices[:5], 0.0, *TRUE.prices[6:]), small_rows=2)
     fitted = fit_steps(synthetic(free_kv), specs(), 2)
     assert all(v >= 0 for v in fitted.prices)
     assert fitted.price("decode_kv_s_per_B") == pytest.approx(0.0, abs=1e-15)
@@ -57,9 +58,7 @@ def test_a_term_the_data_does_not_need_is_priced_zero_not_negative() -> None:
 
 def test_residuals_report_a_known_error() -> None:
     points = synthetic(TRUE)
-    slower = [
-        StepPoint(p.model, p.batch, p.context, p.chunk, p.prefix, p.seconds * 1.25) for p in points
-    ]
+    slower = [attrs.evolve(p, seconds=p.seconds * 1.25) for p in points]
     r = residuals(TRUE, slower, specs())
     assert r.median_abs == pytest.approx(0.2) and r.max_abs == pytest.approx(0.2)
 
@@ -78,6 +77,9 @@ def test_bad_fits_are_refused() -> None:
         StepGrid(prefixes=(-1,))
     with pytest.raises(ConfigError):
         StepGrid(reps=0)
+    with pytest.raises(ConfigError, match="multi"):
+        StepGrid(multi=(1,))
+    assert not [s for s in StepGrid(multi=()).shapes() if s[4] > 1]
 
 
 def test_the_grid_is_measured_on_a_tiny_model() -> None:
@@ -87,9 +89,12 @@ def test_the_grid_is_measured_on_a_tiny_model() -> None:
         decode_batches=(1, 3), decode_contexts=(16, 40), chunks=(4, 20), prefixes=(0, 24), reps=1
     )
     points = measure_grid("tiny", model.arch, flat, torch.float32, grid)
-    assert [(p.batch, p.context, p.chunk, p.prefix) for p in points] == grid.shapes()
+    shapes = [(p.batch, p.context, p.chunk, p.prefix, p.prefilling) for p in points]
+    assert shapes == [(b, c, n, p, max(k, 1)) for b, c, n, p, k in grid.shapes()]
     assert all(p.model == "tiny" and p.seconds > 0 for p in points)
-    assert [p.is_decode for p in points] == [True] * 4 + [False] * 4
+    # 4 decode, 4 one-chunk prefill, 2 of 4 sequences prefilling 20 tokens each at once
+    assert [p.is_decode for p in points] == [True] * 4 + [False] * 6
+    assert [p.prefilling for p in points[-2:]] == [4, 4]
     assert StepPoint.from_json(points[0].to_json()) == points[0]
 
 
