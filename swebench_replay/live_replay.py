@@ -241,18 +241,8 @@ def _run(
         step_costs[policy.name] = step_breakdown(steps)
         step_log[policy.name] = [attrs.asdict(st) for st in steps]
         if options.simulate:
-            predicted = _simulate(cluster, policy, scripts)
-            fidelity[policy.name] = _fidelity(policies[policy.name], policy_summary(predicted))
-            roofline = _roofline(hardware)
-            if roofline is not None:  # the same run priced as before the step grid
-                old = _simulate(
-                    cluster, policy, scripts, cluster_estimators(cluster.core.cluster, roofline)
-                )
-                fidelity[policy.name] |= {
-                    f"roofline_{k}": v
-                    for k, v in _fidelity(policies[policy.name], policy_summary(old)).items()
-                    if not k.startswith("measured_")
-                }
+            measured = policies[policy.name]
+            fidelity[policy.name] = _predicted(cluster, policy, scripts, hardware, measured)
             if not references:
                 references = _references(cluster, scripts)
         del cluster
@@ -508,6 +498,25 @@ def _simulate(
         estimators = {name: inst.estimator for name, inst in cluster.core.instances.items()}
     sim = Simulator(config, policy, dict(estimators), learner=GapPredictor.default)
     return sim.run(scripts)
+
+
+def _predicted(
+    cluster: PlayedCluster,
+    policy: PolicyConfig,
+    scripts: Sequence[SessionScript],
+    hardware: Mapping[str, HardwareProfile],
+    measured: Mapping[str, Any],
+) -> dict[str, float]:
+    """The simulator's fidelity on this measured run (:func:`_fidelity`), and where the
+    profile prices steps with a step grid, the roofline's on the same run (``roofline_``
+    keys): the model the grid replaced, from the same calibration's rates."""
+    out = _fidelity(measured, policy_summary(_simulate(cluster, policy, scripts)))
+    roofline = _roofline(hardware)
+    if roofline is not None:
+        estimators = cluster_estimators(cluster.core.cluster, roofline)
+        old = _fidelity(measured, policy_summary(_simulate(cluster, policy, scripts, estimators)))
+        out |= {f"roofline_{k}": v for k, v in old.items() if not k.startswith("measured_")}
+    return out
 
 
 def _roofline(hardware: Mapping[str, HardwareProfile]) -> dict[str, HardwareProfile] | None:

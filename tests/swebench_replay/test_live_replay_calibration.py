@@ -128,6 +128,12 @@ def test_the_calibration_mode_prices_the_prediction_and_sees_no_results(
     ]
     predicted = [d["fidelity"]["talaria"]["predicted_sct_mean_s"] for d in (fresh, cached, shipped)]
     assert predicted[0] == predicted[1] != predicted[2]
+    # a calibration with step prices is checked against the roofline it replaced, on the
+    # same run; the shipped profile has none, so there is nothing to set beside it
+    assert fresh["calibration"]["step_prices"] is not None
+    assert "roofline_error_sct_p50_s" in fresh["fidelity"]["talaria"]
+    assert "roofline_error_sct_p50_s" not in shipped["fidelity"]["talaria"]
+    assert fresh["step_log"]["talaria"] and "loop_cpu_s" in fresh["step_log"]["talaria"][0]
 
     # the command line's flag reaches the replay, and the report names the calibration
     modes: list[CalibrationMode] = []
