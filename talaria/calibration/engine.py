@@ -13,6 +13,9 @@ commit on an event loop, ``EngineRunner.execute`` on a worker thread), on each m
   flop rate`` with the overhead from the decode fit;
 - stage contention: decode steps alone and beside the runner's background stage copy, and
   the copy's rate idle and beside them (:func:`_stage_contention`);
+- step grid (:mod:`talaria.calibration.grid`, when the bench has one): bare forwards over
+  batch x context and chunk x cached prefix on a worker thread, fitted as the additive
+  step prices (:mod:`talaria.calibration.linear`), and a step beside a second engine;
 - attention: decode steps of ``attention_batch`` sequences at short and long contexts give
   the KV read rate (extra time per extra context byte); a ``chunk``-token prefill chunk
   from an empty cache and after a ``long_ctx``-token cached prefix gives the attention FLOP
@@ -254,9 +257,11 @@ def measure_model(
     host_weights: torch.Tensor | None = None,
 ) -> dict[str, Any]:
     """Prefill, decode and attention timings of one model (seconds) and the sizes the fit
-    needs. ``model`` may carry no tensors when ``host_weights`` (its flat host weights, as
-    an ``EngineRunner`` keeps them) is given: they are shared, not copied. Runs its own
-    event loop (``anyio.run``): call it from synchronous code."""
+    needs; with ``bench.grid``, also the step grid's points (``grid``) and a step timed alone
+    and beside a second engine (``co_run_s_alone``, ``co_run_s_beside``;
+    :mod:`talaria.calibration.grid`). ``model`` may carry no tensors when ``host_weights``
+    (its flat host weights, as an ``EngineRunner`` keeps them) is given: they are shared,
+    not copied. Runs its own event loop (``anyio.run``): call it from synchronous code."""
     core, runner = _probe_instance(name, model, bench, dtype, host_weights)
     spec = core.models[name]
     probe = _Probe(LocalInstance(core, runner), runner, name, min(30000, model.arch.vocab_size))
