@@ -319,7 +319,8 @@ def _add_serve_http_args(sv: Any) -> None:
         "--log-level",
         default="info",
         choices=["critical", "error", "warning", "info", "debug"],
-        help="server log level (default info)",
+        help="server log level (default info: uvicorn's request lines and Talaria's call "
+        "log, one line per finished call with its session and cached tokens)",
     )
 
 

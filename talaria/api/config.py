@@ -16,6 +16,7 @@ from typing import Any
 import attrs
 import torch
 
+from talaria.api.answer_script import AnswerScript, answer_script
 from talaria.api.tool_parsers import ToolFormat
 from talaria.config import InstanceSpec, PolicyConfig
 from talaria.engine.catalog import DEFAULT_MODELS, ENTRIES
@@ -99,6 +100,10 @@ class TalariaConfig:
     # model -> how it writes tool calls (a talaria.api.tool_parsers.ToolFormat value, a TOML
     # [tool_parsers] table); a model not listed gets the format its chat template teaches
     tool_parsers: Mapping[str, str] = attrs.field(factory=dict, converter=dict)
+    # protocol tests of agent clients on random-weight models: every answer decoded under
+    # the script's grammars (talaria.api.answer_script; a TOML [answer_script] table with
+    # text and tool_calls); None, the default: answers are the model's own
+    answer_script: AnswerScript | None = attrs.field(default=None, converter=answer_script)
     # which engine executes: "embedded" (Talaria's PyTorch engine, the catalog's models) or
     # "vllm" (one vLLM engine per model; models name [vllm_models.NAME] tables, see
     # talaria.backends.vllm.catalog)

@@ -40,7 +40,7 @@ from talaria.backends.served import ServedCluster
 from talaria.engine.tokenizer import Tokenizer
 from talaria.errors import BadRequest, ShuttingDown, TalariaError, UnknownModel
 from talaria.generation import SamplingParams, StopChecker
-from talaria.grammar import check_grammar
+from talaria.grammar import Grammar, check_grammar
 from talaria.runtime.live import LiveCluster
 from talaria.runtime.sessions import SessionSummary
 from talaria.runtime.streams import Delta, Failed, Finished
@@ -237,10 +237,12 @@ class Talaria:
         params: SamplingParams | None,
         tenant: str,
         tools: ToolPlan | None = None,
+        scripted: Grammar | None = None,
     ) -> _Prepared:
         """``text`` is the prompt's text, or its token ids (checked against the model's
         vocabulary when the call is submitted). ``params`` None: the defaults, with the
-        output cap left to the server; the cap is resolved here (:meth:`_output_cap`)."""
+        output cap left to the server; the cap is resolved here (:meth:`_output_cap`).
+        ``scripted`` (an answer script's grammar) overrides any other grammar."""
         tok = self._tokenizer(model)
         if isinstance(text, str):
             ids = tok.encode(text, add_special_tokens=False)
@@ -262,7 +264,9 @@ class Talaria:
         if end is not None and end not in stops:  # the forced call ends the answer
             stops = (*stops, end)  # (see ToolPlan.stop)
         forced = tools.grammar if tools is not None else None
-        if forced is not None and params.grammar is not None:
+        if scripted is not None:
+            forced, params = scripted, attrs.evolve(params, grammar=None)
+        elif forced is not None and params.grammar is not None:
             raise BadRequest(
                 "a response format cannot be combined with a forced tool call (tool_choice "
                 "'required' or a named function): send one of them"
@@ -442,7 +446,9 @@ class Talaria:
             tool_choice=call.get("tool_choice"),
             parallel_tool_calls=call.get("parallel_tool_calls"),
         )
-        return self._calls(model, text, call, "chatcmpl", plan)
+        script = self._config.answer_script
+        scripted = script.grammar(messages, plan) if script is not None else None
+        return self._calls(model, text, call, "chatcmpl", plan, scripted)
 
     def _calls(
         self,
@@ -451,10 +457,17 @@ class Talaria:
         call: CallArgs,
         id_prefix: str,
         plan: ToolPlan | None = None,
+        scripted: Grammar | None = None,
     ) -> list[_Prepared]:
-        """The prepared calls of one request (one per choice; arguments checked)."""
+        """The prepared calls of one request (one per choice; arguments checked).
+        ``scripted``: the deployment's answer script's grammar for a chat call (a text
+        completion under a script gets its text grammar)."""
         tenant = call.get("tenant", DEFAULT_TENANT)
-        p = self._prepare(model, call.get("session_id"), text, call.get("params"), tenant, plan)
+        script = self._config.answer_script
+        if scripted is None and script is not None:
+            scripted = script.text_grammar()
+        params = call.get("params")
+        p = self._prepare(model, call.get("session_id"), text, params, tenant, plan, scripted)
         return self._choices(attrs.evolve(p, id_prefix=id_prefix), call.get("n", 1))
 
     def _choices(self, p: _Prepared, n: int) -> list[_Prepared]:

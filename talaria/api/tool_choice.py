@@ -59,6 +59,7 @@ __all__ = [
     "Choice",
     "ToolPlan",
     "call_grammar",
+    "literal_call_grammar",
     "plan_tools",
     "render_messages",
     "tools_preamble",
@@ -138,6 +139,15 @@ def call_grammar(
     head, tail = _CALL_LARK[fmt]
     body = json.dumps({**call, "x-guidance": _COMPACT}, ensure_ascii=False)
     return Grammar.lark(f"start: {json.dumps(head)} call {json.dumps(tail)}\ncall: %json {body}")
+
+
+def literal_call_grammar(fmt: ToolFormat, name: str, arguments: Mapping[str, Any]) -> Grammar:
+    """Exactly one call of ``name`` with ``arguments``, written in ``fmt`` as
+    :func:`call_grammar`'s calls are (one line, ", " and ": ")."""
+    key = "parameters" if fmt is ToolFormat.LLAMA3_JSON else "arguments"
+    call = json.dumps({"name": name, key: arguments}, ensure_ascii=False)
+    head, tail = _CALL_LARK[fmt]
+    return Grammar.lark(f"start: {json.dumps(head + call + tail)}")
 
 
 def _forced_grammar(fmt: ToolFormat, tools: Sequence[Mapping[str, Any]]) -> Grammar:

@@ -59,7 +59,7 @@ from talaria.runtime.gate import AdmissionGate
 from talaria.runtime.local import commit_executed
 from talaria.runtime.sessions import LiveSession, SessionSummary
 from talaria.runtime.step_log import STEP_LOG, StepTiming
-from talaria.runtime.streams import Delta, Event, Failed, Finished, LiveCall, deliver
+from talaria.runtime.streams import Delta, Event, Failed, Finished, LiveCall, deliver, log_call
 from talaria.schedule import Executed, Placement, Request, Schedule
 from talaria.types import Call, EventKind, SessionKey, TokenSeq
 
@@ -548,19 +548,18 @@ class LiveCluster:
         arrival = req.call.arrival_s
         first = req.first_token_s if req.first_token_s is not None else req.finished_s
         prompt_len = req.prompt_len - lc.resumed  # a resumed call's prompt ends with its ids
-        deliver(
-            lc,
-            Finished(
-                reason,
-                prompt_len,
-                lc.resumed + len(out),
-                min(prompt_len, req.reused_tokens + req.restored_tokens),
-                name,
-                (first or arrival) - arrival,
-                (req.finished_s or arrival) - arrival,
-                lc.checker.stop_string,
-            ),
+        done = Finished(
+            reason,
+            prompt_len,
+            lc.resumed + len(out),
+            min(prompt_len, req.reused_tokens + req.restored_tokens),
+            name,
+            (first or arrival) - arrival,
+            (req.finished_s or arrival) - arrival,
+            lc.checker.stop_string,
         )
+        log_call(req.key, req.call.model, done)
+        deliver(lc, done)
         lc.send.close()
 
     def _session_done(self, session: SessionKey) -> None:

@@ -4,7 +4,8 @@ A call's tokens reach its caller through an unbounded memory stream of :class:`D
 one :class:`Finished` or :class:`Failed`; :func:`deliver` hands one event over (a caller
 that stopped listening gets nothing). :class:`LiveCall` is the live loop's record of a call:
 its request, how it samples, its stop checker and how much of its answer the caller has.
-Mutated on the event loop thread only (:mod:`talaria.runtime.live`).
+:func:`log_call` writes a finished call's line of the call log. Mutated on the event loop
+thread only (:mod:`talaria.runtime.live`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ from talaria.schedule import Request
 from talaria.types import Call
 
 log = logging.getLogger("talaria.runtime.live")
+# one INFO line per finished call: the server's call log (``talaria serve`` shows it at
+# --log-level info)
+calls_log = logging.getLogger("talaria.calls")
 
 
 @attrs.frozen
@@ -96,3 +100,25 @@ def deliver(lc: LiveCall, event: Event) -> None:
         lc.send.send_nowait(event)
     except (anyio.BrokenResourceError, anyio.ClosedResourceError):
         log.debug("call %s: its caller stopped listening", lc.key)
+
+
+def log_call(key: CallKey, model: str, done: Finished) -> None:
+    """The call log's line for a finished call: its session (tenant and id), index, model,
+    instance, prompt tokens and how many of them were cached, answer tokens, why it ended
+    and its timings."""
+    session, index = key
+    calls_log.info(
+        "tenant=%s session=%s call=%d model=%s instance=%s prompt=%d cached=%d output=%d "
+        "finish=%s ttft_s=%.3f latency_s=%.3f",
+        session.tenant,
+        session.id,
+        index,
+        model,
+        done.instance,
+        done.prompt_tokens,
+        done.cached_tokens,
+        done.completion_tokens,
+        done.finish_reason,
+        done.ttft_s,
+        done.latency_s,
+    )

@@ -181,6 +181,17 @@ class DrainingServer(uvicorn.Server):
             await drain
 
 
+def _log_to_stderr(level: str) -> None:
+    """Talaria's own loggers (``talaria.*``: the call log, warnings) on stderr at ``level``,
+    beside uvicorn's lines; once per process."""
+    root = logging.getLogger("talaria")
+    root.setLevel(level.upper())
+    if not root.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(levelname)-9s %(name)s: %(message)s"))
+        root.addHandler(handler)
+
+
 def serve(
     config: TalariaConfig,
     host: str = "127.0.0.1",
@@ -196,6 +207,7 @@ def serve(
     then shut Talaria down (see :class:`DrainingServer`). As uvicorn does, the process then
     ends by the signal it got (exit status 143 for SIGTERM in a shell)."""
     app, talaria = app_and_talaria(config, api_keys=api_keys, max_body_bytes=max_body_bytes)
+    _log_to_stderr(log_level)
     grace = max(1, math.ceil(config.shutdown_grace_s)) + FLUSH_S
     uv = uvicorn.Config(
         app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=grace
