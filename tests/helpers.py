@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from hypothesis import settings
 
 from talaria.config import InstanceSpec, ModelSpec
+from talaria.cost.step_shape import StepShape
 from talaria.types import DEFAULT_TENANT, Link, SessionKey
 
 if TYPE_CHECKING:
@@ -29,17 +30,8 @@ class RoundNumberEstimator:
     """Costs a test can compute by hand: prefill 1000 tok/s, restore 10000 tok/s, a decode
     step 0.01 s, copies at 1e9 B/s (an ``Estimator``)."""
 
-    def step_s(
-        self,
-        model: str,
-        prefill_tokens: int,
-        attn: float,
-        decode_seqs: int,
-        ctx: int,
-        prefill_chunks: int | None = None,
-        prefix_tokens: float | None = None,
-    ) -> float:
-        return prefill_tokens / 1000 + (0.01 if decode_seqs else 0.0)
+    def step_s(self, model: str, step: StepShape) -> float:
+        return step.prefill_tokens / 1000 + (0.01 if step.decode_seqs else 0.0)
 
     def copy_s(self, nbytes: int, link: Link) -> float:
         return nbytes / 1e9

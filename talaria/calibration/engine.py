@@ -49,6 +49,7 @@ from talaria.calibration.plan import EngineBench
 from talaria.config import InstanceSpec, ModelSpec
 from talaria.core.instance import InstanceCore
 from talaria.cost import estimator_for
+from talaria.cost.step_shape import StepShape
 from talaria.engine.kernels import MAX_SMALL_M, optional_decode_kernel
 from talaria.engine.loader import LoadedModel
 from talaria.engine.runner import EngineRunner
@@ -373,8 +374,8 @@ def _fit_grid(
     extra_step, extra_seq = [], []
     for name, m in models.items():
         spec, ctx = specs[name], _short(m)
-        one = bare.step_s(spec, 0, 0.0, 1, ctx)
-        eight = bare.step_s(spec, 0, 0.0, 8, 8 * ctx)
+        one = bare.step_s(spec, StepShape.decode(1, ctx))
+        eight = bare.step_s(spec, StepShape.decode(8, 8 * ctx))
         extra_step.append(m["decode_step_s_batch1"] - one)
         served = m["decode_step_s_batch8"] - m["decode_step_s_batch1"]
         extra_seq.append((served - (eight - one)) / 7)

@@ -21,23 +21,22 @@ import numpy as np
 from talaria.calibration.grid import StepPoint
 from talaria.config import ModelSpec
 from talaria.cost.step_prices import TERMS, StepPrices, step_counts
+from talaria.cost.step_shape import StepShape
 from talaria.errors import ConfigError
 
 
-def point_args(p: StepPoint) -> tuple[int, float, int, int, int, float]:
-    """``(prefill_tokens, prefill_attn_tokens, decode_seqs, decode_context_tokens,
-    prefill_chunks, prefix_tokens)`` of a grid point, as
-    :meth:`~talaria.cost.step_prices.StepPrices.step_s` takes them."""
+def point_shape(p: StepPoint) -> StepShape:
+    """The step a grid point timed."""
     if p.is_decode:
-        return 0, 0.0, p.batch, p.batch * p.context, 0, 0.0
+        return StepShape(0, 0.0, p.batch, p.batch * p.context, 0, 0.0)
     k = p.prefilling
     attended = k * (p.chunk * p.prefix + p.chunk * (p.chunk + 1) / 2)
-    return k * p.chunk, attended, 0, 0, k, float(k * p.prefix)
+    return StepShape(k * p.chunk, attended, 0, 0, k, float(k * p.prefix))
 
 
 def predict(prices: StepPrices, spec: ModelSpec, p: StepPoint) -> float:
     """The seconds ``prices`` give point ``p`` of model ``spec``."""
-    return prices.step_s(spec, *point_args(p))
+    return prices.step_s(spec, point_shape(p))
 
 
 def _design(
@@ -48,9 +47,7 @@ def _design(
         raise ConfigError(f"no ModelSpec for {sorted(missing)}")
     rows = []
     for p in points:
-        tokens, attn, seqs, context, chunks, prefix = point_args(p)
-        spec = specs[p.model]
-        rows.append(step_counts(spec, tokens, attn, seqs, context, small_rows, chunks, prefix))
+        rows.append(step_counts(specs[p.model], point_shape(p), small_rows))
     a = np.array(rows)
     return a, np.array([p.seconds for p in points])
 

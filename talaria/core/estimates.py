@@ -22,6 +22,7 @@ from talaria.core.calls import CallTable
 from talaria.core.tool_gaps import GapTable
 from talaria.cost.estimator import Estimator
 from talaria.cost.pricing import plan_copy_s
+from talaria.cost.step_shape import StepShape
 from talaria.memory.kv import KVManager, PrefixMatch
 from talaria.memory.weights import WeightArena
 from talaria.policy.admission import Admission
@@ -189,7 +190,7 @@ class InstanceEstimates:
 
     def reload_s(self, model: str, tokens: int) -> float:
         """Seconds to recompute ``tokens`` of context (attention included) on this instance."""
-        return self.estimator.step_s(model, tokens, tokens * (tokens + 1) / 2, 0, 0)
+        return self.estimator.step_s(model, StepShape.prefill(tokens))
 
     # ------------------------------------------------------------------ slot demand
     def demand(self, now: float, returns_for: Iterable[str] = ()) -> dict[str, SlotDemand]:

@@ -47,6 +47,7 @@ import attrs
 
 from talaria.config import ModelSpec
 from talaria.cost.hardware import HardwareProfile
+from talaria.cost.step_shape import StepShape
 from talaria.errors import BadRequest, ConfigError
 from talaria.types import Link
 
@@ -174,41 +175,19 @@ class CostModel:
 
     # -- public costs ----------------------------------------------------------------------
 
-    def step_s(
-        self,
-        model: ModelSpec,
-        prefill_tokens: int,
-        prefill_attn_tokens: float,
-        decode_seqs: int,
-        decode_context_tokens: int,
-        prefill_chunks: int | None = None,
-        prefix_tokens: float | None = None,
-    ) -> float:
-        """Seconds for one engine iteration; 0.0 when it has no tokens at all. A profile
-        with measured :class:`~talaria.cost.step_prices.StepPrices` prices it with them (the
-        additive model), else with the roofline of the module docstring.
-
-        ``prefill_tokens``: new prompt tokens in the step; ``prefill_attn_tokens``: the sum over
-        those tokens of the keys each attends (its position + 1, cached prefix included);
-        ``decode_seqs``: sequences generating one token each; ``decode_context_tokens``: the sum
-        of their context lengths; ``prefill_chunks`` and ``prefix_tokens`` (the sequences
-        prefilling and their cached tokens, summed; None: one chunk, derived) only matter to
-        step prices. Raises BadRequest on negative or non-finite arguments.
-        """
-        prefill = int(_count("prefill_tokens", prefill_tokens))
-        attn = _count("prefill_attn_tokens", prefill_attn_tokens)
-        seqs = int(_count("decode_seqs", decode_seqs))
-        context = int(_count("decode_context_tokens", decode_context_tokens))
-        tokens = prefill + seqs
+    def step_s(self, model: ModelSpec, step: StepShape) -> float:
+        """Seconds for one engine iteration of ``step``; 0.0 when it has no tokens at all. A
+        profile with measured :class:`~talaria.cost.step_prices.StepPrices` prices it with
+        them (the additive model), else with the roofline of the module docstring (which
+        reads neither the chunk count nor the prefix)."""
+        tokens = step.tokens
         if tokens == 0:
             return 0.0
         prices = self.hw.step_prices
         if prices is not None:  # measured parts that do not overlap (one device: no TP)
-            chunks = (
-                None if prefill_chunks is None else int(_count("prefill_chunks", prefill_chunks))
-            )
-            prefix = None if prefix_tokens is None else _count("prefix_tokens", prefix_tokens)
-            return prices.step_s(model, prefill, attn, seqs, context, chunks, prefix)
+            return prices.step_s(model, step)
+        prefill, attn = int(step.prefill_tokens), float(step.prefill_attn_tokens)
+        context = int(step.decode_context_tokens)
         compute = self.compute_s(model, tokens, attn, context)
         # KV tokens written (the new ones) and read (the decode contexts, and the prefill's
         # mean attended context once)
@@ -217,25 +196,18 @@ class CostModel:
             kv_tokens += attn / prefill
         memory = self.weight_bytes_touched(model, tokens) / self.hbm_Bps
         memory += kv_tokens * self.kv_bytes_per_token(model) / self.kv_read_Bps
-        per_seq = seqs * (self.hw.decode_seq_overhead_s or 0.0)
+        per_seq = int(step.decode_seqs) * (self.hw.decode_seq_overhead_s or 0.0)
         return (
             max(compute, memory) + self.tp_comm_s(model, tokens) + self.hw.step_overhead_s + per_seq
         )
 
     def prefill_s(self, model: ModelSpec, new_tokens: int, cached_tokens: int = 0) -> float:
-        """One step prefilling ``new_tokens`` after ``cached_tokens`` already in KV (no chunking).
-
-        Token ``i`` of the new ones (0-based) attends ``cached + i + 1`` keys, so the attention
-        sum is ``new * cached + new * (new + 1) / 2``.
-        """
-        new = _count("new_tokens", new_tokens)
-        cached = _count("cached_tokens", cached_tokens)
-        attn = new * cached + new * (new + 1) / 2
-        return self.step_s(model, int(new), attn, 0, 0)
+        """One step prefilling ``new_tokens`` after ``cached_tokens`` already in KV (one chunk)."""
+        return self.step_s(model, StepShape.prefill(new_tokens, cached_tokens))
 
     def decode_step_s(self, model: ModelSpec, batch: int, context_tokens: int) -> float:
         """One decode step of ``batch`` sequences whose contexts sum to ``context_tokens``."""
-        return self.step_s(model, 0, 0.0, batch, context_tokens)
+        return self.step_s(model, StepShape.decode(batch, context_tokens))
 
     def recompute_s(self, model: ModelSpec, tokens: int) -> float:
         """Rebuilding the KV of a ``tokens``-long prefix from scratch (a prefill, no cache)."""

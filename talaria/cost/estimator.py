@@ -17,6 +17,7 @@ import attrs
 
 from talaria.config import ModelSpec
 from talaria.cost.cost_model import CostModel
+from talaria.cost.step_shape import StepShape
 from talaria.errors import UnknownModel
 from talaria.types import Link
 
@@ -30,16 +31,7 @@ _MEMO_LIMIT = 1 << 16
 class Estimator(Protocol):
     """Seconds for engine steps and copies on one instance. Pure and deterministic."""
 
-    def step_s(
-        self,
-        model: str,
-        prefill_tokens: int,
-        prefill_attn_tokens: float,
-        decode_seqs: int,
-        decode_context_tokens: int,
-        prefill_chunks: int | None = None,
-        prefix_tokens: float | None = None,
-    ) -> float: ...
+    def step_s(self, model: str, step: StepShape) -> float: ...
 
     def copy_s(self, nbytes: int, link: Link) -> float: ...
 
@@ -89,27 +81,10 @@ class CostModelEstimator:
     def _rate(self, m: ModelSpec) -> float:
         n = _RATE_CHUNK_TOKENS
         attn = n * (_RATE_CONTEXT_TOKENS + n / 2)
-        return n / self.cost.step_s(m, n, attn, 0, 0)
+        return n / self.cost.step_s(m, StepShape(n, attn))
 
-    def step_s(
-        self,
-        model: str,
-        prefill_tokens: int,
-        prefill_attn_tokens: float,
-        decode_seqs: int,
-        decode_context_tokens: int,
-        prefill_chunks: int | None = None,
-        prefix_tokens: float | None = None,
-    ) -> float:
-        return self.cost.step_s(
-            self.spec(model),
-            prefill_tokens,
-            prefill_attn_tokens,
-            decode_seqs,
-            decode_context_tokens,
-            prefill_chunks,
-            prefix_tokens,
-        )
+    def step_s(self, model: str, step: StepShape) -> float:
+        return self.cost.step_s(self.spec(model), step)
 
     def copy_s(self, nbytes: int, link: Link) -> float:
         return self.cost.copy_s(nbytes, link) if nbytes > 0 else 0.0
@@ -140,7 +115,7 @@ class CostModelEstimator:
         key = (model, max(1, batch), bucket)
         cached = self._decode_memo.get(key)
         if cached is None:
-            cached = self.cost.step_s(self.spec(model), 0, 0.0, key[1], bucket)
+            cached = self.cost.step_s(self.spec(model), StepShape.decode(key[1], bucket))
             if len(self._decode_memo) < _MEMO_LIMIT:
                 self._decode_memo[key] = cached
         return cached

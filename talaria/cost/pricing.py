@@ -14,6 +14,7 @@ from collections.abc import Iterable
 import attrs
 
 from talaria.cost.estimator import Estimator
+from talaria.cost.step_shape import StepShape
 from talaria.memory.kv import MovePlan
 from talaria.memory.weights import SwitchPlan
 from talaria.schedule import Schedule, StepPlan
@@ -38,16 +39,10 @@ def step_s(est: Estimator, step: StepPlan, repeat: int = 1) -> float:
     n = len(step.decode)
     context = step.decode_context_tokens + n * (repeat - 1) / 2
     prefix = sum(start for _, _, start in step.prefill)  # cached tokens before the chunks
-    one = est.step_s(
-        step.model,
-        step.prefill_tokens,
-        step.prefill_attn_tokens,
-        n,
-        int(context),
-        len(step.prefill),
-        prefix,
+    shape = StepShape(
+        step.prefill_tokens, step.prefill_attn_tokens, n, int(context), len(step.prefill), prefix
     )
-    return one * repeat
+    return est.step_s(step.model, shape) * repeat
 
 
 @attrs.frozen

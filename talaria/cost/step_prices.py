@@ -32,6 +32,7 @@ from typing import Any, Final
 import attrs
 
 from talaria.config import ModelSpec
+from talaria.cost.step_shape import StepShape
 from talaria.errors import ConfigError
 
 TERMS: Final = (
@@ -48,43 +49,23 @@ TERMS: Final = (
 """The prices, in the order of :func:`step_counts`."""
 
 
-def step_counts(
-    model: ModelSpec,
-    prefill_tokens: int,
-    prefill_attn_tokens: float,
-    decode_seqs: int,
-    decode_context_tokens: int,
-    small_rows: int,
-    prefill_chunks: int | None = None,
-    prefix_tokens: float | None = None,
-) -> tuple[float, ...]:
-    """The counts each price of :data:`TERMS` multiplies, for one step of ``model``
-    (arguments as :meth:`talaria.cost.cost_model.CostModel.step_s` takes them; the caller
-    validates them). ``prefill_chunks``: the sequences prefilling (None: one if any token
-    is prefilled); ``prefix_tokens``: the cached tokens before their chunks, summed (None:
-    one chunk's, its mean attended context less its own tokens' share,
-    ``attn / n - (n + 1) / 2``)."""
-    rows = prefill_tokens + decode_seqs
+def step_counts(model: ModelSpec, step: StepShape, small_rows: int) -> tuple[float, ...]:
+    """The counts each price of :data:`TERMS` multiplies, for ``step`` of ``model``: the
+    small-batch weight price applies up to ``small_rows`` rows."""
+    rows = step.tokens
     weights = float(model.weight_bytes)
     small = rows <= small_rows
-    if prefill_chunks is None:
-        prefill_chunks = 1 if prefill_tokens else 0
-    if prefix_tokens is None:
-        prefix_tokens = 0.0
-        if prefill_tokens:
-            mean = prefill_attn_tokens / prefill_tokens
-            prefix_tokens = max(0.0, mean - (prefill_tokens + 1) / 2)
     kv = model.kv_bytes_per_token
     return (
         1.0,
-        float(decode_seqs),
-        float(prefill_chunks),
+        float(step.decode_seqs),
+        float(step.chunks),
         weights if small else 0.0,
         0.0 if small else weights,
-        float(decode_context_tokens) * kv,
+        float(step.decode_context_tokens) * kv,
         rows * model.flops_per_token,
-        model.attention_flops(prefill_attn_tokens),
-        prefix_tokens * kv,
+        model.attention_flops(step.prefill_attn_tokens),
+        step.prefix * kv,
     )
 
 
@@ -111,27 +92,9 @@ class StepPrices:
     prices: tuple[float, ...] = attrs.field(converter=_prices)
     small_rows: int = attrs.field(validator=_rows)
 
-    def step_s(
-        self,
-        model: ModelSpec,
-        prefill_tokens: int,
-        prefill_attn_tokens: float,
-        decode_seqs: int,
-        decode_context_tokens: int,
-        prefill_chunks: int | None = None,
-        prefix_tokens: float | None = None,
-    ) -> float:
-        """Seconds of one step (validated arguments, as :func:`step_counts` takes them)."""
-        counts = step_counts(
-            model,
-            prefill_tokens,
-            prefill_attn_tokens,
-            decode_seqs,
-            decode_context_tokens,
-            self.small_rows,
-            prefill_chunks,
-            prefix_tokens,
-        )
+    def step_s(self, model: ModelSpec, step: StepShape) -> float:
+        """Seconds of ``step`` of ``model``."""
+        counts = step_counts(model, step, self.small_rows)
         return math.fsum(c * p for c, p in zip(counts, self.prices, strict=True))
 
     def price(self, term: str) -> float:

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from talaria.calibration.grid import StepGrid, StepPoint, measure_co_run, measure_grid
-from talaria.calibration.linear import cross_validate, fit_steps, point_args, residuals
+from talaria.calibration.linear import cross_validate, fit_steps, point_shape, residuals
 from talaria.config import ModelSpec
 from talaria.cost.step_prices import TERMS, StepPrices
 from talaria.engine.loader import load_dummy
@@ -34,7 +34,7 @@ def synthetic(prices: StepPrices) -> list[StepPoint]:
     for spec in (DENSE, BIG):
         for b, c, n, p, k in GRID.shapes():
             shape = StepPoint(spec.name, b, c, n, p, 1.0, prefilling=max(k, 1))
-            seconds = prices.step_s(spec, *point_args(shape))
+            seconds = prices.step_s(spec, point_shape(shape))
             out.append(attrs.evolve(shape, seconds=seconds))
     return out
 

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from talaria.cost.cost_model import CostModel
 from talaria.cost.hardware import cpu_profile_from_dict, read_cpu_document
 from talaria.cost.step_prices import TERMS, StepPrices, step_counts
+from talaria.cost.step_shape import StepShape
 from talaria.errors import BadRequest, ConfigError
 from tests.sim.test_cost_model import DENSE, make_hw
 
@@ -22,20 +23,20 @@ ONE_EACH = StepPrices((1.0,) * len(TERMS), small_rows=2)
 
 def test_decode_counts_by_hand() -> None:
     # 3 sequences, contexts summing to 300: rows 3 > 2, so the matmul path's weights
-    counts = step_counts(DENSE, 0, 0.0, 3, 300, 2)
+    counts = step_counts(DENSE, StepShape.decode(3, 300), 2)
     assert counts == (1.0, 3.0, 0.0, 0.0, 2e6, 300 * 256, 3 * 2e6, 0.0, 0.0)
     # one sequence: the small-batch path's weights
-    assert step_counts(DENSE, 0, 0.0, 1, 100, 2)[3:5] == (2e6, 0.0)
+    assert step_counts(DENSE, StepShape.decode(1, 100), 2)[3:5] == (2e6, 0.0)
 
 
 def test_prefill_counts_by_hand() -> None:
     # a 4-token chunk after 10 cached tokens attends 4 * 10 + 4 * 5 / 2 = 50 keys in all;
     # its prefix is 50 / 4 - 5 / 2 = 10 tokens of KV read
-    counts = step_counts(DENSE, 4, 50.0, 0, 0, 2)
+    counts = step_counts(DENSE, StepShape(4, 50.0), 2)
     assert counts == (1.0, 0.0, 1.0, 0.0, 2e6, 0.0, 4 * 2e6, 512 * 50, 10 * 256)
     # two chunks of 2 tokens after 10 and 0 cached tokens: 2 * 10 + 3 + 3 = 26 keys; the
     # mean-context formula would say 26 / 4 - 5 / 2 = 4 cached tokens, the step says 10
-    counts = step_counts(DENSE, 4, 26.0, 0, 0, 2, prefill_chunks=2, prefix_tokens=10)
+    counts = step_counts(DENSE, StepShape(4, 26.0, prefill_chunks=2, prefix_tokens=10), 2)
     assert counts[2:] == (2.0, 0.0, 2e6, 0.0, 4 * 2e6, 512 * 26, 10 * 256)
 
 
@@ -43,7 +44,7 @@ def test_prices_sum_counts() -> None:
     prices = StepPrices((0.01, 0.001, 0.5, 1e-9, 2e-9, 1e-8, 1e-12, 1e-11, 1e-7), small_rows=2)
     # decode of 3 at 300 context tokens: 0.01 + 0.003 + 2e6 * 2e-9 + 76800 * 1e-8
     # + 6e6 * 1e-12 = 0.01 + 0.003 + 0.004 + 0.000768 + 0.000006
-    assert prices.step_s(DENSE, 0, 0.0, 3, 300) == pytest.approx(0.017774, rel=1e-12)
+    assert prices.step_s(DENSE, StepShape.decode(3, 300)) == pytest.approx(0.017774, rel=1e-12)
 
 
 def test_a_profile_with_step_prices_prices_steps_with_them() -> None:
@@ -52,7 +53,7 @@ def test_a_profile_with_step_prices_prices_steps_with_them() -> None:
     cm = CostModel(hw, 1)
     assert cm.decode_step_s(DENSE, 1, 10) == pytest.approx(0.01 + 2e6 * 1e-9)
     with pytest.raises(BadRequest, match="prefill_chunks"):
-        cm.step_s(DENSE, 4, 10.0, 0, 0, prefill_chunks=-1)
+        StepShape(4, 10.0, prefill_chunks=-1)
     assert cm.prefill_s(DENSE, 0) == 0.0  # no tokens, no step
     with pytest.raises(BadRequest):
         cm.decode_step_s(DENSE, -1, 10)
@@ -91,9 +92,9 @@ def test_a_step_costs_more_with_more_work(
     context (every price is >= 0, so no count can lower it)."""
     attn = prefill * prefix + prefill * (prefill + 1) / 2
     prices = StepPrices((0.01, 1e-4, 1e-3, 1e-9, 2e-9, 1e-9, 1e-12, 1e-11, 1e-9), small_rows=2)
-    t = prices.step_s(DENSE, prefill, attn, seqs, context)
+    t = prices.step_s(DENSE, StepShape(prefill, attn, seqs, context))
     assert math.isfinite(t) and t >= 0.01
-    assert prices.step_s(DENSE, prefill, attn, seqs, context + 1) >= t
+    assert prices.step_s(DENSE, StepShape(prefill, attn, seqs, context + 1)) >= t
 
 
 def test_a_cpu_document_with_step_prices_makes_a_profile_that_uses_them() -> None:

@@ -22,6 +22,7 @@ from talaria.cost.hardware import (
     profile,
     profiles,
 )
+from talaria.cost.step_shape import StepShape
 from talaria.errors import BadRequest, ConfigError
 from talaria.types import Link
 
@@ -224,16 +225,16 @@ def test_step_mixes_prefill_and_decode_and_adds_overhead() -> None:
     # 10 prefill tokens (attn 55) + 4 decode seqs over 400 context tokens, 14 tokens in all.
     # compute: (14 * 2e6 + 512 * (55 + 400)) / 1e12 = 28,232,960 / 1e12 = 2.823296e-5 s
     # memory: 2e6 + (10 + 4 + 400 + 55/10) * 256 = 2,107,392 B -> 2.107392e-3 s
-    assert cm.step_s(DENSE, 10, 55, 4, 400) == pytest.approx(2.107392e-3 + 1e-3)
+    assert cm.step_s(DENSE, StepShape(10, 55, 4, 400)) == pytest.approx(2.107392e-3 + 1e-3)
 
 
 def test_empty_step_costs_nothing_and_negative_inputs_are_rejected() -> None:
     cm = CostModel(make_hw(step_overhead_s=1.0), 1)
-    assert cm.step_s(DENSE, 0, 0.0, 0, 0) == 0.0
+    assert cm.step_s(DENSE, StepShape()) == 0.0
     with pytest.raises(BadRequest, match="decode_seqs"):
-        cm.step_s(DENSE, 0, 0.0, -1, 0)
+        StepShape(0, 0.0, -1, 0)
     with pytest.raises(BadRequest, match="prefill_attn_tokens"):
-        cm.step_s(DENSE, 1, math.nan, 0, 0)
+        StepShape(1, math.nan, 0, 0)
 
 
 def test_efficiency_factors_scale_the_roofline() -> None:
