@@ -47,7 +47,7 @@ import attrs
 
 from talaria.config import ModelSpec
 from talaria.cost.hardware import HardwareProfile
-from talaria.cost.step_shape import StepShape
+from talaria.cost.step_shape import StepShape, check_count
 from talaria.errors import BadRequest, ConfigError
 from talaria.types import Link
 
@@ -56,18 +56,6 @@ ACTIVATION_BYTES: Final = 2
 
 ALLREDUCES_PER_LAYER: Final = 2
 """Megatron-style TP: one allreduce after attention, one after the MLP."""
-
-
-def _count(name: str, value: float) -> float:
-    """Reject negative, NaN or infinite counts with a BadRequest naming the argument."""
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or not math.isfinite(value)
-        or value < 0
-    ):
-        raise BadRequest(f"{name} must be a finite number >= 0, got {value!r}")
-    return float(value)
 
 
 def shared_params_estimate(model: ModelSpec) -> int:
@@ -140,7 +128,7 @@ class CostModel:
         Dense models read all weights; MoE models read the shared parameters plus the
         expected share of experts routed to (see the module docstring), capped at all weights.
         """
-        t = _count("tokens", tokens)
+        t = check_count("tokens", tokens)
         if t == 0:
             return 0.0
         if model.active_params >= model.total_params:
@@ -224,7 +212,7 @@ class CostModel:
         Each copy adds ``copy_latency_s``. Contention between instances sharing the server's
         disk or host memory is the caller's to model.
         """
-        size = _count("nbytes", nbytes)
+        size = check_count("nbytes", nbytes)
         if size == 0:
             return 0.0
         hw, n = self.hw, self.n_devices

@@ -18,20 +18,26 @@ import attrs
 
 from talaria.errors import BadRequest
 
-__all__ = ["StepShape"]
+__all__ = ["StepShape", "check_count"]
 
 
-def _count(inst: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
-    """A count must be a finite number >= 0 (None allowed where the field is optional)."""
-    if value is None and attribute.default is None:
-        return
+def check_count(name: str, value: Any) -> float:
+    """``value`` as a float; ``BadRequest`` naming ``name`` when it is negative, NaN,
+    infinite or not a number."""
     if (
         isinstance(value, bool)
         or not isinstance(value, (int, float))
         or not math.isfinite(value)
         or value < 0
     ):
-        raise BadRequest(f"{attribute.name} must be a finite number >= 0, got {value!r}")
+        raise BadRequest(f"{name} must be a finite number >= 0, got {value!r}")
+    return float(value)
+
+
+def _count(inst: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    """A field's count (None allowed where the field is optional)."""
+    if value is not None or attribute.default is not None:
+        check_count(attribute.name, value)
 
 
 @attrs.frozen
