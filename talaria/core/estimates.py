@@ -257,11 +257,8 @@ class InstanceEstimates:
             for r in self.calls.running.values()
             if r.call.model == model
         )
-        oldest = now - self.policy.slot_starvation_s
-        for sid, gap in self.gaps.newest_first(model):
-            if gap.since_s < oldest:
-                break
-            calls += left(done.get(sid, 0))
+        recent = self.gaps.recent_calls_done(model, now - self.policy.slot_starvation_s)
+        calls += sum(n * left(d) for d, n in recent.items())
         return calls * self.call_work.of(model), self.switch_s(model), self._reload_s(model)
 
     def _reload_s(self, model: str) -> float:

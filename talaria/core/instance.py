@@ -520,7 +520,8 @@ class InstanceCore:
         if req.admitted_s is not None:
             self.call_cost.observe(call.model, now - req.admitted_s)
             self.call_work.observe(call.model, now - req.admitted_s)
-        self.tool_gaps.start(call.session, ToolGap(call.model, now, None))
+        done = self._calls_done[call.session]
+        self.tool_gaps.start(call.session, ToolGap(call.model, now, None, calls_done=done))
         self.admitter.offer(req, history, now)
 
     def _session_fault(self, session: SessionKey, exc: Exception) -> None:

@@ -5,12 +5,19 @@ or elsewhere), when it ends, or when its gap reasoning faults. The table keeps e
 gaps in the order they started, so the session-aware slot order can read the newest first
 and stop at its horizon. Hints update a gap's expected length and the tool it named.
 
+The slot order asks, on every scheduling decision, how many calls the sessions whose gap
+started within its horizon have answered here (:meth:`GapTable.recent_calls_done`): kept
+incrementally per model (a count of gaps by calls done, and the gaps in start order to
+retire once the horizon passes them), so the answer costs the distinct counts, not a scan
+of every session in a gap.
+
 Not thread-safe: the instance core's single driver owns it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+import collections
+from collections.abc import Iterable, Iterator, Mapping
 
 import attrs
 
@@ -25,6 +32,39 @@ class ToolGap:
     since_s: float
     expected_s: float | None  # a hint's (or the server's guess of) the tool's length
     tool: str | None = None  # the tool a hint named
+    calls_done: int = 0  # the session's calls answered here when the gap started
+    recent: bool = attrs.field(default=False, eq=False)  # counted in its model's window
+
+
+class _Window:
+    """One model's gaps that started at or after ``horizon_s``, counted by calls done."""
+
+    def __init__(self) -> None:
+        self.horizon_s = float("-inf")
+        self.order: collections.deque[ToolGap] = collections.deque()  # by start (stale too)
+        self.counts: collections.Counter[int] = collections.Counter()
+
+    def add(self, gap: ToolGap) -> None:
+        if gap.since_s >= self.horizon_s:
+            gap.recent = True
+            self.order.append(gap)
+            self.counts[gap.calls_done] += 1
+            if len(self.order) > 64 + 2 * self.counts.total():  # mostly ended gaps: compact
+                self.order = collections.deque(g for g in self.order if g.recent)
+
+    def drop(self, gap: ToolGap) -> None:
+        if gap.recent:
+            gap.recent = False
+            self.counts[gap.calls_done] -= 1
+            if not self.counts[gap.calls_done]:
+                del self.counts[gap.calls_done]
+
+    def advance(self, horizon_s: float) -> None:
+        """Retire the gaps that started before ``horizon_s`` (it only moves forward)."""
+        self.horizon_s = horizon_s
+        order = self.order
+        while order and (order[0].since_s < horizon_s or not order[0].recent):
+            self.drop(order.popleft())
 
 
 class GapTable:
@@ -33,6 +73,7 @@ class GapTable:
     def __init__(self, models: Iterable[str]) -> None:
         self._by_session: dict[SessionKey, ToolGap] = {}
         self._by_model: dict[str, dict[SessionKey, ToolGap]] = {m: {} for m in models}
+        self._recent: dict[str, _Window] = {m: _Window() for m in self._by_model}
 
     def get(self, session: SessionKey) -> ToolGap | None:
         return self._by_session.get(session)
@@ -55,23 +96,50 @@ class GapTable:
         """``model``'s gaps, newest first."""
         return reversed(self._by_model[model].items())  # no lookup per gap
 
+    def recent_calls_done(self, model: str, since_s: float) -> Mapping[int, int]:
+        """Calls done -> how many of ``model``'s gaps that started at or after ``since_s``
+        are of sessions that had answered that many calls here (the newest-first scan of
+        :meth:`newest_first` down to ``since_s``, kept incrementally). A ``since_s`` before
+        an earlier query's is answered by that scan."""
+        window = self._recent[model]
+        if since_s < window.horizon_s:
+            counts: collections.Counter[int] = collections.Counter()
+            for _, gap in self.newest_first(model):
+                if gap.since_s < since_s:
+                    break
+                counts[gap.calls_done] += 1
+            return counts
+        window.advance(since_s)
+        return window.counts
+
     def start(self, session: SessionKey, gap: ToolGap) -> None:
         """Record a gap that starts now (any earlier gap of the session is over)."""
         self.end(session)
         self._by_session[session] = gap
         self._by_model[gap.model][session] = gap
+        self._recent[gap.model].add(gap)
 
     def end(self, session: SessionKey) -> None:
         """The session's gap, if any, is over."""
         gap = self._by_session.pop(session, None)
         if gap is not None:
             del self._by_model[gap.model][session]
+            self._recent[gap.model].drop(gap)
 
     def problems(self) -> list[str]:
-        """A line for each model whose index disagrees with the per-session table."""
+        """A line for each model whose index disagrees with the per-session table, or whose
+        recent-gap counts disagree with the gaps recounted."""
         out = []
         for m, gaps in self._by_model.items():
             mine = {s for s, g in self._by_session.items() if g.model == m}
             if mine != set(gaps):
                 out.append(f"{m}: gap index {sorted(gaps)} != {sorted(mine)}")
+            window = self._recent[m]
+            counts = collections.Counter(
+                g.calls_done for g in gaps.values() if g.since_s >= window.horizon_s
+            )
+            if counts != window.counts:
+                out.append(
+                    f"{m}: recent gaps by calls done {dict(window.counts)} != {dict(counts)}"
+                )
         return out
