@@ -34,13 +34,19 @@ from talaria.api.results import (
     Usage,
 )
 from talaria.api.stats import snapshot
-from talaria.api.tool_choice import AnswerReader, ToolPlan, plan_tools, render_messages
+from talaria.api.tool_choice import (
+    AnswerReader,
+    ToolPlan,
+    constrained,
+    plan_tools,
+    render_messages,
+)
 from talaria.api.tool_parsers import ToolFormat, format_for_template
 from talaria.backends.served import ServedCluster
 from talaria.engine.tokenizer import Tokenizer
 from talaria.errors import BadRequest, ShuttingDown, TalariaError, UnknownModel
 from talaria.generation import SamplingParams, StopChecker
-from talaria.grammar import Grammar, check_grammar
+from talaria.grammar import Grammar
 from talaria.runtime.live import LiveCluster
 from talaria.runtime.sessions import SessionSummary
 from talaria.runtime.streams import Delta, Failed, Finished
@@ -259,22 +265,7 @@ class Talaria:
         elif not isinstance(params, SamplingParams):
             raise BadRequest(f"params must be a SamplingParams, got {type(params).__name__}")
         max_tokens, clamped = self._output_cap(model, len(ids), params.max_tokens)
-        stops = params.stop
-        end = tools.stop if tools is not None else None
-        if end is not None and end not in stops:  # the forced call ends the answer
-            stops = (*stops, end)  # (see ToolPlan.stop)
-        forced = tools.grammar if tools is not None else None
-        if scripted is not None:
-            forced, params = scripted, attrs.evolve(params, grammar=None)
-        elif forced is not None and params.grammar is not None:
-            raise BadRequest(
-                "a response format cannot be combined with a forced tool call (tool_choice "
-                "'required' or a named function): send one of them"
-            )
-        if params.grammar is not None:  # a grammar the library refuses is a 400, not a failure
-            check_grammar(params.grammar)  # (a forced call's was checked by plan_tools)
-        grammar = forced if forced is not None else params.grammar
-        params = attrs.evolve(params, max_tokens=max_tokens, stop=stops, grammar=grammar)
+        params = constrained(attrs.evolve(params, max_tokens=max_tokens), tools, scripted)
         one_shot = session_id is None
         sid = session_id if session_id is not None else f"call-{uuid.uuid4().hex}"
         if not sid or len(sid) > 256:
@@ -446,9 +437,7 @@ class Talaria:
             tool_choice=call.get("tool_choice"),
             parallel_tool_calls=call.get("parallel_tool_calls"),
         )
-        script = self._config.answer_script
-        scripted = script.grammar(messages, plan) if script is not None else None
-        return self._calls(model, text, call, "chatcmpl", plan, scripted)
+        return self._calls(model, text, call, "chatcmpl", plan, messages)
 
     def _calls(
         self,
@@ -457,15 +446,13 @@ class Talaria:
         call: CallArgs,
         id_prefix: str,
         plan: ToolPlan | None = None,
-        scripted: Grammar | None = None,
+        messages: Sequence[Mapping[str, Any]] = (),
     ) -> list[_Prepared]:
-        """The prepared calls of one request (one per choice; arguments checked).
-        ``scripted``: the deployment's answer script's grammar for a chat call (a text
-        completion under a script gets its text grammar)."""
+        """The prepared calls of one request (one per choice; arguments checked); a chat
+        call's ``messages`` are read by the deployment's answer script, if any."""
         tenant = call.get("tenant", DEFAULT_TENANT)
         script = self._config.answer_script
-        if scripted is None and script is not None:
-            scripted = script.text_grammar()
+        scripted = script.grammar(messages, plan) if script is not None else None
         params = call.get("params")
         p = self._prepare(model, call.get("session_id"), text, params, tenant, plan, scripted)
         return self._choices(attrs.evolve(p, id_prefix=id_prefix), call.get("n", 1))

@@ -51,6 +51,7 @@ from talaria.api.tool_parsers import (
     render_calls,
 )
 from talaria.errors import BadRequest, ToolCallFailed
+from talaria.generation import SamplingParams
 from talaria.grammar import Grammar, check_grammar
 
 __all__ = [
@@ -59,6 +60,7 @@ __all__ = [
     "Choice",
     "ToolPlan",
     "call_grammar",
+    "constrained",
     "literal_call_grammar",
     "plan_tools",
     "render_messages",
@@ -148,6 +150,31 @@ def literal_call_grammar(fmt: ToolFormat, name: str, arguments: Mapping[str, Any
     call = json.dumps({"name": name, key: arguments}, ensure_ascii=False)
     head, tail = _CALL_LARK[fmt]
     return Grammar.lark(f"start: {json.dumps(head + call + tail)}")
+
+
+def constrained(
+    params: SamplingParams, plan: ToolPlan | None, scripted: Grammar | None = None
+) -> SamplingParams:
+    """``params`` with what the answer is decoded under: ``scripted`` (a deployment's answer
+    script) over everything, else a forced call's grammar (``plan``), else the request's own
+    (checked: a grammar the library refuses is a 400, not a failed call), and the stop that
+    ends a forced call. BadRequest for a response format beside a forced call."""
+    stops = params.stop
+    end = plan.stop if plan is not None else None
+    if end is not None and end not in stops:  # the forced call ends the answer
+        stops = (*stops, end)  # (see ToolPlan.stop)
+    forced = plan.grammar if plan is not None else None
+    if scripted is not None:
+        forced, params = scripted, attrs.evolve(params, grammar=None)
+    elif forced is not None and params.grammar is not None:
+        raise BadRequest(
+            "a response format cannot be combined with a forced tool call (tool_choice "
+            "'required' or a named function): send one of them"
+        )
+    if params.grammar is not None:
+        check_grammar(params.grammar)  # (a forced call's was checked by plan_tools)
+    grammar = forced if forced is not None else params.grammar
+    return attrs.evolve(params, stop=stops, grammar=grammar)
 
 
 def _forced_grammar(fmt: ToolFormat, tools: Sequence[Mapping[str, Any]]) -> Grammar:
