@@ -21,12 +21,9 @@ def key(i: int) -> SessionKey:
 
 
 def scan(table: GapTable, model: str, since_s: float) -> collections.Counter[int]:
-    out: collections.Counter[int] = collections.Counter()
-    for _, gap in table.newest_first(model):
-        if gap.since_s < since_s:
-            break
-        out[gap.calls_done] += 1
-    return out
+    """Every open gap of ``model`` that started at or after ``since_s``, by calls done."""
+    gaps = (gap for _, gap in table.of_model(model) if gap.since_s >= since_s)
+    return collections.Counter(gap.calls_done for gap in gaps)
 
 
 def test_recent_gaps_by_hand() -> None:
