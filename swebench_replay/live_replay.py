@@ -46,6 +46,7 @@ from talaria.cost.hardware import HardwareProfile
 from talaria.engine.catalog import DEFAULT_MODELS
 from talaria.engine.loader import LoadedModel
 from talaria.engine.runner import flatten_weights
+from talaria.engine.threads import in_own_thread
 from talaria.errors import ConfigError, TalariaError
 from talaria.executor import Executor, Layout, Work
 from talaria.generation import SamplingParams, StopChecker
@@ -204,7 +205,8 @@ def _run(
     on_result: Callable[[str, SimResult], None] | None,
 ) -> dict[str, Any]:
     say(f"loading {', '.join(options.models)} ({options.dtype})")
-    bare, host = _load(options)
+    # torch runs on threads that exit, the steps on a worker (talaria.engine.threads)
+    bare, host = in_own_thread(lambda: _load(options))
     calibration = None
     hardware: dict[str, HardwareProfile] = {}
     if options.on_cpu:  # models only: before any policy runs
@@ -214,7 +216,7 @@ def _run(
     scripts = to_scripts(replay, tool_table, options.gap_scale, options.hints)
     tool_s = {s.session_id: sum(c.tool_seconds for c in s.calls) for s in scripts}
     say("warming up every model once")
-    _warm_up(bare, host, options)
+    in_own_thread(lambda: _warm_up(bare, host, options))
     policies: dict[str, dict[str, Any]] = {}
     fidelity: dict[str, dict[str, float]] = {}
     step_costs: dict[str, dict[str, dict[str, float]]] = {}
@@ -222,15 +224,7 @@ def _run(
     references: dict[str, dict[str, Any]] = {}
     for policy in policies_run:
         say(f"replaying under {policy.name} in real time")
-        cluster = cluster_from_loaded(
-            options.instance_specs(),
-            bare,
-            policy,
-            options.dtype,
-            options.device,
-            host_weights=host,
-            hardware=hardware,
-        )
+        cluster = _cluster(options, bare, host, policy, hardware)
         result, steps = anyio.run(
             _play, cluster, scripts, policy.name, _ticker(on_progress, policy.name)
         )
@@ -334,6 +328,27 @@ def _calibration(
         plan=options.calibration_plan,
         directory=options.cache_dir,
         on_status=say,
+    )
+
+
+def _cluster(
+    options: EmbeddedOptions,
+    bare: Mapping[str, LoadedModel],
+    host: Mapping[str, torch.Tensor],
+    policy: PolicyConfig,
+    hardware: Mapping[str, HardwareProfile],
+) -> PlayedCluster:
+    """A fresh cluster for one policy, built on a thread that exits."""
+    return in_own_thread(
+        lambda: cluster_from_loaded(
+            options.instance_specs(),
+            bare,
+            policy,
+            options.dtype,
+            options.device,
+            host_weights=host,
+            hardware=hardware,
+        )
     )
 
 

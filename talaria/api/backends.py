@@ -15,13 +15,18 @@ from talaria.backends.embedded import build_embedded_cluster
 from talaria.backends.served import ServedCluster
 from talaria.backends.vllm.cluster import build_vllm_cluster
 from talaria.calibration.plan import cached_profiles
+from talaria.engine.threads import in_own_thread
 
 Builder = Callable[[TalariaConfig], ServedCluster[Any]]
 
 
 def _embedded(cfg: TalariaConfig) -> ServedCluster[Any]:
-    return build_embedded_cluster(
-        cfg.instance_specs(), cfg.models, cfg.policy_config(), cfg.torch_dtype, cfg.device
+    """Loaded on a thread that exits, so that its torch work leaves no OpenMP team beside
+    the steps' (:mod:`talaria.engine.threads`)."""
+    return in_own_thread(
+        lambda: build_embedded_cluster(
+            cfg.instance_specs(), cfg.models, cfg.policy_config(), cfg.torch_dtype, cfg.device
+        )
     )
 
 

@@ -40,6 +40,7 @@ from talaria.calibration.engine import measure_engine
 from talaria.calibration.machine import CpuWatch, measure_rates
 from talaria.calibration.plan import CalibrationPlan, calibration_key
 from talaria.engine.loader import LoadedModel
+from talaria.engine.threads import in_own_thread
 
 MEASURED_BY: Final = "talaria.calibration.calibrate"
 
@@ -82,7 +83,7 @@ def calibrate(
         "cached for later runs"
     )
     started, watch = time.perf_counter(), CpuWatch()
-    doc = measure_rates(plan.rates, MEASURED_BY)
+    doc = in_own_thread(lambda: measure_rates(plan.rates, MEASURED_BY))
 
     def source() -> Iterator[tuple[str, LoadedModel, torch.Tensor | None]]:
         for name, model in models.items():

@@ -54,6 +54,7 @@ from talaria.engine.kernels import MAX_SMALL_M, optional_decode_kernel
 from talaria.engine.loader import LoadedModel
 from talaria.engine.runner import EngineRunner
 from talaria.engine.staging import BackgroundCopy
+from talaria.engine.threads import in_own_thread
 from talaria.errors import ConfigError
 from talaria.policy.baselines import POLICIES
 from talaria.runtime.local import LocalInstance
@@ -73,8 +74,8 @@ def _instance(bench: EngineBench) -> InstanceSpec:
 class _Probe:
     """One model on a fresh single-model instance, random prompts for it, and steps run the
     way the live runtime runs them (``LiveCluster``: plan and commit on the event loop's
-    thread, execute on a worker thread; a step executed on a worker thread takes
-    measurably longer than one run on the calling thread, and serving pays that)."""
+    thread, execute on a worker thread, the only thread whose OpenMP team is alive:
+    :mod:`talaria.engine.threads`)."""
 
     def __init__(
         self, local: LocalInstance[EngineRunner], runner: EngineRunner, name: str, vocab: int
@@ -262,8 +263,10 @@ def measure_model(
     and beside a second engine (``co_run_s_alone``, ``co_run_s_beside``;
     :mod:`talaria.calibration.grid`). ``model`` may carry no tensors when ``host_weights``
     (its flat host weights, as an ``EngineRunner`` keeps them) is given: they are shared,
-    not copied. Runs its own event loop (``anyio.run``): call it from synchronous code."""
-    core, runner = _probe_instance(name, model, bench, dtype, host_weights)
+    not copied. Runs its own event loop (``anyio.run``): call it from synchronous code, on
+    a thread that runs no torch itself (the engine is built on a thread that exits, the
+    steps run on a worker: :mod:`talaria.engine.threads`)."""
+    core, runner = in_own_thread(lambda: _probe_instance(name, model, bench, dtype, host_weights))
     spec = core.models[name]
     probe = _Probe(LocalInstance(core, runner), runner, name, min(30000, model.arch.vocab_size))
     b = bench

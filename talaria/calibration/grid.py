@@ -31,6 +31,7 @@ from talaria.engine.batch import BatchInput, SeqInput
 from talaria.engine.kernels import optional_decode_kernel
 from talaria.engine.kv_pool import KVPool
 from talaria.engine.model import LlamaModel
+from talaria.engine.threads import in_own_thread
 from talaria.engine.weight_layout import bind_weights
 from talaria.errors import ConfigError
 
@@ -190,28 +191,16 @@ def _interleaved_medians(steps: Sequence[Callable[[], object]], reps: int) -> li
 
 
 def on_worker_thread(fn: Callable[[], T]) -> T:
-    """``fn()`` in inference mode on a thread of its own running torch's current thread
-    count, as the live runtime executes a step (``anyio.to_thread``): on a CPU a forward off
-    the main thread runs slower than on it (with more OpenMP threads than cores the idle
-    ones stop spinning, so each parallel region wakes its team), and serving pays that."""
-    threads = torch.get_num_threads()
-    out: list[T] = []
-    failed: list[BaseException] = []
+    """``fn()`` in inference mode on a thread of its own that exits when done
+    (:func:`~talaria.engine.threads.in_own_thread`): the grid builds its engine and times
+    its steps there, the only thread whose OpenMP team is alive, as the live runtime's
+    steps run."""
 
-    def run() -> None:
-        torch.set_num_threads(threads)
-        try:
-            with torch.inference_mode():
-                out.append(fn())
-        except BaseException as exc:  # re-raised on the caller's thread
-            failed.append(exc)
+    def run() -> T:
+        with torch.inference_mode():
+            return fn()
 
-    worker = threading.Thread(target=run, name="talaria-step-grid")
-    worker.start()
-    worker.join()
-    if failed:
-        raise failed[0]
-    return out[0]
+    return in_own_thread(run, "talaria-step-grid")
 
 
 def measure_grid(
@@ -223,13 +212,17 @@ def measure_grid(
 ) -> list[StepPoint]:
     """Every shape of ``grid`` on ``name`` (``arch`` with its flat weights ``flat``, as
     :func:`~talaria.engine.runner.flatten_weights` lays them out), in ``dtype``,
-    on a worker thread with torch's current thread count (:func:`on_worker_thread`).
-    Allocates the model's weights once more and a KV pool for the largest shape, both freed
-    as it returns."""
-    fwd = _Forward(arch, flat, dtype, grid.kv_blocks)
+    on a worker thread with torch's current thread count (:func:`on_worker_thread`, which
+    also builds it). Allocates the model's weights once more and a KV pool for the largest
+    shape, both freed as it returns."""
     shapes = grid.shapes()
-    steps = [fwd.decode(b, c) if n == 0 else fwd.prefill(n, p, k) for b, c, n, p, k in shapes]
-    seconds = on_worker_thread(lambda: _interleaved_medians(steps, grid.reps))
+
+    def timed() -> list[float]:
+        fwd = _Forward(arch, flat, dtype, grid.kv_blocks)
+        steps = [fwd.decode(b, c) if n == 0 else fwd.prefill(n, p, k) for b, c, n, p, k in shapes]
+        return _interleaved_medians(steps, grid.reps)
+
+    seconds = on_worker_thread(timed)
     return [
         StepPoint(name, b, c, n, p, s, prefilling=max(k, 1))
         for (b, c, n, p, k), s in zip(shapes, seconds, strict=True)
@@ -251,22 +244,24 @@ def measure_co_run(
     b, c = batch[len(batch) // 2], context[len(context) // 2]
     n = grid.chunks[len(grid.chunks) // 2]
     blocks = max(b * _blocks(c + 1), _blocks(n))
-    mine, other = (_Forward(arch, flat, dtype, blocks) for _ in range(2))
-    steps = [mine.decode(b, c), mine.prefill(n, 0)]
-    noise = other.decode(b, c)
     threads = torch.get_num_threads()
     stop = threading.Event()
+    steps: list[Callable[[], object]] = []
+    noise: list[Callable[[], object]] = []
 
     def busy() -> None:
         torch.set_num_threads(threads)
         with torch.inference_mode():
             while not stop.is_set():
-                noise()
+                noise[0]()
 
-    alone: list[list[float]] = [[] for _ in steps]
-    beside: list[list[float]] = [[] for _ in steps]
+    alone: list[list[float]] = [[], []]
+    beside: list[list[float]] = [[], []]
 
     def rounds() -> None:
+        mine, other = (_Forward(arch, flat, dtype, blocks) for _ in range(2))
+        steps.extend([mine.decode(b, c), mine.prefill(n, 0)])
+        noise.append(other.decode(b, c))
         for step in steps:
             step()  # warm-up
         for _ in range(grid.reps):

@@ -13,7 +13,9 @@ the cluster core, instance cores, session table and call records happens on the 
 thread (``submit``, ``event``, ``cancel`` and the driver tasks' plan and commit); the worker
 thread runs the executor's ``execute`` only, which reads the work's records and touches the
 device, never the core. Aborts of a call (client gone, failure) are applied by its
-instance's driver between steps. No lock is needed beyond that rule.
+instance's driver between steps. No lock is needed beyond that rule. The loop's thread runs
+no torch: what builds an engine runs on a thread that exits (:mod:`talaria.engine.threads`),
+so the worker's OpenMP team is the only one alive while steps run.
 
 A call's tokens reach its caller through an unbounded memory stream of :class:`Delta`,
 then one :class:`Finished` or :class:`Failed`. Text is produced by the call's

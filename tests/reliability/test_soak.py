@@ -36,7 +36,7 @@ def check(rep: SoakReport) -> None:
 
 
 def test_a_short_soak_leaves_the_server_as_it_found_it() -> None:
-    rep = run(minutes=0.75, max_gap_s=4.0, session_idle_s=3.0, rate_per_s=4.0, sample_s=2.0)
+    rep = run(minutes=0.5, max_gap_s=4.0, session_idle_s=3.0, rate_per_s=4.0, sample_s=2.0)
     # 15 s is too short for a trend (one arena taken reads as MiB per minute): growth and
     # descriptors judge it
     assert not rep.trend_judged

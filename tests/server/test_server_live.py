@@ -165,7 +165,7 @@ def _run_session(client: httpx.Client, i: int, calls: int) -> list[tuple[Any, st
 
 
 def test_concurrent_sessions_match_one_at_a_time(http: httpx.Client, url: str) -> None:
-    sessions, calls = 20, 5
+    sessions, calls = 12, 5
     limits = httpx.Limits(max_connections=sessions)
     started = time.perf_counter()
     with (
