@@ -40,35 +40,39 @@ def predict(prices: StepPrices, spec: ModelSpec, p: StepPoint) -> float:
 
 
 def _design(
-    points: Sequence[StepPoint], specs: Mapping[str, ModelSpec], small_rows: int
-) -> tuple[np.ndarray, np.ndarray]:
+    points: Sequence[StepPoint], specs: Mapping[str, ModelSpec]
+) -> list[tuple[ModelSpec, StepShape, float]]:
     missing = {p.model for p in points} - set(specs)
     if missing:
         raise ConfigError(f"no ModelSpec for {sorted(missing)}")
-    rows = []
-    for p in points:
-        rows.append(step_counts(specs[p.model], point_shape(p), small_rows))
-    a = np.array(rows)
-    return a, np.array([p.seconds for p in points])
+    return [(specs[p.model], point_shape(p), p.seconds) for p in points]
 
 
 def fit_steps(
     points: Sequence[StepPoint], specs: Mapping[str, ModelSpec], small_rows: int
 ) -> StepPrices:
-    """Non-negative least squares of relative error over ``points``: every subset of the
-    prices is solved unconstrained and the best one whose prices are all >= 0 wins (exact,
-    and cheap for eight prices); the overhead is always in. ``small_rows``: the rows the
-    engine multiplies with its small-batch product (0 if it has none)."""
-    if len(points) < len(TERMS):
-        raise ConfigError(f"fit_steps needs at least {len(TERMS)} points, got {len(points)}")
-    if any(not p.seconds > 0 for p in points):
-        raise ConfigError("every grid point needs a positive time")
-    a, t = _design(points, specs, small_rows)
+    """:func:`fit_shapes` over grid points (``specs`` names each point's model)."""
+    return fit_shapes(_design(points, specs), small_rows)
+
+
+def fit_shapes(steps: Sequence[tuple[ModelSpec, StepShape, float]], small_rows: int) -> StepPrices:
+    """Non-negative least squares of relative error over measured steps (each a model, the
+    step's shape and its seconds): every subset of the prices is solved unconstrained and the
+    best one whose prices are all >= 0 wins (exact, and cheap for nine prices); the overhead
+    is always in. ``small_rows``: the rows the engine multiplies with its small-batch
+    product (0 if it has none)."""
+    if len(steps) < len(TERMS):
+        raise ConfigError(f"a step fit needs at least {len(TERMS)} steps, got {len(steps)}")
+    if any(not seconds > 0 for _, _, seconds in steps):
+        raise ConfigError("every measured step needs a positive time")
+    a = np.array([step_counts(spec, shape, small_rows) for spec, shape, _ in steps])
+    t = np.array([seconds for _, _, seconds in steps])
     aw, tw = a / t[:, None], np.ones_like(t)  # relative residuals
     scale = np.maximum(np.abs(aw).max(axis=0), 1e-300)  # every column to ~1
     best: tuple[float, np.ndarray] | None = None
-    for k in range(len(TERMS)):
-        for subset in itertools.combinations(range(1, len(TERMS)), k):
+    counted = [j for j in range(1, len(TERMS)) if np.any(aw[:, j])]  # a zero column stays 0
+    for k in range(len(counted) + 1):
+        for subset in itertools.combinations(counted, k):
             cols = [0, *subset]
             x, *_ = np.linalg.lstsq(aw[:, cols] / scale[cols], tw, rcond=None)
             if np.any(x < 0):
@@ -79,7 +83,7 @@ def fit_steps(
                 full[cols] = x / scale[cols]
                 best = (sse, full)
     if best is None:
-        raise ConfigError("no non-negative fit of the step grid")
+        raise ConfigError("no non-negative fit of the measured steps")
     return StepPrices(tuple(float(v) for v in best[1]), small_rows)
 
 
