@@ -43,6 +43,7 @@ if __package__ in (None, ""):  # run as a script: the repository root on the pat
 
 from benchmarks.gpu_engine import RandomWeights
 from benchmarks.gpu_replay import BIG, TINY
+from talaria.backends.embedded import load_catalog_model
 from talaria.calibration.linear import fit_shapes
 from talaria.config import ModelSpec
 from talaria.cost.step_shape import StepShape
@@ -51,6 +52,7 @@ from talaria.engine.batch import BatchInput, SeqInput
 from talaria.engine.kernels import optional_decode_kernel
 from talaria.engine.kv_pool import KVPool
 from talaria.engine.model import LlamaModel
+from talaria.engine.threads import in_own_thread
 from talaria.engine.weight_layout import bind_weights
 
 BLOCK = 16  # tokens per KV block, the runtime's default
@@ -133,15 +135,21 @@ def shape_of(step: Mapping[str, Any]) -> StepShape:
 
 
 class Bare:
-    """One model's forward alone: its own weight region and a zeroed KV pool on ``device``."""
+    """One model's forward alone: its weights in a region of their own and a zeroed KV pool
+    on ``device``."""
 
-    def __init__(self, arch: ModelArch, device: torch.device, blocks: int, seed: int) -> None:
+    def __init__(
+        self,
+        arch: ModelArch,
+        weights: Mapping[str, torch.Tensor],
+        device: torch.device,
+        blocks: int,
+    ) -> None:
         dtype = torch.bfloat16
         self.region = torch.empty(arch.weight_bytes(dtype), dtype=torch.uint8, device=device)
-        made = RandomWeights(arch, device, dtype, seed)
         views = bind_weights(arch, self.region, dtype)
         for name, view in views.items():
-            view.copy_(made[name])
+            view.copy_(weights[name])
         self.model = LlamaModel(arch, views, optional_decode_kernel(device))
         block_bytes = KVPool.block_bytes_for([arch], dtype, BLOCK)
         self.pool = KVPool(blocks, 0, block_bytes, device)
@@ -166,24 +174,46 @@ class Bare:
         return statistics.median(times)
 
 
+Weights = Callable[[str], tuple[ModelArch, Mapping[str, torch.Tensor]]]
+"""A model's architecture and weights by name."""
+
+
+def random_weights(configs: Mapping[str, Mapping[str, Any]], device: torch.device) -> Weights:
+    """The published configurations' random weights, made on ``device`` (the GPU replay's)."""
+
+    def of(name: str) -> tuple[ModelArch, Mapping[str, torch.Tensor]]:
+        arch = ModelArch.from_hf_config(dict(configs[name]))
+        return arch, RandomWeights(arch, device, torch.bfloat16, 1000 * list(configs).index(name))
+
+    return of
+
+
+def catalog_weights(name: str) -> tuple[ModelArch, Mapping[str, torch.Tensor]]:
+    """A catalog model's weights as the embedded replay loads them (the CPU replay's)."""
+    model = load_catalog_model(name, torch.bfloat16)
+    return model.arch, model.tensors
+
+
 def measure(
-    configs: Mapping[str, Mapping[str, Any]],
+    weights: Weights,
     steps: Sequence[Mapping[str, Any]],
     device: torch.device,
     reps: int,
+    specs: dict[str, ModelSpec],
     progress: Callable[[str], None],
 ) -> list[dict[str, Any]]:
     """Every sampled step timed alone, one model at a time (its region freed before the
-    next): the logged row with ``alone_s`` and ``kind`` added."""
+    next), on the calling thread: the logged row with ``alone_s`` and ``kind`` added.
+    Records each model's spec in ``specs``."""
     rows: list[dict[str, Any]] = []
-    for seed, (name, config) in enumerate(configs.items()):
+    for name in sorted({st["model"] for st in steps}):
         mine = [st for st in steps if st["model"] == name]
-        if not mine:
-            continue
-        arch = ModelArch.from_hf_config(dict(config))
+        arch, tensors = weights(name)
+        specs[name] = arch.to_spec(name)
         batches = [batch_of(st, arch.vocab_size) for st in mine]
         progress(f"{name}: {len(mine)} steps alone")
-        bare = Bare(arch, device, max(blocks for _, blocks in batches), 1000 * seed)
+        bare = Bare(arch, tensors, device, max(blocks for _, blocks in batches))
+        del tensors
         for st, (batch, _) in zip(mine, batches, strict=True):
             rows.append({**st, "kind": kind_of(st), "alone_s": bare.time(batch, reps)})
         del bare
@@ -255,15 +285,55 @@ def profile_steps(bare_of: Callable[[], Bare], batch: BatchInput, out: Path) -> 
 
 
 def _profile_slowest(
-    configs: Mapping[str, Mapping[str, Any]],
-    rows: Sequence[Mapping[str, Any]],
-    device: torch.device,
-    out: Path,
+    weights: Weights, rows: Sequence[Mapping[str, Any]], device: torch.device, out: Path
 ) -> None:
     worst = max(rows, key=lambda r: r["seconds"] / r["alone_s"])
-    arch = ModelArch.from_hf_config(dict(configs[worst["model"]]))
+    arch, tensors = weights(worst["model"])
     batch, blocks = batch_of(worst, arch.vocab_size)
-    profile_steps(lambda: Bare(arch, device, blocks, 7), batch, out)
+    profile_steps(lambda: Bare(arch, tensors, device, blocks), batch, out)
+
+
+def run(args: argparse.Namespace, weights: Weights, device: torch.device) -> dict[str, Any]:
+    """Every policy's sampled steps alone, their summaries and the two fits (written to
+    ``args.out`` before the profile runs)."""
+    log = json.loads(args.steps.read_text())
+    doc: dict[str, Any] = {
+        "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+        "torch_threads": torch.get_num_threads(),
+        "steps_file": str(args.steps),
+        "policies": {},
+    }
+    specs: dict[str, ModelSpec] = {}
+    for policy, steps in log.items():
+        picked = sample(steps, args.per_kind)
+        rows = measure(weights, picked, device, args.reps, specs, print_err)
+        doc["policies"][policy] = {"summary": summary(rows), "rows": rows}
+    every = [r for p in doc["policies"].values() for r in p["rows"]]
+    doc["fit_alone"] = fit(every, specs, "alone_s")
+    doc["fit_inside"] = fit(every, specs, "seconds")
+    args.out.write_text(json.dumps(doc, indent=1) + "\n")
+    _profile_slowest(weights, every, device, args.out.with_suffix(".profile.txt"))
+    return doc
+
+
+def print_err(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def report(doc: Mapping[str, Any]) -> None:
+    for policy, p in doc["policies"].items():
+        for key, s in p["summary"].items():
+            inside, priced = s["inside_over_alone_p50"], s["priced_over_inside_p50"]
+            print(
+                f"{policy:13s} {key:32s} n={s['steps']:3d} inside/alone {inside:.2f}  "
+                f"priced/inside {priced:.2f}"
+            )
+    for which in ("fit_alone", "fit_inside"):
+        f = doc[which]
+        print(
+            f"{which}: held-out |error| p50 {f['held_out_abs_error_p50']:.1%} "
+            f"p90 {f['held_out_abs_error_p90']:.1%}; prices {f['prices']}"
+        )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -273,46 +343,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     ap.add_argument("--steps", type=Path, required=True, help="a replay's steps.json")
     ap.add_argument("--out", type=Path, default=Path("runs/gpu-steps.json"), help="JSON out")
-    ap.add_argument("--tiny", action="store_true", help="the tiny models on the CPU")
+    mode = ap.add_mutually_exclusive_group()
+    mode.add_argument("--tiny", action="store_true", help="the tiny models on the CPU")
+    mode.add_argument(
+        "--catalog",
+        action="store_true",
+        help="the CPU embedded replay's catalog models (talaria replay --substrate embedded), "
+        "on the CPU, on a thread of its own as the replay's worker runs them",
+    )
     ap.add_argument("--per-kind", type=int, default=40, help="steps per model and kind")
     ap.add_argument("--reps", type=int, default=3, help="timed repetitions per step")
     args = ap.parse_args(argv)
     if args.per_kind < 1 or args.reps < 1:
         ap.error("--per-kind and --reps must be at least 1")
-    device = torch.device("cpu" if args.tiny else "cuda")
-    if device.type == "cuda" and not torch.cuda.is_available():
-        ap.error("no CUDA device: run with --tiny for the CPU version")
-    configs = TINY if args.tiny else BIG
-    log = json.loads(args.steps.read_text())
-    doc: dict[str, Any] = {
-        "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
-        "steps_file": str(args.steps),
-        "policies": {},
-    }
-    specs = {n: ModelArch.from_hf_config(dict(c)).to_spec(n) for n, c in configs.items()}
-    for policy, steps in log.items():
-        picked = sample(steps, args.per_kind)
-        rows = measure(configs, picked, device, args.reps, lambda m: print(m, file=sys.stderr))
-        doc["policies"][policy] = {"summary": summary(rows), "rows": rows}
-    every = [r for p in doc["policies"].values() for r in p["rows"]]
-    doc["fit_alone"] = fit(every, specs, "alone_s")
-    doc["fit_inside"] = fit(every, specs, "seconds")
+    cpu = args.tiny or args.catalog
+    device = torch.device("cpu" if cpu else "cuda")
+    if not cpu and not torch.cuda.is_available():
+        ap.error("no CUDA device: run with --tiny or --catalog on the CPU")
+    if args.catalog:
+        weights: Weights = catalog_weights
+    else:
+        weights = random_weights(TINY if args.tiny else BIG, device)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(doc, indent=1) + "\n")
-    _profile_slowest(configs, every, device, args.out.with_suffix(".profile.txt"))
-    for policy, p in doc["policies"].items():
-        for key, s in p["summary"].items():
-            inside, priced = s["inside_over_alone_p50"], s["priced_over_inside_p50"]
-            print(
-                f"{policy:8s} {key:28s} n={s['steps']:3d} inside/alone {inside:.2f}  "
-                f"priced/inside {priced:.2f}"
-            )
-    for which in ("fit_alone", "fit_inside"):
-        f = doc[which]
-        print(
-            f"{which}: held-out |error| p50 {f['held_out_abs_error_p50']:.1%} "
-            f"p90 {f['held_out_abs_error_p90']:.1%}; prices {f['prices']}"
-        )
+    report(in_own_thread(lambda: run(args, weights, device), "talaria-steps-alone"))
     return 0
 
 

@@ -77,7 +77,7 @@ def test_tiny_steps_alone_write_results(tmp_path: Path) -> None:
     steps += [_step("tiny-qwen", 16, 2, 80, 1, 16 * 17 / 2)]
     log = tmp_path / "steps.json"
     log.write_text(json.dumps({"talaria": steps}))
-    out = tmp_path / "alone.json"
+    out = tmp_path / "new" / "alone.json"
     done = run_benchmark(
         "gpu_steps.py", "--tiny", "--steps", str(log), "--out", str(out), "--reps", "1"
     )

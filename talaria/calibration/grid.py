@@ -92,9 +92,10 @@ class StepGrid:
     @property
     def kv_blocks(self) -> int:
         """KV blocks the largest shape holds at once (the pool is sized for it)."""
+        slack = 4 + self.reps  # prefills run at fresh lengths around their chunk
         decode = max(self.decode_batches) * _blocks(max(self.decode_contexts) + 1)
-        prefill = _blocks(max(self.prefixes) + max(self.chunks))
-        multi = max(self.multi, default=0) * _blocks(max(self.prefixes) + self.multi_chunk)
+        prefill = _blocks(max(self.prefixes) + max(self.chunks) + slack)
+        multi = max(self.multi, default=0) * _blocks(max(self.prefixes) + self.multi_chunk + slack)
         return max(decode, prefill, multi)
 
     def shapes(self) -> list[tuple[int, int, int, int, int]]:
@@ -174,6 +175,17 @@ class _Forward:
         )
         return lambda: self.model.forward(step, self.kv)
 
+    def fresh_prefill(self, chunk: int, prefix: int, seqs: int, calls: int) -> Callable[[], object]:
+        """The prefill of ``chunk`` tokens after ``prefix``, each of ``calls`` calls at a
+        token count the process has not run before (``chunk`` + 4, + 1, - 1, + 2, - 2, ...;
+        at least 1): serving rarely sees a prefill's length twice, and a new length costs
+        more than a repeated one (the matmul library builds and caches kernels per shape),
+        so a grid that repeated one length would price the warm case."""
+        offsets = [4] + [sign * k for k in range(1, calls) for sign in (1, -1)]
+        steps = [self.prefill(max(1, chunk + off), prefix, seqs) for off in offsets[:calls]]
+        calls_made = iter(steps)
+        return lambda: next(calls_made)()
+
 
 def _interleaved_medians(steps: Sequence[Callable[[], object]], reps: int) -> list[float]:
     """The median time of each step over ``reps`` rounds after a warm-up round, every
@@ -219,7 +231,11 @@ def measure_grid(
 
     def timed() -> list[float]:
         fwd = _Forward(arch, flat, dtype, grid.kv_blocks)
-        steps = [fwd.decode(b, c) if n == 0 else fwd.prefill(n, p, k) for b, c, n, p, k in shapes]
+        calls = grid.reps + 1  # the warm-up and the timed repetitions
+        steps = [
+            fwd.decode(b, c) if n == 0 else fwd.fresh_prefill(n, p, max(k, 1), calls)
+            for b, c, n, p, k in shapes
+        ]
         return _interleaved_medians(steps, grid.reps)
 
     seconds = on_worker_thread(timed)

@@ -7,7 +7,13 @@ import attrs
 import pytest
 import torch
 
-from talaria.calibration.grid import StepGrid, StepPoint, measure_co_run, measure_grid
+from talaria.calibration.grid import (
+    StepGrid,
+    StepPoint,
+    _Forward,
+    measure_co_run,
+    measure_grid,
+)
 from talaria.calibration.linear import cross_validate, fit_steps, point_shape, residuals
 from talaria.config import ModelSpec
 from talaria.cost.step_prices import TERMS, StepPrices
@@ -105,3 +111,26 @@ def test_a_step_beside_a_second_engine_is_timed_alone_and_beside_it() -> None:
     out = measure_co_run(model.arch, flat, torch.float32, grid)
     assert set(out) == {"co_run_s_alone", "co_run_s_beside"}
     assert out["co_run_s_alone"] > 0 and out["co_run_s_beside"] > 0
+
+
+def test_each_timed_prefill_runs_a_length_the_process_has_not_run() -> None:
+    model = load_dummy(llama_config(vocab_size=256).to_dict(), seed=1, dtype=torch.float32)
+    flat = flatten_weights("tiny", model.arch, model.tensors, torch.float32)
+    grid = StepGrid(decode_batches=(1,), decode_contexts=(16,), chunks=(4, 20), reps=3)
+    fwd = _Forward(model.arch, flat, torch.float32, grid.kv_blocks)
+    seen: list[tuple[tuple[int, int], ...]] = []
+    forward = fwd.model.forward
+    fwd.model.forward = lambda batch, kv: (  # type: ignore[method-assign]
+        seen.append(tuple((len(s.token_ids), s.start) for s in batch.seqs)),
+        forward(batch, kv),
+    )
+    step = fwd.fresh_prefill(20, 16, 4, calls=grid.reps + 1)
+    for _ in range(grid.reps + 1):
+        step()
+    # the warm-up at 20 + 4 tokens per sequence, then 21, 19, 22: never one length twice
+    assert seen == [((n, 16),) * 4 for n in (24, 21, 19, 22)]
+    seen.clear()
+    one = fwd.fresh_prefill(1, 0, 1, calls=3)
+    for _ in range(3):
+        one()
+    assert seen == [((5, 0),), ((2, 0),), ((1, 0),)]  # 1 - 1 tokens floors at 1
