@@ -44,6 +44,7 @@ if __package__ in (None, ""):  # run as a script: the repository root on the pat
 from benchmarks.gpu_engine import RandomWeights
 from benchmarks.gpu_replay import BIG, TINY
 from talaria.backends.embedded import load_catalog_model
+from talaria.calibration.engine import small_rows
 from talaria.calibration.linear import fit_shapes
 from talaria.config import ModelSpec
 from talaria.cost.step_shape import StepShape
@@ -248,21 +249,27 @@ def summary(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
 
 def fit(
-    rows: Sequence[Mapping[str, Any]], specs: Mapping[str, ModelSpec], column: str
+    rows: Sequence[Mapping[str, Any]], specs: Mapping[str, ModelSpec], column: str, small: int
 ) -> dict[str, Any]:
-    """The step prices fitted to ``column``'s seconds of every row, their errors on their
-    own rows and under 5-fold held-out fits (row ``i`` predicted by a fit without its fold)."""
+    """The step prices fitted to ``column``'s seconds of every row (``small``: the rows the
+    engine multiplies with its native small-batch product), their errors on their own rows
+    and under 5-fold held-out fits (row ``i`` predicted by a fit without its fold), overall
+    and per model and kind."""
     data = [(specs[r["model"]], shape_of(r), r[column]) for r in rows]
-    prices = fit_shapes(data, 0)
+    prices = fit_shapes(data, small)
     own = [(prices.step_s(m, s) - t) / t for m, s, t in data]
     held: list[float] = [0.0] * len(data)
     for f in range(5):
-        fold = fit_shapes([d for i, d in enumerate(data) if i % 5 != f], 0)
+        fold = fit_shapes([d for i, d in enumerate(data) if i % 5 != f], small)
         for i, (m, s, t) in enumerate(data):
             if i % 5 == f:
                 held[i] = (fold.step_s(m, s) - t) / t
+    groups: dict[str, list[float]] = {}
+    for r, e in zip(rows, held, strict=True):
+        groups.setdefault(f"{r['model']}/{r['kind']}", []).append(e)
     return {
         "prices": prices.to_json(),
+        "held_out_error_p50_by_model_kind": {k: float(np.median(v)) for k, v in groups.items()},
         "own_abs_error_p50": float(np.median(np.abs(own))),
         "held_out_abs_error_p50": float(np.median(np.abs(held))),
         "held_out_abs_error_p90": float(np.quantile(np.abs(held), 0.9)),
@@ -309,8 +316,9 @@ def run(args: argparse.Namespace, weights: Weights, device: torch.device) -> dic
         rows = measure(weights, picked, device, args.reps, specs, print_err)
         doc["policies"][policy] = {"summary": summary(rows), "rows": rows}
     every = [r for p in doc["policies"].values() for r in p["rows"]]
-    doc["fit_alone"] = fit(every, specs, "alone_s")
-    doc["fit_inside"] = fit(every, specs, "seconds")
+    small = small_rows(torch.bfloat16) if device.type == "cpu" else 0
+    doc["fit_alone"] = fit(every, specs, "alone_s", small)
+    doc["fit_inside"] = fit(every, specs, "seconds", small)
     args.out.write_text(json.dumps(doc, indent=1) + "\n")
     _profile_slowest(weights, every, device, args.out.with_suffix(".profile.txt"))
     return doc

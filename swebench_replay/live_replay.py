@@ -219,6 +219,7 @@ def _run(
     in_own_thread(lambda: _warm_up(bare, host, options))
     policies: dict[str, dict[str, Any]] = {}
     fidelity: dict[str, dict[str, float]] = {}
+    schedules: dict[str, dict[str, Any]] = {}
     step_costs: dict[str, dict[str, dict[str, float]]] = {}
     step_log: dict[str, list[dict[str, Any]]] = {}
     references: dict[str, dict[str, Any]] = {}
@@ -236,7 +237,13 @@ def _run(
         step_log[policy.name] = [attrs.asdict(st) for st in steps]
         if options.simulate:
             measured = policies[policy.name]
-            fidelity[policy.name] = _predicted(cluster, policy, scripts, hardware, measured)
+            fidelity[policy.name], predicted = _predicted(
+                cluster, policy, scripts, hardware, measured
+            )
+            schedules[policy.name] = {
+                "measured": schedule_doc(result),
+                "predicted": schedule_doc(predicted),
+            }
             if not references:
                 references = _references(cluster, scripts)
         del cluster
@@ -245,6 +252,7 @@ def _run(
     return _document(
         replay, options, policies, policies_run, calibration,
         fidelity=fidelity, step_costs=step_costs, tuning=tuning_doc, step_log=step_log,
+        schedules=schedules,
     )  # fmt: skip
 
 
@@ -259,9 +267,11 @@ def _document(
     step_costs: dict[str, dict[str, dict[str, float]]],
     tuning: dict[str, Any],
     step_log: dict[str, list[dict[str, Any]]],
+    schedules: dict[str, dict[str, Any]],
 ) -> dict[str, Any]:
     """The embedded replay's ``results.json``: every policy's summary with its ratios and
-    knobs, the engine, the simulator's fidelity, the calibration, step costs and tuning."""
+    knobs, the engine, the simulator's fidelity (and each policy's measured and predicted
+    schedules), the calibration, step costs and tuning."""
     add_bound_ratios(policies)
     add_ratios(policies)
     doc = results_document(
@@ -279,6 +289,7 @@ def _document(
         "torch_threads_per_instance": torch.get_num_threads(),
     }
     doc["fidelity"] = fidelity
+    doc["schedules"] = schedules
     doc["engine"]["device"] = options.device
     doc["calibration"] = (
         calibration.describe()
@@ -521,17 +532,29 @@ def _predicted(
     scripts: Sequence[SessionScript],
     hardware: Mapping[str, HardwareProfile],
     measured: Mapping[str, Any],
-) -> dict[str, float]:
+) -> tuple[dict[str, float], SimResult]:
     """The simulator's fidelity on this measured run (:func:`_fidelity`), and where the
     profile prices steps with a step grid, the roofline's on the same run (``roofline_``
-    keys): the model the grid replaced, from the same calibration's rates."""
-    out = _fidelity(measured, policy_summary(_simulate(cluster, policy, scripts)))
+    keys): the model the grid replaced, from the same calibration's rates; and the
+    simulated run itself."""
+    predicted = _simulate(cluster, policy, scripts)
+    out = _fidelity(measured, policy_summary(predicted))
     roofline = _roofline(hardware)
     if roofline is not None:
         estimators = cluster_estimators(cluster.core.cluster, roofline)
         old = _fidelity(measured, policy_summary(_simulate(cluster, policy, scripts, estimators)))
         out |= {f"roofline_{k}": v for k, v in old.items() if not k.startswith("measured_")}
-    return out
+    return out, predicted
+
+
+def schedule_doc(result: SimResult) -> dict[str, Any]:
+    """What a run did, to set a measured run beside its prediction: each session's model,
+    start and end, and each model slot (instance, model, switch began, slot open, until),
+    seconds on the run's clock."""
+    return {
+        "sessions": {s.session_id: [s.model, s.start_s, s.end_s] for s in result.sessions},
+        "slots": [[r.instance, r.model, r.switch_s, r.open_s, r.until_s] for r in result.slots],
+    }
 
 
 def _roofline(hardware: Mapping[str, HardwareProfile]) -> dict[str, HardwareProfile] | None:

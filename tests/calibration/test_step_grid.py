@@ -14,7 +14,13 @@ from talaria.calibration.grid import (
     measure_co_run,
     measure_grid,
 )
-from talaria.calibration.linear import cross_validate, fit_steps, point_shape, residuals
+from talaria.calibration.linear import (
+    cross_validate,
+    fit_shapes,
+    fit_steps,
+    point_shape,
+    residuals,
+)
 from talaria.config import ModelSpec
 from talaria.cost.step_prices import TERMS, StepPrices
 from talaria.engine.loader import load_dummy
@@ -60,6 +66,19 @@ def test_a_term_the_data_does_not_need_is_priced_zero_not_negative() -> None:
     fitted = fit_steps(synthetic(free_kv), specs(), 2)
     assert all(v >= 0 for v in fitted.prices)
     assert fitted.price("decode_kv_s_per_B") == pytest.approx(0.0, abs=1e-15)
+
+
+def test_a_count_no_step_has_is_priced_zero() -> None:
+    # no small-batch product (small_rows 0): its weight count is 0 in every step, its price 0
+    steps = [
+        (spec, point_shape(p), TRUE.step_s(spec, point_shape(p)) * 1.1)
+        for spec in (DENSE, BIG)
+        for p in synthetic(TRUE)
+        if p.model == spec.name
+    ]
+    prices = fit_shapes(steps, 0)
+    assert prices.price("small_weight_s_per_B") == 0.0
+    assert all(v >= 0 for v in prices.prices)
 
 
 def test_residuals_report_a_known_error() -> None:

@@ -62,6 +62,16 @@ def test_two_instances_serve_the_replay_side_by_side(
         assert doc["policies"][name]["calls"] == workload.replay.n_calls
         assert {r.instance for r in runs[name].calls} <= {"cpu-0", "cpu-1"}
         assert "predicted_sct_p50_s" in doc["fidelity"][name]
+        # the measured schedule beside the predicted one: the same sessions, models, starts
+        measured, predicted = (doc["schedules"][name][k] for k in ("measured", "predicted"))
+        assert measured["sessions"].keys() == predicted["sessions"].keys()
+        assert len(measured["sessions"]) == 4
+        for sid, (model, start, end) in measured["sessions"].items():
+            assert predicted["sessions"][sid][0] == model and end > start
+        assert measured["slots"] == [
+            [r.instance, r.model, r.switch_s, r.open_s, r.until_s] for r in runs[name].slots
+        ]
+        assert {s[0] for s in predicted["slots"]} <= {"cpu-0", "cpu-1"} and predicted["slots"]
     # with one model per instance to be had, the routers use both instances
     assert {r.instance for r in runs["talaria"].calls} == {"cpu-0", "cpu-1"}
     # the schedule references beside the measured policies, simulated on the same cluster
