@@ -20,18 +20,8 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 OUT=${1:-${OUT:-runs/gpu-check}}
-mkdir -p "$OUT"
-summary="$OUT/summary.txt"
-: > "$summary"
-say() { echo "$*" | tee -a "$summary"; }
-
-say "gpu check $(date -u +%FT%TZ) on $(hostname)"
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | tee -a "$summary"
-if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
-    say "no CUDA device visible to $PY (torch.cuda.is_available() is false): nothing to check"
-    exit 1
-fi
-"$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" | tee -a "$summary"
+TITLE="gpu check"
+. benchmarks/gpu_common.sh
 
 # 1. the embedded engine on CUDA (the three files whose tests carry the gpu marker: the
 #    other engine tests need the GGUF model and its loader, which a bare GPU image lacks)

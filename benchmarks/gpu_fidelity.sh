@@ -16,18 +16,9 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 OUT=${1:-${OUT:-runs/gpu-fidelity}}
+TITLE="gpu fidelity check"
 mkdir -p "$OUT/replay"
-summary="$OUT/summary.txt"
-: > "$summary"
-say() { echo "$*" | tee -a "$summary"; }
-
-say "gpu fidelity check $(date -u +%FT%TZ) at $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | tee -a "$summary"
-if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
-    say "no CUDA device visible to $PY: nothing to check"
-    exit 1
-fi
-"$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" | tee -a "$summary"
+. benchmarks/gpu_common.sh
 
 start=$SECONDS
 timeout ${REPLAY_TIMEOUT:-330} "$PY" benchmarks/gpu_replay.py --out "$OUT/replay" ${GPU_REPLAY_ARGS:-} \
