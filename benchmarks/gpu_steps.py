@@ -30,7 +30,6 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -45,18 +44,15 @@ from benchmarks.gpu_engine import RandomWeights
 from benchmarks.gpu_replay import BIG, TINY
 from talaria.backends.embedded import load_catalog_model
 from talaria.calibration.engine import small_rows
+from talaria.calibration.grid import BLOCK_TOKENS, BareForward
 from talaria.calibration.linear import fit_shapes
 from talaria.config import ModelSpec
 from talaria.cost.step_shape import StepShape
 from talaria.engine.arch import ModelArch
 from talaria.engine.batch import BatchInput, SeqInput
-from talaria.engine.kernels import optional_decode_kernel
-from talaria.engine.kv_pool import KVPool
-from talaria.engine.model import LlamaModel
+from talaria.engine.runner import flatten_weights
 from talaria.engine.threads import in_own_thread
-from talaria.engine.weight_layout import bind_weights
 
-BLOCK = 16  # tokens per KV block, the runtime's default
 KINDS = ("decode", "prefill", "mixed")
 
 
@@ -110,7 +106,7 @@ def batch_of(step: Mapping[str, Any], vocab: int) -> tuple[BatchInput, int]:
 
     def add(n_new: int, start: int) -> None:
         nonlocal first
-        blocks = -(-(start + n_new) // BLOCK)
+        blocks = -(-(start + n_new) // BLOCK_TOKENS)
         ids = tuple(1 + (start + i) % (vocab - 1) for i in range(n_new))
         seqs.append(SeqInput(ids, start, tuple(range(first, first + blocks))))
         first += blocks
@@ -135,64 +131,27 @@ def shape_of(step: Mapping[str, Any]) -> StepShape:
     )
 
 
-class Bare:
-    """One model's forward alone: its weights in a region of their own and a zeroed KV pool
-    on ``device``."""
+Weights = Callable[[str], tuple[ModelArch, torch.Tensor]]
+"""A model's architecture and its weights flattened into host bytes (the runner's layout)."""
 
-    def __init__(
-        self,
-        arch: ModelArch,
-        weights: Mapping[str, torch.Tensor],
-        device: torch.device,
-        blocks: int,
-    ) -> None:
-        dtype = torch.bfloat16
-        self.region = torch.empty(arch.weight_bytes(dtype), dtype=torch.uint8, device=device)
-        views = bind_weights(arch, self.region, dtype)
-        for name, view in views.items():
-            view.copy_(weights[name])
-        self.model = LlamaModel(arch, views, optional_decode_kernel(device))
-        block_bytes = KVPool.block_bytes_for([arch], dtype, BLOCK)
-        self.pool = KVPool(blocks, 0, block_bytes, device)
-        self.kv = self.pool.paged(arch, dtype)
-        self.device, self.vocab = device, arch.vocab_size
-
-    def sync(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-
-    def time(self, batch: BatchInput, reps: int) -> float:
-        """The median seconds of ``reps`` forwards of ``batch`` after a warm-up."""
-        times = []
-        with torch.inference_mode():
-            for r in range(reps + 1):
-                self.sync()
-                t0 = time.perf_counter()
-                self.model.forward(batch, self.kv)
-                self.sync()
-                if r:
-                    times.append(time.perf_counter() - t0)
-        return statistics.median(times)
-
-
-Weights = Callable[[str], tuple[ModelArch, Mapping[str, torch.Tensor]]]
-"""A model's architecture and weights by name."""
+DTYPE = torch.bfloat16
 
 
 def random_weights(configs: Mapping[str, Mapping[str, Any]], device: torch.device) -> Weights:
     """The published configurations' random weights, made on ``device`` (the GPU replay's)."""
 
-    def of(name: str) -> tuple[ModelArch, Mapping[str, torch.Tensor]]:
+    def of(name: str) -> tuple[ModelArch, torch.Tensor]:
         arch = ModelArch.from_hf_config(dict(configs[name]))
-        return arch, RandomWeights(arch, device, torch.bfloat16, 1000 * list(configs).index(name))
+        made = RandomWeights(arch, device, DTYPE, 1000 * list(configs).index(name))
+        return arch, flatten_weights(name, arch, made, DTYPE)
 
     return of
 
 
-def catalog_weights(name: str) -> tuple[ModelArch, Mapping[str, torch.Tensor]]:
+def catalog_weights(name: str) -> tuple[ModelArch, torch.Tensor]:
     """A catalog model's weights as the embedded replay loads them (the CPU replay's)."""
-    model = load_catalog_model(name, torch.bfloat16)
-    return model.arch, model.tensors
+    model = load_catalog_model(name, DTYPE)
+    return model.arch, flatten_weights(name, model.arch, model.tensors, DTYPE)
 
 
 def measure(
@@ -209,12 +168,12 @@ def measure(
     rows: list[dict[str, Any]] = []
     for name in sorted({st["model"] for st in steps}):
         mine = [st for st in steps if st["model"] == name]
-        arch, tensors = weights(name)
+        arch, flat = weights(name)
         specs[name] = arch.to_spec(name)
         batches = [batch_of(st, arch.vocab_size) for st in mine]
         progress(f"{name}: {len(mine)} steps alone")
-        bare = Bare(arch, tensors, device, max(blocks for _, blocks in batches))
-        del tensors
+        bare = BareForward(arch, flat, DTYPE, max(blocks for _, blocks in batches), device)
+        del flat
         for st, (batch, _) in zip(mine, batches, strict=True):
             rows.append({**st, "kind": kind_of(st), "alone_s": bare.time(batch, reps)})
         del bare
@@ -276,7 +235,7 @@ def fit(
     }
 
 
-def profile_steps(bare_of: Callable[[], Bare], batch: BatchInput, out: Path) -> None:
+def profile_steps(bare_of: Callable[[], BareForward], batch: BatchInput, out: Path) -> None:
     """A PyTorch profiler table (self time, top 25 ops) of five forwards of ``batch``."""
     bare = bare_of()
     bare.time(batch, 1)  # warm-up
@@ -295,9 +254,9 @@ def _profile_slowest(
     weights: Weights, rows: Sequence[Mapping[str, Any]], device: torch.device, out: Path
 ) -> None:
     worst = max(rows, key=lambda r: r["seconds"] / r["alone_s"])
-    arch, tensors = weights(worst["model"])
+    arch, flat = weights(worst["model"])
     batch, blocks = batch_of(worst, arch.vocab_size)
-    profile_steps(lambda: Bare(arch, tensors, device, blocks), batch, out)
+    profile_steps(lambda: BareForward(arch, flat, DTYPE, blocks, device), batch, out)
 
 
 def run(args: argparse.Namespace, weights: Weights, device: torch.device) -> dict[str, Any]:

@@ -143,20 +143,47 @@ def _table(first: int, tokens: int) -> tuple[int, ...]:
     return tuple(range(first, first + _blocks(tokens)))
 
 
-class _Forward:
-    """One model's forward on its own weights region and a zeroed KV pool."""
+class BareForward:
+    """One model's forward alone, as the runner runs it: a weight region of its own (a copy of
+    ``flat`` on ``device``), the decode kernel where it builds, and a zeroed KV pool of
+    ``kv_blocks`` on ``device``. The grid and the step benchmarks time steps on it."""
 
     def __init__(
-        self, arch: ModelArch, flat: torch.Tensor, dtype: torch.dtype, kv_blocks: int
+        self,
+        arch: ModelArch,
+        flat: torch.Tensor,
+        dtype: torch.dtype,
+        kv_blocks: int,
+        device: torch.device | str = "cpu",
     ) -> None:
-        self.region = flat.clone()  # a region of its own, as the runner's device region
+        self.device = torch.device(device)
+        self.region = flat.to(self.device, copy=True)
         weights = bind_weights(arch, self.region, dtype)
-        self.model = LlamaModel(arch, weights, optional_decode_kernel("cpu"))
+        self.model = LlamaModel(arch, weights, optional_decode_kernel(self.device))
         block_bytes = KVPool.block_bytes_for([arch], dtype, BLOCK_TOKENS)
-        self.pool = KVPool(kv_blocks, 1, block_bytes)
+        self.pool = KVPool(kv_blocks, 1, block_bytes, self.device)
         self.pool.device_pool.zero_()
         self.kv = self.pool.paged(arch, dtype)
         self.vocab = arch.vocab_size
+
+    def sync(self) -> None:
+        """Wait for the device's queued work (nothing to wait for on CPU)."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def time(self, batch: BatchInput, reps: int) -> float:
+        """The median seconds of ``reps`` forwards of ``batch`` after a warm-up, the device
+        synchronised around each."""
+        times = []
+        with torch.inference_mode():
+            for r in range(reps + 1):
+                self.sync()
+                t0 = time.perf_counter()
+                self.model.forward(batch, self.kv)
+                self.sync()
+                if r:
+                    times.append(time.perf_counter() - t0)
+        return statistics.median(times)
 
     def decode(self, batch: int, context: int) -> Callable[[], object]:
         per = _blocks(context + 1)
@@ -230,7 +257,7 @@ def measure_grid(
     shapes = grid.shapes()
 
     def timed() -> list[float]:
-        fwd = _Forward(arch, flat, dtype, grid.kv_blocks)
+        fwd = BareForward(arch, flat, dtype, grid.kv_blocks)
         calls = grid.reps + 1  # the warm-up and the timed repetitions
         steps = [
             fwd.decode(b, c) if n == 0 else fwd.fresh_prefill(n, p, max(k, 1), calls)
@@ -275,7 +302,7 @@ def measure_co_run(
     beside: list[list[float]] = [[], []]
 
     def rounds() -> None:
-        mine, other = (_Forward(arch, flat, dtype, blocks) for _ in range(2))
+        mine, other = (BareForward(arch, flat, dtype, blocks) for _ in range(2))
         steps.extend([mine.decode(b, c), mine.prefill(n, 0)])
         noise.append(other.decode(b, c))
         for step in steps:

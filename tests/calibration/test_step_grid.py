@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from talaria.calibration.grid import (
+    BareForward,
     StepGrid,
     StepPoint,
-    _Forward,
     measure_co_run,
     measure_grid,
 )
@@ -136,7 +136,7 @@ def test_each_timed_prefill_runs_a_length_the_process_has_not_run() -> None:
     model = load_dummy(llama_config(vocab_size=256).to_dict(), seed=1, dtype=torch.float32)
     flat = flatten_weights("tiny", model.arch, model.tensors, torch.float32)
     grid = StepGrid(decode_batches=(1,), decode_contexts=(16,), chunks=(4, 20), reps=3)
-    fwd = _Forward(model.arch, flat, torch.float32, grid.kv_blocks)
+    fwd = BareForward(model.arch, flat, torch.float32, grid.kv_blocks)
     seen: list[tuple[tuple[int, int], ...]] = []
     forward = fwd.model.forward
     fwd.model.forward = lambda batch, kv: (  # type: ignore[method-assign]
