@@ -4,7 +4,7 @@ slot order decides on.
 ``InstanceEstimates`` reads the instance's tables (calls, tool gaps, slot state, weight
 arena, KV) and its estimator; it mutates none of them. Two values are memoized because the
 router asks for them on every call: a model's switch time, keyed by the arena's commit count,
-and the routing bound's two terms, keyed by the call table's, the arena's and the slot
+and the routing bound's terms, keyed by the call table's, the arena's and the slot
 state's. No one clears a memo by hand: a changed table changes the key, and
 ``problems()`` recomputes every memoized entry that is current.
 
@@ -33,6 +33,9 @@ from talaria.types import Call, Link, SessionKey
 
 FaultHandler = Callable[[SessionKey, Exception], None]
 _BoundKey = tuple[int, int, tuple[object, ...]]
+# Relative slack of a bound that adds the estimate's terms in its own order: far above the
+# rounding of a sum of a few non-negative floats (about 1e-15), far below any real difference.
+_BOUND_SLACK = 1e-12
 
 
 class InstanceEstimates:
@@ -75,7 +78,10 @@ class InstanceEstimates:
         self.calls_done = calls_done
         self.on_fault = on_fault
         self._switch_memo: tuple[int, dict[str, float]] = (-1, {})
-        self._bound_memo: tuple[_BoundKey | None, dict[str, tuple[float, float]]] = (None, {})
+        self._bound_memo: tuple[_BoundKey | None, dict[str, tuple[float, float, float]]] = (
+            None,
+            {},
+        )
 
     # ------------------------------------------------------------------ router views
     @property
@@ -87,6 +93,23 @@ class InstanceEstimates:
         """A lower bound of the router's estimate for any call of ``model`` here: the
         estimate of the optimistic view (``optimistic_view``), so it cannot exceed the exact
         one."""
+        terms = self._terms(model)
+        return terms[0] + expected_output * terms[1]
+
+    def prefill_bound_s(self, call: Call, expected_output: int) -> float:
+        """A tighter lower bound for ``call`` itself: ``bound_s`` plus the prefill of the
+        whole prompt when no block of its prefix has KV here (device or host), so that its
+        exact view's match is empty too; ``bound_s`` where some is cached. The sum is taken a
+        relative ``_BOUND_SLACK`` low, so that float rounding (the exact estimate adds the
+        same non-negative terms in another order) cannot put it above the exact estimate."""
+        terms = self._terms(call.model)
+        bound = terms[0] + expected_output * terms[1]
+        if self.kv.holds_prefix(call.model, call.tenant, call.prompt):
+            return bound
+        return (bound + call.prompt_tokens / terms[2]) * (1.0 - _BOUND_SLACK)
+
+    def _terms(self, model: str) -> tuple[float, float, float]:
+        """The bound's terms for ``model``, memoized on the tables they read."""
         key: _BoundKey = (self.calls.changes, self.arena.changes, self.rounds.state)
         memo_key, memo = self._bound_memo
         if memo_key != key:
@@ -95,12 +118,13 @@ class InstanceEstimates:
         terms = memo.get(model)
         if terms is None:
             terms = memo[model] = self._bound_terms(model)
-        return terms[0] + expected_output * terms[1]
+        return terms
 
-    def _bound_terms(self, model: str) -> tuple[float, float]:
-        """The bound is affine in the answer length: (its value at zero, its slope)."""
+    def _bound_terms(self, model: str) -> tuple[float, float, float]:
+        """The bound is affine in the answer length and, where nothing is cached, in the
+        prompt length: (its value at zero, its slope per answer token, the prefill rate)."""
         view = self.optimistic_view(model)
-        return estimate(view, 0, 0).total_s, view.decode_step_s
+        return estimate(view, 0, 0).total_s, view.decode_step_s, view.prefill_tok_s
 
     def optimistic_view(self, model: str) -> InstanceView:
         """The view of a call of ``model`` that no real call can beat here: nothing to

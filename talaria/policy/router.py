@@ -19,8 +19,12 @@ differently (``Routing``) but report the same breakdown.
 ``search`` is where a call's instance is chosen: with expected-completion routing it ranks
 the candidates by a lower bound of their estimate (each candidate's estimate of an optimistic
 view, so the bound cannot exceed the exact estimate) and computes exact estimates in that
-order until the next (bound, name) is not below the best (estimate, name): ties go by
-name, so a tie is viewed only when its name is earlier; ``route`` ranks the views.
+order until the next (bound, name) is not below the best (estimate, name): ties go by name,
+so a tie is viewed only when its name is earlier; ``route`` ranks the views. Before a
+candidate is viewed its bound is tightened once (``prefill_bound_s``: plus the whole prompt's
+prefill where none of its prefix is cached) and it goes back in line if that moved it: on the
+instances that never saw the session the tightened bound is as good as exact, so a call
+needs a few exact views however many instances serve its model.
 
 Pure: plain data in, plain data out (``search`` reads its candidates, never mutates them).
 """
@@ -162,6 +166,11 @@ class Candidate(Protocol):
         """At most the estimate of any call of ``model`` with that answer length here."""
         ...
 
+    def prefill_bound_s(self, call: Call, expected_output: int) -> float:
+        """At most the estimate of ``call`` with that answer length here, at least
+        ``bound_s`` (cheap, not free: it may look up the call's prefix)."""
+        ...
+
     def view(self, call: Call, now: float, served_last: bool) -> InstanceView: ...
 
 
@@ -195,12 +204,20 @@ def search(
         )
     # ``route`` takes the least (estimate, name); a candidate can beat the best so far only
     # if its (bound, name) is below the best's (estimate, name): pop in that order, stop there
-    bounds = [(c.bound_s(call.model, expected_output), c.name, i) for i, c in enumerate(candidates)]
+    bounds = [
+        (c.bound_s(call.model, expected_output), c.name, i, False) for i, c in enumerate(candidates)
+    ]
     heapq.heapify(bounds)
     exact: list[InstanceView] = []
     best: tuple[float, str] = (math.inf, "")
     while bounds and bounds[0][:2] < best:
-        cand = candidates[heapq.heappop(bounds)[2]]
+        bound, name, i, tightened = heapq.heappop(bounds)
+        cand = candidates[i]
+        if not tightened:
+            tight = cand.prefill_bound_s(call, expected_output)
+            if tight > bound:  # back in line at the tighter bound
+                heapq.heappush(bounds, (tight, name, i, True))
+                continue
         view = cand.view(call, now, cand.name == last_instance)
         exact.append(view)
         best = min(best, (estimate(view, known_tokens, expected_output).total_s, view.name))

@@ -146,6 +146,20 @@ def test_first_call_computes_everything_and_is_matchable_once_computed() -> None
     kv.check_integrity()
 
 
+def test_holds_prefix_is_the_match_being_empty_or_not_in_one_lookup() -> None:
+    kv = make(device=16, host=0)
+    run_call(kv, "a", 0, seq(8), extra=0, now=1.0, output=0)  # two full blocks, computed
+    assert kv.match("m", "t", seq(4)) == PrefixMatch(4, 0, 0, 4)  # its one block holds its last
+    assert not kv.holds_prefix("m", "t", seq(4))
+    assert kv.holds_prefix("m", "t", seq(5))  # the first block is before the last token's
+    assert not kv.holds_prefix("m", "bob", seq(5))  # another tenant's blocks never match
+    assert not kv.holds_prefix("m", "t", seq(5, 1))  # another first block
+    kv.allocate(("b", 0), "m", "t", seq(9, 100), 0, now=2.0)  # allocated, not yet computed
+    assert kv.match("m", "t", seq(9, 100)).gone_tokens == 9
+    assert not kv.holds_prefix("m", "t", seq(9, 100))
+    kv.check_integrity()
+
+
 def test_finish_registers_output_so_the_next_call_matches_all_but_the_partial_tail() -> None:
     kv = make(device=16, host=0)
     prompt0 = seq(10)
@@ -667,6 +681,8 @@ class KVMachine(RuleBasedStateMachine):
         prompt = self._prompt(s, tokens)
         key = (s, self.index[s])
         match = kv.match(model, tenant, prompt)
+        # the router's one-lookup test agrees with the match: some KV, or none at all
+        assert kv.holds_prefix(model, tenant, prompt) == (match.gone_tokens < len(prompt))
         own = kv.session_kv(s)
         if not kv.can_allocate(model, tenant, prompt, extra):
             before = snapshot(kv)

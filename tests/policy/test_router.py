@@ -298,6 +298,7 @@ class _Candidate:
 
     exact: InstanceView
     slack: float  # how far below the exact estimate the bound is
+    tight: float = 0.5  # how far from the bound to the estimate ``prefill_bound_s`` goes
     viewed: int = 0
 
     @property
@@ -306,6 +307,10 @@ class _Candidate:
 
     def bound_s(self, model: str, expected_output: int) -> float:
         return max(0.0, estimate(self.exact, 0, expected_output).total_s - self.slack)
+
+    def prefill_bound_s(self, call: Call, expected_output: int) -> float:
+        bound = self.bound_s(call.model, expected_output)
+        return bound + self.tight * (estimate(self.exact, 0, expected_output).total_s - bound)
 
     def view(self, call: Call, now: float, served_last: bool) -> InstanceView:
         self.viewed += 1
@@ -343,3 +348,22 @@ def test_the_pruned_search_decides_as_ranking_every_view(
     assert d.chosen.total_s == full.chosen.total_s
     if routing is not Routing.EXPECTED_COMPLETION:
         assert all(c.viewed == 1 for c in cands)  # the baselines rank every view
+
+
+def test_a_tightened_bound_spares_the_exact_views_of_instances_without_the_prefix() -> None:
+    """Twenty instances, every optimistic bound 0 (each could be idle with the model
+    active); only c07 holds the session's KV. The prefill bounds of the other nineteen are
+    their estimates, so c07 is the one exact view, where ranking by the optimistic bound
+    alone would view all twenty."""
+    cands = []
+    for i in range(20):
+        kv = 2_000 if i == 7 else 0
+        exact = view(f"c{i:02d}", device=kv)
+        cands.append(_Candidate(exact, slack=1e9, tight=0.0 if i == 7 else 1.0))
+    policy = PolicyConfig(name="p", routing=Routing.EXPECTED_COMPLETION)
+    call = Call("s", 1, "m", TokenSeq(range(2_001)), 10)
+    d = search(
+        cands, call, 0.0, policy, last_instance="c07", known_tokens=2_000, expected_output=10
+    )
+    assert d.instance == "c07"
+    assert [c.name for c in cands if c.viewed] == ["c07"]

@@ -50,8 +50,12 @@ class EvictionOrder:
             b = blocks[h]
             if b.on_device is on_device and not b.ref and not b.pin:
                 yield _ORPHAN, h, b
-        order = sorted(
-            (s for s in self._index.sessions.values() if not s.running and not s.pinned),
+        order = sorted(  # a device scan skips the sessions with no device block up front
+            (
+                s
+                for s in self._index.sessions.values()
+                if not s.running and not s.pinned and (s.n_device or not on_device)
+            ),
             key=self.value,
         )
         for st in order:

@@ -132,6 +132,15 @@ class KVManager:
         dev, host = self._prompt_runs(tpb, self.hashes(model, tenant, tokens), len(tokens))
         return PrefixMatch(len(tokens), dev * tpb, host * tpb, tpb)
 
+    def holds_prefix(self, model: str, tenant: str, tokens: TokenSeq) -> bool:
+        """Whether ``match`` would find any KV (device or host) for ``tokens``: False means
+        its match is empty, found with one lookup instead of a walk of the prefix. Pure."""
+        tpb = self.tpb(model)
+        if len(tokens) <= tpb:  # no full block before the one holding the last token
+            return False
+        blk = self._blocks.get(self.hashes(model, tenant, tokens)[0])
+        return blk is not None and blk.computed
+
     def _prompt_runs(self, tpb: int, hashes: tuple[int, ...], n_tokens: int) -> tuple[int, int]:
         """The cached runs (device blocks, then host blocks) a call of ``n_tokens`` prompt
         tokens may reuse: at most the full blocks before the one holding its last token. A
