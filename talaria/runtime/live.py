@@ -57,6 +57,7 @@ from talaria.executor import CallRecord, Executor, Work
 from talaria.generation import SamplingParams, StopChecker
 from talaria.memory.kv import CallKey
 from talaria.policy.gaps import check_hint_s, check_seconds
+from talaria.runtime.driver import Driver
 from talaria.runtime.gate import AdmissionGate
 from talaria.runtime.local import commit_executed
 from talaria.runtime.sessions import LiveSession, SessionSummary
@@ -73,20 +74,6 @@ MAX_CONSECUTIVE_FAILURES = 3  # an instance failing this many steps in a row is 
 RECOVER_AFTER_S = 5.0  # a downed instance is checked and brought back after this long ...
 RECOVER_MAX_S = 300.0  # ... doubling each time it goes down again, up to this
 DEFAULT_MAX_CALLS = 1024  # calls in flight (queued or running) the loop takes at most
-
-
-@attrs.define
-class _Driver:
-    runner: Executor
-    dropped: list[CallKey] = attrs.field(factory=list)  # ended calls the executor may forget
-    wake: anyio.Event = attrs.field(factory=anyio.Event)
-    aborts: list[tuple[CallKey, TalariaError]] = attrs.field(factory=list)
-    failures: int = 0
-    down: bool = False
-    backoff_s: float = 0.0  # wait before the next recovery attempt (set by the cluster)
-    downs: int = 0  # times taken out of service
-    lost: bool = False  # its process is gone (InstanceLost): it comes back with restart
-    limiter: anyio.CapacityLimiter = attrs.field(factory=lambda: anyio.CapacityLimiter(1))
 
 
 class LiveCluster:
@@ -131,7 +118,7 @@ class LiveCluster:
             max_calls, max_calls_per_tenant, tokens_per_minute_per_tenant, max_sessions_per_tenant
         )
         self.recover_after_s = recover_after_s
-        self.drivers = {name: _Driver(r, backoff_s=recover_after_s) for name, r in runners.items()}
+        self.drivers = {name: Driver(r, backoff_s=recover_after_s) for name, r in runners.items()}
         self.calls: dict[CallKey, LiveCall] = {}
         self.sessions: dict[SessionKey, LiveSession] = {}
         self.accepting = False
@@ -245,7 +232,7 @@ class LiveCluster:
         sess.calls += 1
         sess.in_flight += 1
         sess.last_s = now
-        self._wake(name)
+        self._kick(name)
         return lc, receive
 
     def _check_vocab(self, call: Call) -> None:
@@ -335,10 +322,18 @@ class LiveCluster:
     def _wake(self, name: str) -> None:
         self.drivers[name].wake.set()
 
-    async def _idle(self, d: _Driver, timeout: float) -> None:
-        with anyio.move_on_after(timeout):
-            await d.wake.wait()
-        d.wake = anyio.Event()
+    def _kick(self, name: str) -> None:
+        """A call was placed on ``name``: an idle instance plans its next schedule now, as
+        the simulator does, so calls routed after it in the same tick (a burst) see the
+        switch it starts. A plan that raises takes the instance down, as in the driver."""
+        d = self.drivers[name]
+        if d.idle and d.planned is None and not d.down and not d.aborts:
+            try:
+                d.planned = self.core.instances[name].schedule(self.clock.now())
+            except Exception as exc:
+                log.exception("instance %s stopped: planning a placed call failed", name)
+                self._take_down(name, exc)
+        d.wake.set()
 
     async def _drive(self, name: str) -> None:
         """One instance's driver. A bug that escapes a step (in planning or committing,
@@ -408,7 +403,7 @@ class LiveCluster:
         lc.call, lc.req, lc.instance = call, req, inst.spec.name
         lc.sent_tokens, lc.sent_logprobs = 0, 0
         self.calls_resumed += 1
-        self._wake(lc.instance)
+        self._kick(lc.instance)
         return True
 
     def _reroute(self, lc: LiveCall, cause: InstanceLost) -> None:
@@ -431,7 +426,7 @@ class LiveCluster:
             return
         lc.instance, lc.req = inst.spec.name, req
         self.calls_rerouted += 1
-        self._wake(lc.instance)
+        self._kick(lc.instance)
 
     def _take_down(self, name: str, exc: Exception) -> None:
         d = self.drivers[name]
@@ -451,15 +446,21 @@ class LiveCluster:
     async def _drive_loop(self, name: str) -> None:
         """Plan on the loop, execute on a thread, commit on the loop. With nothing to do the
         executor still gets the (empty) work between waits: the calls to drop, and a chance
-        to report what happened meanwhile (a stage landed, its process was lost)."""
+        to report what happened meanwhile (a stage landed, its process was lost). A plan
+        made at a placement (``_kick``) is in flight: aborts wait until it ran."""
         d = self.drivers[name]
         while True:
-            self._apply_aborts(d)
-            if d.down:
-                await self._recover(name, d)
-                continue
+            sched, d.planned = d.planned, None  # a plan from a placement runs first
+            if sched is not None and d.down:  # taken down before it ran
+                self._abandon(name, sched)
+                sched = None
+            if sched is None:
+                self._apply_aborts(d)
+                if d.down:
+                    await self._recover(name, d)
+                    continue
+                sched = self.core.instances[name].schedule(self.clock.now())
             inst = self.core.instances[name]
-            sched = inst.schedule(self.clock.now())
             work = self._work(name, sched)
             started, loop_cpu = self.clock.now(), time.thread_time()
             try:
@@ -477,7 +478,7 @@ class LiveCluster:
                 continue
             self._committed(name, sched, done)
             if sched.empty:
-                await self._idle(d, IDLE_WAIT_S if inst.idle else IDLE_POLL_S)
+                await d.wait(IDLE_WAIT_S if inst.idle else IDLE_POLL_S)
                 continue
             d.failures = 0
             self._timed(name, d, sched, started, elapsed, loop_cpu)
@@ -492,7 +493,7 @@ class LiveCluster:
         return Work(sched, Placement.of(inst, sched), calls, dropped)
 
     def _timed(
-        self, name: str, d: _Driver, sched: Schedule, started: float, elapsed: float, loop: float
+        self, name: str, d: Driver, sched: Schedule, started: float, elapsed: float, loop: float
     ) -> None:
         est = self.core.instances[name].estimator
         self.steps.append(StepTiming.of(name, sched, started, elapsed, est, loop))
@@ -582,14 +583,14 @@ class LiveCluster:
             deliver(lc, Failed(error))
             lc.send.close()
 
-    def _apply_aborts(self, d: _Driver) -> None:
+    def _apply_aborts(self, d: Driver) -> None:
         aborts, d.aborts = d.aborts, []
         for key, error in aborts:
             lc = self.calls.get(key)
             if lc is not None:
                 self._fail(lc.instance, key, error)
 
-    def _step_failed(self, name: str, d: _Driver, sched: Schedule, exc: Exception) -> None:
+    def _step_failed(self, name: str, d: Driver, sched: Schedule, exc: Exception) -> None:
         """Fail the calls of the step that raised; after ``MAX_CONSECUTIVE_FAILURES`` take the
         instance out of routing and fail everything it holds."""
         d.failures += 1
@@ -613,13 +614,13 @@ class LiveCluster:
         with contextlib.suppress(Exception):
             self.core.instances[name].release(sched, self.clock.now())
 
-    def _mark_down(self, name: str, d: _Driver) -> None:
+    def _mark_down(self, name: str, d: Driver) -> None:
         if not d.down:
             d.down = True
             d.downs += 1
             self.core.mark_down(name)
 
-    async def _recover(self, name: str, d: _Driver) -> None:
+    async def _recover(self, name: str, d: Driver) -> None:
         """A downed instance waits ``d.backoff_s`` (doubling up to ``RECOVER_MAX_S`` each
         time it goes down again), then comes back into routing if its memory managers'
         invariants hold and it holds no call; else it stays down and says why."""
@@ -642,7 +643,7 @@ class LiveCluster:
         self.core.mark_up(name)
         log.warning("instance %s is back in service", name)
 
-    async def _rejoin(self, name: str, d: _Driver) -> None:
+    async def _rejoin(self, name: str, d: Driver) -> None:
         """A lost instance asks its executor to restart every ``recover_after_s`` (its
         process came back, or its actor was placed on a node that joined); then it serves a
         fresh core, its memory empty, and is routed to again."""

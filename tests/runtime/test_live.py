@@ -21,7 +21,7 @@ from talaria.errors import (
 from talaria.generation import SamplingParams, StopChecker
 from talaria.runtime.live import LiveCluster
 from talaria.runtime.streams import Delta, Failed, Finished
-from talaria.types import EventKind, TokenSeq
+from talaria.types import Call, EventKind, TokenSeq
 from tests.helpers import sk, tiny_cluster
 
 pytestmark = pytest.mark.anyio
@@ -497,3 +497,39 @@ async def test_a_tenant_at_its_session_share_opens_no_new_session_until_one_ends
         live.check_integrity()
     with pytest.raises(BadRequest, match="max_sessions_per_tenant"):
         live_of(tiny_cluster(), max_sessions_per_tenant=0)
+
+
+async def test_a_call_placed_on_an_idle_instance_is_planned_before_the_next_is_routed() -> None:
+    """A burst (three first calls in one tick) on two idle instances: each placement on an
+    idle instance plans that instance's schedule at once, as the simulator plans after each
+    arrival, so the next call is routed against the switch it started; the placements are
+    the ones a core driven that way makes, and every call is answered."""
+    models = ("llama-tiny", "qwen-tiny", "llama-tiny")
+    ref = tiny_cluster(instances=2).core  # driven as the simulator drives it
+    expected = []
+    for i, model in enumerate(models):
+        call = Call(f"s{i}", 0, model, prompt_for(i), 4, None, "default", 0.0)
+        inst, _, _ = ref.place(call, 4, None, 0.0)
+        if inst.spec.name not in expected:  # busy once it has planned
+            inst.schedule(0.0)
+        expected.append(inst.spec.name)
+    params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    async with live_of(tiny_cluster(instances=2)) as live:
+        await anyio.sleep(0.1)  # both drivers wait for work
+        placed, streams = [], []
+        for i, model in enumerate(models):  # no await that yields in between: one tick
+            lc, receive = await live.submit(
+                sk(f"s{i}"), model, prompt_for(i), params, StopChecker(params)
+            )
+            driver = live.drivers[lc.instance]
+            if lc.instance not in placed:  # planned already: its switch is under way
+                assert driver.planned is not None and driver.planned.switch is not None
+                assert live.core.instances[lc.instance].arena.active_model == model
+            placed.append(lc.instance)
+            streams.append(receive)
+        for receive in streams:
+            async with receive:
+                events = [ev async for ev in receive]
+            assert isinstance(events[-1], Finished)
+        live.check_integrity()
+    assert placed == expected
