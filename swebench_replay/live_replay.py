@@ -416,6 +416,7 @@ async def _play(
     clock = WallClock()
     runners = {name: _SlotRecorder(name, r, slots, clock) for name, r in cluster.runners.items()}
     async with LiveCluster(cluster.core, runners, clock=clock, session_idle_s=3600) as live:
+        await live.until_idle()  # the simulated run starts with idle instances too
         t0 = live.clock.now()
 
         async def session(script: SessionScript) -> None:

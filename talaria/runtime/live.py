@@ -322,6 +322,14 @@ class LiveCluster:
     def _wake(self, name: str) -> None:
         self.drivers[name].wake.set()
 
+    async def until_idle(self, timeout_s: float = 30.0) -> None:
+        """Wait until every instance's driver waits for work: a replay starts its clock
+        there, as a simulated run starts with idle instances (a call placed on a driver
+        busy with its start-up plans at that driver's next step, not at once)."""
+        with anyio.fail_after(timeout_s):
+            while not all(d.idle for d in self.drivers.values()):
+                await anyio.sleep(0.001)
+
     def _kick(self, name: str) -> None:
         """A call was placed on ``name``: an idle instance plans its next schedule now, as
         the simulator does, so calls routed after it in the same tick (a burst) see the

@@ -515,7 +515,7 @@ async def test_a_call_placed_on_an_idle_instance_is_planned_before_the_next_is_r
         expected.append(inst.spec.name)
     params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
     async with live_of(tiny_cluster(instances=2)) as live:
-        await anyio.sleep(0.1)  # both drivers wait for work
+        await live.until_idle()  # both drivers wait for work
         placed, streams = [], []
         for i, model in enumerate(models):  # no await that yields in between: one tick
             lc, receive = await live.submit(
