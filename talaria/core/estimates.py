@@ -102,11 +102,10 @@ class InstanceEstimates:
         exact view's match is empty too; ``bound_s`` where some is cached. The sum is taken a
         relative ``_BOUND_SLACK`` low, so that float rounding (the exact estimate adds the
         same non-negative terms in another order) cannot put it above the exact estimate."""
-        terms = self._terms(call.model)
-        bound = terms[0] + expected_output * terms[1]
+        bound = self.bound_s(call.model, expected_output)
         if self.kv.holds_prefix(call.model, call.tenant, call.prompt):
             return bound
-        return (bound + call.prompt_tokens / terms[2]) * (1.0 - _BOUND_SLACK)
+        return (bound + call.prompt_tokens / self._terms(call.model)[2]) * (1.0 - _BOUND_SLACK)
 
     def _terms(self, model: str) -> tuple[float, float, float]:
         """The bound's terms for ``model``, memoized on the tables they read."""
