@@ -217,14 +217,24 @@ class InstanceEstimates:
 
     # ------------------------------------------------------------------ slot demand
     def demand(self, now: float, returns_for: Iterable[str] = ()) -> dict[str, SlotDemand]:
-        """Per-model work. Expected returns (a scan of the model's sessions in tool gaps) are
-        computed only for the models in ``returns_for``; the rest report None. A session
-        whose gap reasoning raises is handed to ``on_fault`` and left out."""
+        """Per-model work, for the models with any: calls waiting or running, sessions in a
+        tool gap, or the open slot. An idle model is left out: no slot decision reads it
+        (``RoundScheduler`` takes a missing model as ``SlotDemand()``, and an idle model's
+        demand differs from that only in its switch and reload times, which the decisions
+        read for models with waiting work or sessions in a gap alone). On a pool instance
+        serving dozens of models this skips most of them at every step. Expected returns (a
+        scan of the model's sessions in tool gaps) are computed only for the models in
+        ``returns_for``; the rest report None. A session whose gap reasoning raises is
+        handed to ``on_fault`` and left out."""
         want = set(returns_for)
         linger = self.policy.slot_linger_s
         gap_model = self.admission.gaps
+        current = self.rounds.current
+        calls, gaps = self.calls, self.gaps
         out = {}
-        for m, queue in self.calls.waiting.items():
+        for m, queue in calls.waiting.items():
+            if not queue and m != current and not gaps.count(m) and not calls.running_of(m):
+                continue
             soonest: float | None = None
             returning = 0
             faulty: list[tuple[SessionKey, Exception]] = []

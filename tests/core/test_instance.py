@@ -668,6 +668,25 @@ def test_the_open_slots_drain_is_one_calls_mean_service_time() -> None:
         assert inst.estimates.demand(d.now)["A"].drain_s == 0.0
 
 
+def test_slot_demand_names_only_the_models_with_work_and_the_open_slots() -> None:
+    """Models with nothing waiting, running or in a tool gap are left out of the slot
+    demand (a pool instance serves dozens of them), except the open slot's model."""
+    inst = core(TALARIA, models=("A", "B", "C", "D"), device_blocks=40)
+    d = Driver(inst)
+    assert inst.estimates.demand(d.now) == {}
+    d.submit("B1", 0, TokenSeq(tokens(6)), 3)
+    assert set(inst.estimates.demand(d.now)) == {"B"}
+    d.run()  # B1 answered: B's slot stays open, B1 is in its tool gap
+    assert inst.rounds.current == "B" and inst.tool_gaps.get(SessionKey(DEFAULT_TENANT, "B1"))
+    d.submit("C1", 0, TokenSeq(tokens(6)), 3)
+    demand = inst.estimates.demand(d.now)
+    assert set(demand) == {"B", "C"} and demand["B"].in_gap == 1 and demand["C"].waiting == 1
+    inst.end_session(SessionKey(DEFAULT_TENANT, "B1"))
+    assert set(inst.estimates.demand(d.now)) == {"B", "C"}  # B: the open slot's model
+    d.run()  # C's slot opens and answers C1
+    assert inst.rounds.current == "C" and set(inst.estimates.demand(d.now)) == {"C"}
+
+
 def test_remaining_work_is_priced_by_the_windowed_mean_and_the_drain_by_the_recent_one() -> None:
     """Two calls of A, a short one then a long one: the drain reads the exponentially
     weighted service time (the recent call counts a fifth), remaining work the plain mean

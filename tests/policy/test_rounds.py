@@ -312,3 +312,69 @@ def test_oldest_waiting_opens_the_model_of_the_oldest_call() -> None:
         "c": SlotDemand(waiting=1, oldest_wait_s=5.0),
     }
     assert r.next_model(demand) == "c"
+
+
+def _busy(demand: dict[str, SlotDemand], current: str | None) -> dict[str, SlotDemand]:
+    """``demand`` without its idle models (nothing waiting, running or in a gap), but the open
+    slot's: what ``InstanceEstimates.demand`` reports."""
+    return {m: d for m, d in demand.items() if m == current or d.waiting or d.running or d.in_gap}
+
+
+_priced = st.builds(
+    SlotDemand,
+    waiting=st.integers(0, 3),
+    oldest_wait_s=st.floats(0.0, 300.0),
+    running=st.integers(0, 3),
+    expected_back_s=st.one_of(st.none(), st.floats(0.0, 10.0)),
+    returning=st.integers(0, 3),
+    in_gap=st.integers(0, 3),
+    remaining_s=st.floats(0.0, 100.0),
+    switch_s=st.floats(0.0, 20.0),
+    reload_s=st.floats(0.0, 20.0),
+    drain_s=st.floats(0.0, 10.0),
+)
+
+
+@settings(max_examples=examples(300), deadline=None)
+@given(
+    demands=st.lists(st.dictionaries(st.sampled_from("abcde"), _priced), min_size=1, max_size=12),
+    order=st.sampled_from(list(SlotOrder)),
+    sp=st.booleans(),
+    dts=st.lists(st.floats(0.0, 60.0), min_size=12, max_size=12),
+)
+def test_leaving_out_idle_models_changes_no_slot_decision(
+    demands: list[dict[str, SlotDemand]], order: SlotOrder, sp: bool, dts: list[float]
+) -> None:
+    policy = PolicyConfig(
+        name="p",
+        slot_order=order,
+        session_prefill=sp,
+        slot_max_s=30.0,
+        slot_linger_s=2.0,
+        slot_starvation_s=100.0,
+    )
+    models = ("a", "b", "c", "d", "e")
+    full, busy = RoundScheduler(models, policy), RoundScheduler(models, policy)
+    now = 0.0
+    for demand, dt in zip(demands, dts, strict=False):
+        now += dt
+        pruned = _busy(demand, full.current)
+        assert full.next_model(demand) == busy.next_model(pruned)
+        assert full.predict_next(demand) == busy.predict_next(pruned)
+        if full.current is None:
+            nxt = full.next_model(demand)
+            if nxt is not None:
+                full.open(nxt, now)
+                busy.open(nxt, now)
+            continue
+        assert full.close_if_due(now, demand) == busy.close_if_due(now, pruned)
+        assert full.state == busy.state and full.slot == busy.slot
+        if full.slot is not None and full.slot.closing:
+            nxt = full.next_model(demand)
+            for r in (full, busy):
+                r.end_slot()
+                if nxt is not None:
+                    r.open(nxt, now)
+        else:
+            full.end_opening_pass()
+            busy.end_opening_pass()
