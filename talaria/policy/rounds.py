@@ -63,6 +63,9 @@ class SlotDemand:
     drain_s: float = 0.0  # expected seconds until its running calls finish (open slot only)
 
 
+IDLE = SlotDemand()  # a model with no work: what a model missing from a demand map means
+
+
 class RoundScheduler:
     """Slot state of one instance. Not thread-safe: the instance core owns it."""
 
@@ -70,6 +73,9 @@ class RoundScheduler:
         if not models:
             raise ConfigError("a round scheduler needs at least one model")
         self.models = tuple(models)
+        self._position: dict[str, int] = {}
+        for i, m in enumerate(self.models):
+            self._position.setdefault(m, i)
         self.policy = policy
         self.slot: Slot | None = None
         self._last_index = -1
@@ -91,8 +97,8 @@ class RoundScheduler:
 
     def _index(self, model: str) -> int:
         try:
-            return self.models.index(model)
-        except ValueError:
+            return self._position[model]
+        except KeyError:
             raise UnknownModel(f"model {model!r} is not served by this instance") from None
 
     def open(self, model: str, now: float) -> Slot:
@@ -135,7 +141,7 @@ class RoundScheduler:
             return slot.closing
         if order is not SlotOrder.ROUND_ROBIN and order is not SlotOrder.OLDEST_WAITING:
             raise ConfigError(f"unknown slot order {order!r}")
-        mine = demand.get(slot.model, SlotDemand())
+        mine = demand.get(slot.model, IDLE)
         if not slot.admitting and mine.running == 0 and mine.waiting:
             # the slot stopped admitting and drained: end the round even if no other model
             # waits, so the next one reopens this model for the calls that arrived meanwhile
@@ -173,7 +179,7 @@ class RoundScheduler:
         slot = self.slot
         if slot is None:
             return True
-        mine = demand.get(slot.model, SlotDemand())
+        mine = demand.get(slot.model, IDLE)
         others = {m: d for m, d in demand.items() if m != slot.model and d.waiting}
         if not others:
             # nobody else needs the device: keep the model (no switch cost); without SP,
@@ -209,16 +215,19 @@ class RoundScheduler:
         ]
         return max(late, key=lambda m: demand[m].oldest_wait_s) if late else None
 
-    def _ring(self) -> list[str]:
-        """Every model, round-robin order after the current one's index."""
-        n = len(self.models)
-        return [self.models[(self._last_index + k) % n] for k in range(1, n + 1)]
+    def _in_ring_order(self, models: Iterable[str]) -> list[str]:
+        """Those of ``models`` this scheduler serves, in round-robin order after the current
+        one's index (a demand map names only the models with work: sorting them is cheaper
+        than walking every model)."""
+        position, n, last = self._position, len(self.models), self._last_index
+        return sorted(
+            (m for m in models if m in position), key=lambda m: (position[m] - last - 1) % n
+        )
 
     def next_model(self, demand: Mapping[str, SlotDemand]) -> str | None:
         """The model whose slot opens next, among those with waiting work (see
         ``SlotOrder``); None when no model has waiting work. Ties go round-robin."""
-        ring = self._ring()
-        waiting = [m for m in ring if demand.get(m, SlotDemand()).waiting]
+        waiting = self._in_ring_order(m for m, d in demand.items() if d.waiting)
         if not waiting:
             return None
         order = self.policy.slot_order
@@ -245,7 +254,7 @@ class RoundScheduler:
         pick = self.next_model(others)
         if pick is not None:
             return pick
-        gapped = [m for m in self._ring() if m != current and demand.get(m, SlotDemand()).in_gap]
+        gapped = self._in_ring_order(m for m, d in demand.items() if m != current and d.in_gap)
         if not gapped:
             return None
         if self.policy.slot_order is SlotOrder.SHORTEST_REMAINING:

@@ -378,3 +378,29 @@ def test_leaving_out_idle_models_changes_no_slot_decision(
         else:
             full.end_opening_pass()
             busy.end_opening_pass()
+
+
+@settings(max_examples=examples(200), deadline=None)
+@given(
+    opened=st.one_of(st.none(), st.integers(0, 7)),
+    waiting=st.sets(st.integers(0, 7)),
+    gapped=st.sets(st.integers(0, 7)),
+)
+def test_round_robin_picks_the_first_model_with_work_after_the_open_one(
+    opened: int | None, waiting: set[int], gapped: set[int]
+) -> None:
+    models = tuple("abcdefgh")
+    r = RoundScheduler(models, SP)
+    start = -1
+    if opened is not None:
+        r.open(models[opened], 0.0)
+        start = opened
+    ring = [models[(start + k) % 8] for k in range(1, 9)]  # every model once, after the open
+    demand = {models[i]: SlotDemand(waiting=1) for i in waiting}
+    for i in gapped - waiting:
+        demand[models[i]] = SlotDemand(in_gap=1)
+    want = [m for m in ring if m in demand and demand[m].waiting]
+    assert r.next_model(demand) == (want[0] if want else None)
+    others = [m for m in want if m != r.current]
+    back = [m for m in ring if m != r.current and m in demand and demand[m].in_gap]
+    assert r.predict_next(demand) == (others[0] if others else back[0] if back else None)
