@@ -39,6 +39,7 @@ class CallTable:
         self._waiting_tenants: dict[str, collections.Counter[str]] = {
             m: collections.Counter() for m in names
         }
+        self._held: collections.Counter[str] = collections.Counter()  # waiting + running
         self._load_tokens = 0
         self._changes = 0
 
@@ -71,6 +72,11 @@ class CallTable:
         for queue in self.waiting.values():
             yield from queue
 
+    def held_models(self) -> Iterable[str]:
+        """The models with a call waiting or running (a view: do not mutate the table while
+        iterating it)."""
+        return self._held.keys()
+
     def any_waiting(self, but: str | None = None) -> bool:
         """Whether a model other than ``but`` has a waiting call."""
         return any(q for m, q in self.waiting.items() if m != but)
@@ -82,6 +88,7 @@ class CallTable:
         self._queued_tokens[req.call.model] += req.prompt_len
         self._waiting_tenants[req.call.model][req.call.tenant] += 1
         self._load_tokens += req.prompt_len + req.target_output
+        self._held[req.call.model] += 1
         self._changes += 1
 
     def pop_waiting(self, model: str) -> Request:
@@ -104,6 +111,7 @@ class CallTable:
         del self.running[req.key]
         self._running_of[req.call.model] -= 1
         self._load_tokens -= req.prompt_len + req.target_output
+        self._unhold(req.call.model)
         self.finished.append(req)
         self._changes += 1
 
@@ -121,8 +129,15 @@ class CallTable:
             self._queued_tokens[req.call.model] -= req.prompt_len
             self._untenant(req.call.model, req.call.tenant)
         self._load_tokens -= req.prompt_len + req.target_output
+        self._unhold(req.call.model)
         self._changes += 1
         return req, was_running
+
+    def _unhold(self, model: str) -> None:
+        held = self._held
+        held[model] -= 1
+        if not held[model]:
+            del held[model]
 
     def _untenant(self, model: str, tenant: str) -> None:
         tenants = self._waiting_tenants[model]
@@ -171,6 +186,9 @@ class CallTable:
                     f"{m}: waiting tenants {dict(self._waiting_tenants[m])} counted, "
                     f"{dict(tenants)} queued"
                 )
+        held = collections.Counter(r.call.model for r in self.held())
+        if self._held != held:
+            out.append(f"calls held per model {dict(self._held)} counted, {dict(held)} held")
         load = sum(r.prompt_len + r.target_output for r in self.held())
         if self._load_tokens != load:
             out.append(f"load {self._load_tokens} tokens counted, {load} held")

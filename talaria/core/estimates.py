@@ -77,6 +77,7 @@ class InstanceEstimates:
         self.call_work = call_work  # windowed mean of the same: priced remaining work
         self.calls_done = calls_done
         self.on_fault = on_fault
+        self._position = {m: i for i, m in enumerate(calls.waiting)}
         self._switch_memo: tuple[int, dict[str, float]] = (-1, {})
         self._bound_memo: tuple[_BoundKey | None, dict[str, tuple[float, float, float]]] = (
             None,
@@ -219,7 +220,7 @@ class InstanceEstimates:
     def demand(self, now: float, returns_for: Iterable[str] = ()) -> dict[str, SlotDemand]:
         """Per-model work, for the models with any: calls waiting or running, sessions in a
         tool gap, or the open slot. An idle model is left out: no slot decision reads it
-        (``RoundScheduler`` takes a missing model as ``SlotDemand()``, and an idle model's
+        (``RoundScheduler`` takes a missing model as ``rounds.IDLE``, and an idle model's
         demand differs from that only in its switch and reload times, which the decisions
         read for models with waiting work or sessions in a gap alone). On a pool instance
         serving dozens of models this skips most of them at every step. Expected returns (a
@@ -230,11 +231,13 @@ class InstanceEstimates:
         linger = self.policy.slot_linger_s
         gap_model = self.admission.gaps
         current = self.rounds.current
-        calls, gaps = self.calls, self.gaps
+        busy = set(self.calls.held_models())
+        busy.update(self.gaps.models())
+        if current is not None:
+            busy.add(current)
         out = {}
-        for m, queue in calls.waiting.items():
-            if not queue and m != current and not gaps.count(m) and not calls.running_of(m):
-                continue
+        for m in sorted(busy, key=self._position.__getitem__):  # in the instance's model order
+            queue = self.calls.waiting[m]
             soonest: float | None = None
             returning = 0
             faulty: list[tuple[SessionKey, Exception]] = []

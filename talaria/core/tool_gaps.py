@@ -74,6 +74,7 @@ class GapTable:
         self._by_session: dict[SessionKey, ToolGap] = {}
         self._by_model: dict[str, dict[SessionKey, ToolGap]] = {m: {} for m in models}
         self._recent: dict[str, _Window] = {m: _Window() for m in self._by_model}
+        self._gapped: collections.Counter[str] = collections.Counter()  # gaps per model
 
     def get(self, session: SessionKey) -> ToolGap | None:
         return self._by_session.get(session)
@@ -87,6 +88,11 @@ class GapTable:
     def count(self, model: str) -> int:
         """Sessions of ``model`` in a gap."""
         return len(self._by_model[model])
+
+    def models(self) -> Iterable[str]:
+        """The models with a session in a gap (a view: do not mutate the table while
+        iterating it)."""
+        return self._gapped.keys()
 
     def of_model(self, model: str) -> Iterator[tuple[SessionKey, ToolGap]]:
         """``model``'s gaps, oldest first."""
@@ -117,6 +123,7 @@ class GapTable:
         self.end(session)
         self._by_session[session] = gap
         self._by_model[gap.model][session] = gap
+        self._gapped[gap.model] += 1
         self._recent[gap.model].add(gap)
 
     def end(self, session: SessionKey) -> None:
@@ -124,12 +131,18 @@ class GapTable:
         gap = self._by_session.pop(session, None)
         if gap is not None:
             del self._by_model[gap.model][session]
+            self._gapped[gap.model] -= 1
+            if not self._gapped[gap.model]:
+                del self._gapped[gap.model]
             self._recent[gap.model].drop(gap)
 
     def problems(self) -> list[str]:
         """A line for each model whose index disagrees with the per-session table, or whose
         recent-gap counts disagree with the gaps recounted."""
         out = []
+        gapped = collections.Counter(g.model for g in self._by_session.values())
+        if gapped != self._gapped:
+            out.append(f"gaps per model {dict(self._gapped)} counted, {dict(gapped)} held")
         for m, gaps in self._by_model.items():
             mine = {s for s, g in self._by_session.items() if g.model == m}
             if mine != set(gaps):
