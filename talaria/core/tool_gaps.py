@@ -75,6 +75,7 @@ class GapTable:
         self._by_model: dict[str, dict[SessionKey, ToolGap]] = {m: {} for m in models}
         self._recent: dict[str, _Window] = {m: _Window() for m in self._by_model}
         self._gapped: collections.Counter[str] = collections.Counter()  # gaps per model
+        self.changes = 0  # gaps started and ended so far: equal counts, equal tables
 
     def get(self, session: SessionKey) -> ToolGap | None:
         return self._by_session.get(session)
@@ -125,6 +126,7 @@ class GapTable:
         self._by_model[gap.model][session] = gap
         self._gapped[gap.model] += 1
         self._recent[gap.model].add(gap)
+        self.changes += 1
 
     def end(self, session: SessionKey) -> None:
         """The session's gap, if any, is over."""
@@ -135,6 +137,7 @@ class GapTable:
             if not self._gapped[gap.model]:
                 del self._gapped[gap.model]
             self._recent[gap.model].drop(gap)
+            self.changes += 1
 
     def problems(self) -> list[str]:
         """A line for each model whose index disagrees with the per-session table, or whose

@@ -205,6 +205,11 @@ class Admission:
         """The session came back (or ended): drop its reservation. Caller unpins."""
         return self._held.pop(session, None)
 
+    def next_deadline_s(self) -> float:
+        """The earliest time ``expire`` may end a reservation (inf with none held); a
+        superseded deadline may make it early, never late."""
+        return self._deadlines[0][0] if self._deadlines else math.inf
+
     def due(self, now: float) -> bool:
         """Whether ``expire(now)`` has a deadline to look at (cheap: the heap's top)."""
         return bool(self._deadlines) and self._deadlines[0][0] <= now

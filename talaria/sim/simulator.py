@@ -6,9 +6,18 @@ Calls go through the real ``ClusterCore`` (router, admission, rounds, KV and wei
 managers); the only simulated part is time: the ``Estimator`` (the roofline cost model)
 prices each engine step, block move and weight copy.
 
-Decode-only stretches are fast-forwarded: when a step has no prefill and nothing could join
-the batch, up to ``StepPlan.repeat`` identical steps run as one event, cut short at the next
-event on the heap so that arrivals are seen within one step of when they would be.
+Decode-only stretches are fast-forwarded: when a step has no prefill, nothing could join
+the batch and no other model's call waits on the instance, up to ``StepPlan.repeat``
+identical steps run as one event. An event that changes the instance's tables (a call placed
+there, a tool gap started or ended, KV blocks freed or made evictable, weights moved) cuts
+the stretch at the end of the step in progress, so the instance decides again within one
+step of the change, as it would stepping one step per event; events elsewhere in the pool do
+not cut it. A stretch also ends with the step in progress when a reservation may expire, and
+after ``STRETCH_S`` (1 s) in any case. Every other step (beside a weight stage, behind KV
+moves, or while another model waits: the slot order then decides at every step) is one event.
+With a run of steps priced as the sum of its steps, the result is the same as stepping one
+step per event (tests/sim/test_simulator.py checks it on a small pool); the simulator prices
+a stretch at its mean context, which differs from that sum in the last bits.
 
 A weight stage copies alongside steps. Where the instance's estimator measures the
 contention (``Estimator.stage_contention``), it is priced: a step beside the stage takes
@@ -24,7 +33,6 @@ from __future__ import annotations
 
 import enum
 import heapq
-import math
 from collections.abc import Callable, Mapping, Sequence
 
 import attrs
@@ -43,6 +51,9 @@ from talaria.types import EventKind, Link, SessionScript
 
 # the simulator makes no tokens (it counts them) and lands a stage with its own event
 NOTHING_SAMPLED = Executed(stage_pending=True)
+# a decode stretch decides again after at most this long even if nothing cut it (time alone
+# moves reservation expiries, the starvation bound and the recent-gap horizon)
+STRETCH_S = 1.0
 IDLE_POLL_S = 0.05  # re-check an idle instance whose decision may change with time
 MAX_EVENTS = 50_000_000
 
@@ -185,9 +196,23 @@ class _StageCopy:
 
 
 @attrs.define
+class _Stretch:
+    """A decode-only stretch that a change on its instance may cut: it started at
+    ``start_s`` and holds the instance ``serial_s`` (co-run factor ``co_run`` included)."""
+
+    start_s: float
+    co_run: float
+    serial_s: float
+    devices: int
+    signature: tuple[int, ...]  # the instance's tables as the stretch started
+
+
+@attrs.define
 class _Busy:
     sched: Schedule | None = None  # None: KV moves only, nothing to report
     repeat: int = 1
+    version: int = 0  # its READY event's; an earlier READY of the instance is stale
+    stretch: _Stretch | None = None
 
 
 class Simulator:
@@ -239,6 +264,8 @@ class _Run:
         self.stages: dict[str, _StageCopy] = {}
         self.stage_versions = 0
         self.device_busy_s = 0.0  # device-seconds instances were held (serial time x devices)
+        self.stretched: dict[str, None] = {}  # instances in a cuttable stretch, in start order
+        self.versions = 0
 
     def push(self, t: float, kind: _Ev, name: str = "", idx: int = 0) -> None:
         self.seq += 1
@@ -265,6 +292,8 @@ class _Run:
             if events > MAX_EVENTS:
                 raise SimulationError(f"more than {MAX_EVENTS} events: a scheduling livelock")
             self._dispatch(_Ev(kind), name, idx, on_call_done)
+            if self.stretched and (kind == _Ev.ARRIVE or kind == _Ev.READY):
+                self._cut_changed()
         return self._result(scripts, policy)
 
     def _dispatch(
@@ -273,7 +302,9 @@ class _Run:
         if kind is _Ev.ARRIVE:
             self._arrive(idx)
         elif kind is _Ev.READY:
-            self._ready(name, on_call_done)
+            busy = self.busy[name]
+            if busy is not None and busy.version == idx:
+                self._ready(name, on_call_done)
         elif kind is _Ev.STAGE_DONE:
             stage = self.stages.get(name)
             if stage is None or stage.version != idx:
@@ -326,7 +357,8 @@ class _Run:
         est = inst.estimator
         sched = inst.schedule(self.now)
         step = sched.step
-        repeat = self._repeat(inst, step) if step is not None else 1
+        stretch = step is not None and self._may_stretch(name, inst, sched, step)
+        repeat = self._repeat(inst, step, stretch) if step is not None else 1
         cost = price(est, sched, repeat)
         moves = list(sched.kv_moves)
         if step is not None:
@@ -337,22 +369,102 @@ class _Run:
         serial = cost.serial_s
         if sched.switch is None and (step is not None or cost.kv_s > 0):
             serial = self._beside_stage(name, inst, cost.kv_s, cost.step_s, moves)
-        serial *= self._co_run(name, inst)
+        co_run = self._co_run(name, inst)
+        serial *= co_run
         if sched.switch is not None or step is not None or cost.kv_s > 0:
             self.device_busy_s += serial * inst.spec.n_devices
         if sched.switch is not None:
             self.slot_log.switch(name, sched.switch.model, self.now)
-            self.busy[name] = _Busy(sched)
-            self.push(self.now + serial, _Ev.READY, name)
+            self._hold(name, _Busy(sched), serial)
         elif step is not None:
-            self.busy[name] = _Busy(sched, repeat)
-            self.push(self.now + serial, _Ev.READY, name)
+            busy = _Busy(sched, repeat)
+            if stretch:
+                signature = self._signature(inst)
+                busy.stretch = _Stretch(self.now, co_run, serial, inst.spec.n_devices, signature)
+                self.stretched[name] = None
+            self._hold(name, busy, serial)
         elif cost.kv_s > 0:
-            self.busy[name] = _Busy()
-            self.push(self.now + serial, _Ev.READY, name)
+            self._hold(name, _Busy(), serial)
         elif self._has_work(inst) and name not in self.polling and not sched.waiting_for_stage:
             self.polling.add(name)
             self.push(self.now + IDLE_POLL_S, _Ev.WAKE, name)
+
+    def _hold(self, name: str, busy: _Busy, serial_s: float) -> None:
+        """The instance is busy with ``busy`` for ``serial_s`` seconds from now."""
+        self.versions += 1
+        busy.version = self.versions
+        self.busy[name] = busy
+        self.push(self.now + serial_s, _Ev.READY, name, busy.version)
+
+    # ------------------------------------------------------------------ stretches
+    def _may_stretch(self, name: str, inst: InstanceCore, sched: Schedule, step: StepPlan) -> bool:
+        """Whether the step may run its whole ``repeat`` unless a change on the instance
+        cuts it: no switch, stage or KV move beside it (those are priced per event), and no
+        other model's call waiting (the slot order then decides again at every step: its
+        close sticks once made, and the starvation bound and the staging guess move with
+        time and with what the pool learns)."""
+        return (
+            step.repeat > 1
+            and sched.switch is None
+            and sched.stage is None
+            and not sched.kv_moves
+            and not step.kv_moves
+            and name not in self.stages
+            and inst.arena.staging_in_progress is None
+            and not inst.calls.any_waiting(but=step.model)
+        )
+
+    @staticmethod
+    def _signature(inst: InstanceCore) -> tuple[int, ...]:
+        """What the instance's next decisions read that an event elsewhere can change:
+        its calls, tool gaps, weights and free or evictable KV."""
+        kv = inst.kv
+        return (
+            inst.calls.changes,
+            inst.tool_gaps.changes,
+            inst.arena.changes,
+            kv.device_free,
+            kv.device_evictable,
+        )
+
+    def _cut_changed(self) -> None:
+        """Cut every stretch whose instance changed since it started (see the module
+        docstring)."""
+        for name in list(self.stretched):
+            busy = self.busy[name]
+            if busy is None or busy.stretch is None:
+                del self.stretched[name]
+            elif self._signature(self.core.instances[name]) != busy.stretch.signature:
+                del self.stretched[name]
+                self._cut(name, busy, busy.stretch)
+
+    def _cut(self, name: str, busy: _Busy, stretch: _Stretch) -> None:
+        """End the stretch with the step in progress now: the fewest steps whose end is not
+        before now; its READY moves there."""
+        if busy.sched is None or busy.repeat <= 1:
+            return
+        est = self.core.instances[name].estimator
+        sched = busy.sched
+
+        def end_s(k: int) -> float:
+            return stretch.start_s + price(est, sched, k).serial_s * stretch.co_run
+
+        lo, hi = 1, busy.repeat
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if end_s(mid) >= self.now:
+                hi = mid
+            else:
+                lo = mid + 1
+        if lo == busy.repeat:
+            return
+        serial = end_s(lo) - stretch.start_s
+        self.device_busy_s -= (stretch.serial_s - serial) * stretch.devices
+        busy.repeat = lo
+        busy.stretch = None
+        self.versions += 1
+        busy.version = self.versions
+        self.push(stretch.start_s + serial, _Ev.READY, name, busy.version)
 
     # ------------------------------------------------------------------ stages
     def _start_stage(self, name: str, model: str, copy_s: float) -> None:
@@ -420,14 +532,25 @@ class _Run:
     def _has_work(inst: InstanceCore) -> bool:
         return not inst.idle
 
-    def _repeat(self, inst: InstanceCore, step: StepPlan) -> int:
-        if step.repeat <= 1:
+    def _repeat(self, inst: InstanceCore, step: StepPlan, stretch: bool) -> int:
+        """Steps to run as one event: a stretch's (a change cuts it), else one."""
+        if step.repeat <= 1 or not stretch:
             return 1
-        one = step_s(inst.estimator, step, 1)
-        if not self.heap or one <= 0:
-            return step.repeat
-        until = self.heap[0][0] - self.now
-        return max(1, min(step.repeat, math.ceil(until / one)))
+        deadline = inst.admission.next_deadline_s()  # a reservation may expire
+        return self._steps_within(inst, step, min(STRETCH_S, deadline - self.now))
+
+    @staticmethod
+    def _steps_within(inst: InstanceCore, step: StepPlan, seconds: float) -> int:
+        """The fewest of ``step.repeat`` steps that reach ``seconds`` (all if they do not):
+        the instance decides again with the step in progress then."""
+        lo, hi = 1, step.repeat
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if step_s(inst.estimator, step, mid) >= seconds:
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
 
     def _ready(self, name: str, on_call_done: Callable[[int], None] | None) -> None:
         busy = self.busy[name]

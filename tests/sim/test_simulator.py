@@ -17,12 +17,18 @@ import pytest
 
 from talaria.config import ClusterConfig, InstanceSpec, ModelSpec, PolicyConfig
 from talaria.core.cluster import ClusterCore
-from talaria.cost import cluster_estimators
+from talaria.cost import cluster_estimators, pricing
 from talaria.cost.estimator import Estimator
+from talaria.cost.pricing import Price
 from talaria.policy.baselines import POLICIES
+from talaria.schedule import Schedule
+from talaria.session.gaps import GapPredictor
 from talaria.sim import simulator
 from talaria.sim.catalog import paper_cluster
+from talaria.sim.pool_catalog import pool_catalog
 from talaria.sim.simulator import SimResult, Simulator, _Run
+from talaria.swebench_replay.load_sweep import LoadSetting, open_load
+from talaria.swebench_replay.split import Part
 from talaria.types import ScriptedCall, SessionScript, TokenSeq
 from tests.helpers import RoundNumberEstimator as FakeEstimator
 from tests.helpers import tiny_spec
@@ -315,3 +321,101 @@ def test_a_lone_session_runs_as_fast_and_concurrent_ones_slower() -> None:
     assert end(CoRunEstimator, lone) == end(FakeEstimator, lone)
     pair = [*lone, script("s1", "B", 0.0, 3, first=64, growth=16, out=8, tool_s=0.3)]
     assert end(CoRunEstimator, pair) > end(FakeEstimator, pair)
+
+
+def stretchy_workload() -> list[SessionScript]:
+    """Eight sessions of long answers on two models, arriving while others decode: decode
+    stretches that arrivals, gap starts and ends on the same instance must cut. Start and
+    tool times are off the estimator's round numbers: a wait that reaches a threshold (the
+    reclaim wait) exactly in one run and a rounding error short of it in the other would
+    make the runs differ by float rounding alone."""
+    return [
+        script(
+            f"d{k}", "AB"[k % 2], 0.3711 * k, 4, first=32, growth=8, out=60, tool_s=0.2 + 0.0537 * k
+        )
+        for k in range(8)
+    ]
+
+
+@pytest.mark.parametrize("name", ["talaria", "round", "least-loaded", "talaria-no-sp"])
+def test_decode_stretches_decide_as_stepping_one_step_at_a_time(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fast-forwarding decode-only steps (cut by changes on their own instance, and after
+    ``STRETCH_S``) answers every call when stepping one step per event would, in far fewer
+    events."""
+    cluster, policy = two_instances(), POLICIES[name]
+    estimators = {n: FakeEstimator() for n in ("tiny-0", "tiny-1")}
+    events: list[int] = []
+    ready = _Run._ready
+
+    def counting(self: _Run, *args: object) -> None:
+        events.append(1)
+        ready(self, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(_Run, "_ready", counting)
+    fast, _ = simulate(cluster, policy, estimators, stretchy_workload())
+    fast_events = len(events)
+    events.clear()
+    monkeypatch.setattr(_Run, "_may_stretch", lambda self, *a: False)
+    monkeypatch.setattr(_Run, "_repeat", lambda self, inst, step, stretch: 1)
+    exact, _ = simulate(cluster, policy, estimators, stretchy_workload())
+    assert len(fast.calls) == len(exact.calls) == 32
+    key = lambda r: (r.session_id, r.index)  # noqa: E731
+    for a, b in zip(sorted(fast.calls, key=key), sorted(exact.calls, key=key), strict=True):
+        assert (a.instance, a.admitted_s) == (b.instance, pytest.approx(b.admitted_s, abs=1e-9))
+        assert a.finish_s == pytest.approx(b.finish_s, abs=1e-9)
+    assert fast_events < len(events)  # fewer where a weight stage keeps steps one by one
+
+
+def additive_price(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Price a run of decode steps as the sum of its steps (the simulator prices it at the
+    run's mean context, which differs in the last bits): one long event then costs exactly
+    what its steps cost one by one."""
+    plain = simulator.price
+
+    def summed(est: Estimator, sched: Schedule, repeat: int = 1) -> Price:
+        step = sched.step
+        if repeat == 1 or step is None:
+            return plain(est, sched, repeat)
+        grow = len(step.decode)
+        steps = (
+            attrs.evolve(step, decode_context_tokens=step.decode_context_tokens + grow * i)
+            for i in range(repeat)
+        )
+        total = sum(pricing.step_s(est, one, 1) for one in steps)
+        return attrs.evolve(plain(est, sched, 1), step_s=total)
+
+    monkeypatch.setattr(simulator, "price", summed)
+
+
+def test_a_pool_decides_in_stretches_as_stepping_one_step_at_a_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On a pool of two TP4 instances serving four catalog models under open-loop load
+    (stages, switches, several models waiting), stretches change no decision: every call
+    is answered where and when stepping one step per event answers it."""
+    setting = LoadSetting(pool_catalog(4), 2, 8)
+    load = open_load(setting, Part.TEST, 0.5, 0)
+    cluster = setting.cluster()
+    additive_price(monkeypatch)
+    monkeypatch.setattr(simulator, "MAX_EVENTS", 1_000_000)  # one step per event: many
+
+    def answers() -> dict[tuple[str, int], tuple[str, float, float]]:
+        result = Simulator(
+            cluster, POLICIES["talaria"], cluster_estimators(cluster), learner=GapPredictor.default
+        ).run(load.scripts)
+        return {
+            (c.session_id, c.index): (c.instance, c.admitted_s, c.finish_s) for c in result.calls
+        }
+
+    fast = answers()
+    monkeypatch.setattr(_Run, "_may_stretch", lambda self, *a: False)
+    exact = answers()
+    assert fast.keys() == exact.keys() and len(fast) == load.n_calls
+    for key, (instance, admitted, finished) in exact.items():
+        assert fast[key][0] == instance
+        assert fast[key][1:] == (
+            pytest.approx(admitted, abs=1e-9),
+            pytest.approx(finished, abs=1e-9),
+        )

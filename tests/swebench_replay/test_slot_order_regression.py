@@ -22,9 +22,9 @@ def policies() -> dict[str, Any]:
 
 
 EXPECTED = {  # (SCT p50, SCT p95) seconds
-    "talaria": (87.213, 165.04),
+    "talaria": (87.226, 165.045),
     "round": (234.678, 256.503),
-    "talaria-no-slot-order": (110.883, 166.212),
+    "talaria-no-slot-order": (110.838, 166.167),
     "model-serial": (87.686, 166.112),
     "least-loaded": (118.615, 163.742),
 }
