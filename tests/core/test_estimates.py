@@ -1,0 +1,69 @@
+"""Slot demand and the remaining-work estimates the session-aware slot order reads, on the
+hand-sized instances of ``test_instance``."""
+
+from __future__ import annotations
+
+import pytest
+
+from talaria.policy.baselines import POLICIES
+from talaria.types import DEFAULT_TENANT, SessionKey, TokenSeq
+from tests.core.test_instance import TALARIA, Driver, core, tokens
+
+
+def test_the_open_slots_drain_is_one_calls_mean_service_time() -> None:
+    """The session-aware order's starvation bound reads how long the open batch has left:
+    the open model's mean measured service time while it runs calls, zero otherwise (and
+    zero for the other slot orders, which have no such bound)."""
+    for policy, expect_drain in ((TALARIA, True), (POLICIES["talaria-no-slot-order"], False)):
+        inst = core(policy, models=("A", "B"), device_blocks=40)
+        d = Driver(inst)
+        d.submit("A1", 0, TokenSeq(tokens(6)), 3)
+        d.submit("B1", 0, TokenSeq(tokens(6)), 3)
+        while not inst.calls.running_of("A"):
+            d.step()
+        demand = inst.estimates.demand(d.now)
+        want = inst.estimates.call_cost.of("A") if expect_drain else 0.0
+        assert demand["A"].drain_s == want and demand["B"].drain_s == 0.0
+        assert not expect_drain or want > 0.0
+        d.run()
+        assert inst.estimates.demand(d.now)["A"].drain_s == 0.0
+
+
+def test_slot_demand_names_only_the_models_with_work_and_the_open_slots() -> None:
+    """Models with nothing waiting, running or in a tool gap are left out of the slot
+    demand (a pool instance serves dozens of them), except the open slot's model."""
+    inst = core(TALARIA, models=("A", "B", "C", "D"), device_blocks=40)
+    d = Driver(inst)
+    assert inst.estimates.demand(d.now) == {}
+    d.submit("B1", 0, TokenSeq(tokens(6)), 3)
+    assert set(inst.estimates.demand(d.now)) == {"B"}
+    d.run()  # B1 answered: B's slot stays open, B1 is in its tool gap
+    assert inst.rounds.current == "B" and inst.tool_gaps.get(SessionKey(DEFAULT_TENANT, "B1"))
+    d.submit("C1", 0, TokenSeq(tokens(6)), 3)
+    demand = inst.estimates.demand(d.now)
+    assert set(demand) == {"B", "C"} and demand["B"].in_gap == 1 and demand["C"].waiting == 1
+    inst.end_session(SessionKey(DEFAULT_TENANT, "B1"))
+    assert set(inst.estimates.demand(d.now)) == {"B", "C"}  # B: the open slot's model
+    d.run()  # C's slot opens and answers C1
+    assert inst.rounds.current == "C" and set(inst.estimates.demand(d.now)) == {"C"}
+
+
+def test_remaining_work_is_priced_by_the_windowed_mean_and_the_drain_by_the_recent_one() -> None:
+    """Two calls of A, a short one then a long one: the drain reads the exponentially
+    weighted service time (the recent call counts a fifth), remaining work the plain mean
+    of both (one long call, the last before a slot closes, must not reprice every call to
+    come), and the number of calls left times that mean is A's remaining work."""
+    inst = core(TALARIA, models=("A", "B"), device_blocks=40)
+    d = Driver(inst)
+    short = d.submit("A1", 0, TokenSeq(tokens(6)), 2)
+    d.run()
+    long = d.submit("A2", 0, TokenSeq(tokens(6)), 12)
+    d.run()
+    served = [r.finished_s - r.admitted_s for r in (short, long)]  # type: ignore[operator]
+    assert served[0] < served[1]
+    assert inst.call_work.of("A") == pytest.approx(sum(served) / 2)
+    assert inst.call_cost.of("A") == pytest.approx(served[0] + 0.2 * (served[1] - served[0]))
+    d.submit("A1", 1, TokenSeq(tokens(9)), 2)  # A1 back; A2 in its tool gap: both count
+    left = inst.lengths.expected_left(1)  # each has made one call
+    remaining_s, _, _ = inst.estimates.remaining("A", d.now)
+    assert remaining_s == pytest.approx(2 * left * inst.call_work.of("A"))
