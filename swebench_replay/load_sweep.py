@@ -167,16 +167,33 @@ def _isolated_job(args: tuple[LoadSetting, SessionScript]) -> float:
     return isolated_s(*args)
 
 
-def execute_all(fn: Callable[[Any], Any], jobs: Sequence[Any], workers: int = 1) -> list[Any]:
+Progress = Callable[[int, int], None]  # (jobs done, jobs in the batch)
+
+
+def execute_all(
+    fn: Callable[[Any], Any],
+    jobs: Sequence[Any],
+    workers: int = 1,
+    on_done: Progress | None = None,
+) -> list[Any]:
     """``fn`` of every job, in order; ``workers`` > 1 runs them in that many fresh worker
-    processes (``spawn``)."""
+    processes (``spawn``). ``on_done(done, total)`` is told as each result comes in, in
+    order."""
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise ConfigError(f"jobs must be a positive integer, got {workers!r}")
+    tell: Progress = on_done or (lambda _done, _total: None)
+    out: list[Any] = []
     if workers == 1 or len(jobs) <= 1:
-        return [fn(j) for j in jobs]
+        for j in jobs:
+            out.append(fn(j))
+            tell(len(out), len(jobs))
+        return out
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=context) as pool:
-        return list(pool.map(fn, jobs))
+        for result in pool.map(fn, jobs):
+            out.append(result)
+            tell(len(out), len(jobs))
+    return out
 
 
 # ---------------------------------------------------------------------------- tuning
@@ -188,6 +205,7 @@ def tune_load(
     rate_per_s: float,
     seeds: Sequence[int] = TUNE_SEEDS,
     workers: int = 1,
+    on_done: Progress | None = None,
 ) -> dict[str, Tuned]:
     """Each policy's :class:`Tuned` on the tune part at ``rate_per_s`` (module docstring):
     the tuning protocol's grid and rule, with open-loop arrivals for the workload."""
@@ -200,7 +218,7 @@ def tune_load(
         for p, point in plan
         for seed in seeds
     ]
-    played = iter(execute_all(play, jobs, workers))
+    played = iter(execute_all(play, jobs, workers, on_done))
     trials: dict[str, list[Trial]] = {p.name: [] for p in policies}
     for p, point in plan:
         runs = [next(played) for _ in seeds]
@@ -285,7 +303,11 @@ def check_rates(rates: Sequence[float]) -> list[float]:
 
 
 def isolated_times(
-    setting: LoadSetting, seeds: Sequence[int], rate: float, workers: int = 1
+    setting: LoadSetting,
+    seeds: Sequence[int],
+    rate: float,
+    workers: int = 1,
+    on_done: Progress | None = None,
 ) -> dict[tuple[str, str], float]:
     """Each (trace session, model) pair the test part's arrivals draw: its isolated SCT."""
     scripts: dict[tuple[str, str], SessionScript] = {}
@@ -295,7 +317,7 @@ def isolated_times(
         for s in load.scripts:
             scripts.setdefault(_key(by[s.session_id]), s)
     keys = sorted(scripts)
-    times = execute_all(_isolated_job, [(setting, scripts[k]) for k in keys], workers)
+    times = execute_all(_isolated_job, [(setting, scripts[k]) for k in keys], workers, on_done)
     return dict(zip(keys, times, strict=True))
 
 
@@ -306,6 +328,7 @@ def sweep(
     tuned: Mapping[str, Tuned],
     seeds: Sequence[int] = (0,),
     workers: int = 1,
+    on_done: Progress | None = None,
 ) -> dict[str, Any]:
     """Every tuned policy at every rate on the test part: the ``policies`` part of the
     document (points, doubling rate, knobs) and the isolated times used."""
@@ -313,9 +336,9 @@ def sweep(
     if not seeds:
         raise ConfigError("name at least one seed")
     chosen = [with_knobs(p, tuned[p.name].knobs) for p in policies]
-    isolated = isolated_times(setting, seeds, ordered[0], workers)
+    isolated = isolated_times(setting, seeds, ordered[0], workers, on_done)
     jobs = [Job(setting, p, Part.TEST, r, s) for p in chosen for r in ordered for s in seeds]
-    played = iter(execute_all(play, jobs, workers))
+    played = iter(execute_all(play, jobs, workers, on_done))
     out: dict[str, Any] = {}
     for p in chosen:
         points = []

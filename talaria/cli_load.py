@@ -11,12 +11,15 @@ import json
 import shlex
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.progress import Progress, TaskID
 from rich.table import Table
 
+from talaria.cli_compare import progress_bar
 from talaria.errors import BadRequest
 from talaria.policy.baselines import BASELINES, parse_policies
 from talaria.sim.pool_catalog import DEFAULT_ZIPF_S, POOL_SHAPES, device_memory_bytes, pool_catalog
@@ -70,6 +73,15 @@ def add_load_parser(sub: Any) -> None:
     p.add_argument("--out", type=Path, default=Path("runs/load"), help="output folder")
 
 
+def _tell(progress: Progress, task: TaskID) -> Callable[[int, int], None]:
+    """A simulation batch's progress onto ``task`` (a second batch restarts the bar)."""
+
+    def tell(done: int, total: int) -> None:
+        progress.update(task, completed=done, total=total)
+
+    return tell
+
+
 def cmd_load(args: argparse.Namespace, console: Console) -> int:
     """Run the sweep ``args`` describe; write the JSON and the plot; print the table."""
     from talaria.swebench_replay import load_sweep as ls
@@ -83,12 +95,16 @@ def cmd_load(args: argparse.Namespace, console: Console) -> int:
     rates = ls.check_rates(_floats(args.rates, "--rates"))
     seeds, tune_seeds = _ints(args.seeds, "--seeds"), _ints(args.tune_seeds, "--tune-seeds")
     tune_rate = None if args.no_tune else (args.tune_rate or rates[len(rates) // 2])
-    if tune_rate is None:
-        tuned = ls.untuned(policies)
-    else:
-        console.print(f"tuning {len(policies)} policies on the tune part at {tune_rate:g}/s")
-        tuned = ls.tune_load(setting, policies, tune_rate, tune_seeds, args.jobs)
-    swept = ls.sweep(setting, policies, rates, tuned, seeds, args.jobs)
+    with progress_bar(console) as progress:
+        if tune_rate is None:
+            tuned = ls.untuned(policies)
+        else:
+            task = progress.add_task(f"tuning at {tune_rate:g}/s", total=None)
+            tuned = ls.tune_load(
+                setting, policies, tune_rate, tune_seeds, args.jobs, _tell(progress, task)
+            )
+        task = progress.add_task("isolated, then rates", total=None)
+        swept = ls.sweep(setting, policies, rates, tuned, seeds, args.jobs, _tell(progress, task))
     cluster = setting.cluster()
     doc = {
         "command": "talaria " + shlex.join(sys.argv[1:]) if sys.argv[1:] else "talaria load",

@@ -16,6 +16,7 @@ from talaria.swebench_replay.load_sweep import (
     LoadSetting,
     check_rates,
     doubling_rate,
+    execute_all,
     tune_load,
 )
 
@@ -46,10 +47,25 @@ def test_bad_settings_are_refused() -> None:
         LoadSetting(pool_catalog(12), 3)
 
 
+def test_each_result_is_reported_in_order_as_it_comes_in() -> None:
+    told: list[tuple[int, int]] = []
+    assert execute_all(abs, [-3, 1, -2], on_done=lambda d, t: told.append((d, t))) == [3, 1, 2]
+    assert told == [(1, 3), (2, 3), (3, 3)]
+    assert execute_all(abs, [], on_done=lambda d, t: told.append((d, t))) == []
+    assert len(told) == 3
+    with pytest.raises(ConfigError):
+        execute_all(abs, [1], workers=0)
+
+
 def test_tuning_reads_the_protocols_grid_on_the_tune_part() -> None:
     setting = LoadSetting(pool_catalog(3), 2, sessions=1)
     least = policy("least-loaded")
-    tuned = tune_load(setting, [least], 0.05, seeds=(0,))["least-loaded"]
+    told: list[tuple[int, int]] = []
+    tuned = tune_load(setting, [least], 0.05, seeds=(0,), on_done=lambda d, t: told.append((d, t)))[
+        "least-loaded"
+    ]
+    n = len(grid(least))
+    assert told == [(k, n) for k in range(1, n + 1)]  # one simulation per setting and seed
     assert [t.knobs for t in tuned.trials] == list(grid(least))
     assert tuned.knobs in [t.knobs for t in tuned.trials]
     best = min(t.mean_p50_s for t in tuned.trials)
