@@ -166,15 +166,25 @@ def test_models_ahead_in_round_robin_order() -> None:
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-_demand = st.builds(
-    SlotDemand,
-    waiting=st.integers(0, 1000),
-    oldest_wait_s=st.floats(0.0, 1e9),
-    running=st.integers(0, 256),
-    expected_back_s=st.one_of(st.none(), st.floats(0.0, 1e9)),
-    returning=st.integers(0, 1000),
-    in_gap=st.integers(0, 1000),
-)
+
+def _slot_demand(
+    calls: int, running: int, wait_s: float, back_s: float, **priced: st.SearchStrategy[float]
+) -> st.SearchStrategy[SlotDemand]:
+    """Slot demands with up to ``calls`` waiting, returning or in a gap, ``running``
+    running, waits up to ``wait_s`` and returns up to ``back_s`` away (and ``priced``)."""
+    return st.builds(
+        SlotDemand,
+        waiting=st.integers(0, calls),
+        oldest_wait_s=st.floats(0.0, wait_s),
+        running=st.integers(0, running),
+        expected_back_s=st.one_of(st.none(), st.floats(0.0, back_s)),
+        returning=st.integers(0, calls),
+        in_gap=st.integers(0, calls),
+        **priced,
+    )
+
+
+_demand = _slot_demand(1000, 256, 1e9, 1e9)
 _demands = st.dictionaries(st.sampled_from("abc"), _demand)
 
 
@@ -320,14 +330,11 @@ def _busy(demand: dict[str, SlotDemand], current: str | None) -> dict[str, SlotD
     return {m: d for m, d in demand.items() if m == current or d.waiting or d.running or d.in_gap}
 
 
-_priced = st.builds(
-    SlotDemand,
-    waiting=st.integers(0, 3),
-    oldest_wait_s=st.floats(0.0, 300.0),
-    running=st.integers(0, 3),
-    expected_back_s=st.one_of(st.none(), st.floats(0.0, 10.0)),
-    returning=st.integers(0, 3),
-    in_gap=st.integers(0, 3),
+_priced = _slot_demand(
+    3,
+    3,
+    300.0,
+    10.0,
     remaining_s=st.floats(0.0, 100.0),
     switch_s=st.floats(0.0, 20.0),
     reload_s=st.floats(0.0, 20.0),
