@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from talaria.errors import ConfigError, TalariaError
 from talaria.policy.baselines import POLICIES, parse_policies
@@ -324,17 +323,6 @@ def _add_serve_http_args(sv: Any) -> None:
     )
 
 
-def _progress(console: Console) -> Progress:
-    return Progress(
-        TextColumn("[bold]{task.description:<20}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=console,
-        transient=False,
-    )
-
-
 def _plots(results: dict[str, Any], runs: dict[str, SimResult], out: Path) -> list[Path]:
     """``sct_cdf.png`` from the document, and ``timeline.png`` from the runs' call and slot
     records (when the replay handed any over)."""
@@ -464,6 +452,7 @@ def _live_replay(
 ) -> int:
     """A real-time replay (``run(on_progress, on_status, on_result)`` plays every policy and
     returns the results document) with progress bars, then its files and tables."""
+    from talaria.cli_compare import progress_bar
     from talaria.swebench_replay.report import (
         fidelity_table,
         mechanism_table,
@@ -474,7 +463,7 @@ def _live_replay(
     out = args.out or DEFAULT_OUT / default_out
     runs: dict[str, SimResult] = {}  # each policy's measured calls and slots, for the timeline
     started = time.perf_counter()
-    with _progress(console) as progress:
+    with progress_bar(console) as progress:
         tasks = {p.name: progress.add_task(p.name, total=workload.replay.n_calls) for p in policies}
 
         def on_progress(name: str, n: int) -> None:
@@ -510,6 +499,7 @@ def _numbers(text: str, kind: type[int] | type[float], flag: str) -> list[Any]:
 
 
 def _cmd_sweep(args: argparse.Namespace, console: Console) -> int:
+    from talaria.cli_compare import progress_bar
     from talaria.swebench_replay.report import plot_sweep, sweep_table
     from talaria.swebench_replay.sweep import run_sweep
 
@@ -519,7 +509,7 @@ def _cmd_sweep(args: argparse.Namespace, console: Console) -> int:
     counts = _numbers(args.sessions, int, "--sessions")
     scales = _numbers(args.gap_scales, float, "--gap-scales")
     args.out.mkdir(parents=True, exist_ok=True)
-    with _progress(console) as progress:
+    with progress_bar(console) as progress:
         rows = run_sweep(args, names, counts, scales, progress)
     doc: dict[str, Any] = {"policies": names, "rows": rows}
     (args.out / "sweep.json").write_text(json.dumps(doc, indent=1) + "\n")

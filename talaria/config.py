@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 import math
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
@@ -102,6 +102,13 @@ class ModelSpec:
     max_context: int = attrs.field(default=131072, validator=_positive_int)
     source: str = ""
 
+    @classmethod
+    def of_shape(cls, shape: object, name: str, **rest: Any) -> ModelSpec:
+        """The spec named ``name`` with the architecture fields (:data:`SHAPE_FIELDS`) read
+        from ``shape`` (a ``config.json`` shape, an engine architecture) and the rest
+        (parameter counts, dtypes, source) given."""
+        return cls(name=name, **{f: getattr(shape, f) for f in SHAPE_FIELDS}, **rest)
+
     def __attrs_post_init__(self) -> None:
         if self.n_heads % self.n_kv_heads:
             raise ConfigError(
@@ -137,6 +144,27 @@ class ModelSpec:
     def attention_flops(self, context_tokens: float) -> float:
         """Attention FLOPs for one query token attending ``context_tokens`` keys (QK and AV)."""
         return 4.0 * self.n_layers * self.n_heads * self.head_dim * context_tokens
+
+
+def find_model(models: Sequence[ModelSpec], name: str, listed_as: str) -> ModelSpec:
+    """The model called ``name`` among ``models``; ``UnknownModel`` listing them (after
+    ``listed_as``, e.g. "served models:") otherwise."""
+    for m in models:
+        if m.name == name:
+            return m
+    raise UnknownModel(f"unknown model {name!r}; {listed_as} {[m.name for m in models]}")
+
+
+# The fields a model's architecture fixes, read by :meth:`ModelSpec.of_shape`.
+SHAPE_FIELDS: Final = (
+    "n_layers",
+    "hidden_size",
+    "n_heads",
+    "n_kv_heads",
+    "head_dim",
+    "vocab_size",
+    "max_context",
+)
 
 
 @attrs.frozen
@@ -331,12 +359,7 @@ class ClusterConfig:
                 )
 
     def model(self, name: str) -> ModelSpec:
-        for m in self.models:
-            if m.name == name:
-                return m
-        raise UnknownModel(
-            f"unknown model {name!r}; served models: {[m.name for m in self.models]}"
-        )
+        return find_model(self.models, name, "served models:")
 
     def instances_for(self, model: str) -> tuple[InstanceSpec, ...]:
         """Instances allowed to serve ``model`` (an instance with no model list serves all)."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 import zlib
 from collections.abc import Iterable
-from typing import NamedTuple
+from typing import NamedTuple, TypedDict
 
 import attrs
 
@@ -202,6 +202,15 @@ class EventKind(enum.Enum):
     TOOL_START = "tool_start"
     TOOL_END = "tool_end"
     END = "end"
+
+
+class HintFields(TypedDict, total=False):
+    """A hint's fields besides its session and event, as keywords (absent ones omitted):
+    the tool that started, the seconds the client expects it to take, the seconds it took."""
+
+    tool: str | None
+    expected_s: float | None
+    measured_s: float | None
 
 
 @attrs.frozen

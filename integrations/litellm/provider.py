@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import math
 import os
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+import attrs
 import httpx
 import litellm
 from litellm import exceptions as lx
@@ -60,6 +62,33 @@ _NOT_FORWARDED = frozenset(
 )
 
 Backend = HttpBackend | EmbeddedTalaria
+
+
+# LiteLLM calls a handler's four methods with these arguments (by keyword, as of 1.x).
+_HANDLER_SIGNATURE = inspect.signature(CustomLLM.completion)
+
+
+@attrs.frozen
+class _LiteLLMArgs:
+    """What the provider reads of a LiteLLM handler call (the arguments of
+    ``CustomLLM.completion``; the others are LiteLLM's own bookkeeping)."""
+
+    model: str
+    messages: Sequence[Any]
+    model_response: ModelResponse
+    api_base: str | None
+    api_key: str | None
+    optional_params: Mapping[str, Any] | None
+    litellm_params: Mapping[str, Any] | None
+    headers: Mapping[str, str] | None
+    timeout: float | httpx.Timeout | None
+
+    @classmethod
+    def of(cls, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _LiteLLMArgs:
+        """Bound as LiteLLM's signature binds them (a missing argument is a ``TypeError``)."""
+        bound = _HANDLER_SIGNATURE.bind(None, *args, **kwargs)
+        bound.apply_defaults()
+        return cls(**{f.name: bound.arguments[f.name] for f in attrs.fields(cls)})
 
 
 class TalariaLLM(CustomLLM):
@@ -196,107 +225,40 @@ class TalariaLLM(CustomLLM):
             embedded.close()
 
     # ------------------------------------------------------------------ LiteLLM API
-    def completion(
-        self,
-        model: str,
-        messages: list[Any],
-        api_base: str | None,
-        custom_prompt_dict: dict[str, Any],
-        model_response: ModelResponse,
-        print_verbose: Callable[..., Any],
-        encoding: Any,
-        api_key: Any,
-        logging_obj: Any,
-        optional_params: dict[str, Any],
-        acompletion: Any = None,
-        litellm_params: Any = None,
-        logger_fn: Any = None,
-        headers: Any = None,
-        timeout: float | httpx.Timeout | None = None,
-        client: Any = None,
-    ) -> ModelResponse:
+    def completion(self, *args: Any, **kwargs: Any) -> ModelResponse:
         """A whole answer (``litellm.completion``)."""
-        call = self._call(model, messages, optional_params, litellm_params, headers, timeout)
+        r = _LiteLLMArgs.of(args, kwargs)
+        call = self._call(r)
         try:
-            answer = self._backend(api_base, api_key).chat(call)
+            answer = self._backend(r.api_base, r.api_key).chat(call)
         except CallError as exc:
-            raise to_litellm_error(exc, model, PROVIDER) from exc
-        return self._response(model_response, model, answer)
+            raise to_litellm_error(exc, r.model, PROVIDER) from exc
+        return self._response(r.model_response, r.model, answer)
 
-    def streaming(
-        self,
-        model: str,
-        messages: list[Any],
-        api_base: str | None,
-        custom_prompt_dict: dict[str, Any],
-        model_response: ModelResponse,
-        print_verbose: Callable[..., Any],
-        encoding: Any,
-        api_key: Any,
-        logging_obj: Any,
-        optional_params: dict[str, Any],
-        acompletion: Any = None,
-        litellm_params: Any = None,
-        logger_fn: Any = None,
-        headers: Any = None,
-        timeout: float | httpx.Timeout | None = None,
-        client: Any = None,
-    ) -> Iterator[GenericStreamingChunk]:
+    def streaming(self, *args: Any, **kwargs: Any) -> Iterator[GenericStreamingChunk]:
         """The answer as LiteLLM's generic chunks (``litellm.completion(stream=True)``).
         The call starts here, so an error answer raises from ``litellm.completion``."""
-        call = self._call(model, messages, optional_params, litellm_params, headers, timeout)
+        r = _LiteLLMArgs.of(args, kwargs)
+        call = self._call(r)
         try:
-            pieces = self._backend(api_base, api_key).stream(call)
+            pieces = self._backend(r.api_base, r.api_key).stream(call)
         except CallError as exc:
-            raise to_litellm_error(exc, model, PROVIDER) from exc
-        return _generic_chunks(pieces, model)
+            raise to_litellm_error(exc, r.model, PROVIDER) from exc
+        return _generic_chunks(pieces, r.model)
 
-    async def acompletion(
-        self,
-        model: str,
-        messages: list[Any],
-        api_base: str | None,
-        custom_prompt_dict: dict[str, Any],
-        model_response: ModelResponse,
-        print_verbose: Callable[..., Any],
-        encoding: Any,
-        api_key: Any,
-        logging_obj: Any,
-        optional_params: dict[str, Any],
-        acompletion: Any = None,
-        litellm_params: Any = None,
-        logger_fn: Any = None,
-        headers: Any = None,
-        timeout: float | httpx.Timeout | None = None,
-        client: Any = None,
-    ) -> ModelResponse:
+    async def acompletion(self, *args: Any, **kwargs: Any) -> ModelResponse:
         """A whole answer (``litellm.acompletion``), on the caller's event loop."""
-        call = self._call(model, messages, optional_params, litellm_params, headers, timeout)
+        r = _LiteLLMArgs.of(args, kwargs)
+        call = self._call(r)
         try:
-            backend = await self._abackend(api_base, api_key)
+            backend = await self._abackend(r.api_base, r.api_key)
             answer = await backend.achat(call)
         except CallError as exc:
-            raise to_litellm_error(exc, model, PROVIDER) from exc
-        return self._response(model_response, model, answer)
+            raise to_litellm_error(exc, r.model, PROVIDER) from exc
+        return self._response(r.model_response, r.model, answer)
 
-    def astreaming(  # type: ignore[override,misc]  # LiteLLM only iterates the result
-        self,
-        model: str,
-        messages: list[Any],
-        api_base: str | None,
-        custom_prompt_dict: dict[str, Any],
-        model_response: ModelResponse,
-        print_verbose: Callable[..., Any],
-        encoding: Any,
-        api_key: Any,
-        logging_obj: Any,
-        optional_params: dict[str, Any],
-        acompletion: Any = None,
-        litellm_params: Any = None,
-        logger_fn: Any = None,
-        headers: Any = None,
-        timeout: float | httpx.Timeout | None = None,
-        client: Any = None,
+    def astreaming(  # type: ignore[override]  # LiteLLM only iterates the result
+        self, *args: Any, **kwargs: Any
     ) -> AsyncIterator[GenericStreamingChunk]:
         """The answer as generic chunks (``litellm.acompletion(stream=True)``).
 
@@ -308,14 +270,15 @@ class TalariaLLM(CustomLLM):
         first chunk as its ``MidStreamFallbackError``, holding ours as
         ``original_exception``).
         """
-        call = self._call(model, messages, optional_params, litellm_params, headers, timeout)
+        r = _LiteLLMArgs.of(args, kwargs)
+        call = self._call(r)
         if running_loop_or_none() is not None:
-            return self._astream_lazy(call, model, api_base, api_key)
+            return self._astream_lazy(call, r.model, r.api_base, r.api_key)
         try:
-            pieces = self._backend(api_base, api_key).stream(call)
+            pieces = self._backend(r.api_base, r.api_key).stream(call)
         except CallError as exc:
-            raise to_litellm_error(exc, model, PROVIDER) from exc
-        return _agenerics(_in_threads(pieces), model)
+            raise to_litellm_error(exc, r.model, PROVIDER) from exc
+        return _agenerics(_in_threads(pieces), r.model)
 
     async def _astream_lazy(
         self,
@@ -329,17 +292,10 @@ class TalariaLLM(CustomLLM):
             yield chunk
 
     # ------------------------------------------------------------------ helpers
-    def _call(
-        self,
-        model: str,
-        messages: Sequence[Any],
-        optional_params: Mapping[str, Any] | None,
-        litellm_params: Mapping[str, Any] | None,
-        headers: Mapping[str, str] | None,
-        timeout: float | httpx.Timeout | None,
-    ) -> Call:
+    def _call(self, r: _LiteLLMArgs) -> Call:
         """The backend call."""
-        params = dict(optional_params or {})
+        model = r.model
+        params = dict(r.optional_params or {})
         n = params.get("n")
         if n is not None and n != 1:  # one choice comes back through this provider
             raise lx.BadRequestError(
@@ -357,11 +313,11 @@ class TalariaLLM(CustomLLM):
             )
         extra = params.get("extra_body")
         extra = dict(extra) if isinstance(extra, Mapping) else {}
-        session_id, hdrs = _session_and_headers(params, extra, litellm_params, headers)
+        session_id, hdrs = _session_and_headers(params, extra, r.litellm_params, r.headers)
         body = {k: v for k, v in params.items() if k not in _NOT_FORWARDED and v is not None}
         body.update({k: v for k, v in extra.items() if k != "session_id"})
-        plain = [_plain_message(m) for m in messages]
-        total, connect = self._timeouts(timeout)
+        plain = [_plain_message(m) for m in r.messages]
+        total, connect = self._timeouts(r.timeout)
         return Call(model, plain, body, session_id, hdrs, total, connect)
 
     def _timeouts(self, timeout: float | httpx.Timeout | None) -> tuple[float, float]:

@@ -334,19 +334,13 @@ class ModelArch:
         all but an untied input embedding (a lookup)."""
         total = self.n_params
         lookup = 0 if self.tie_word_embeddings else self.vocab_size * self.hidden_size
-        return ModelSpec(
-            name=name,
-            n_layers=self.n_layers,
-            hidden_size=self.hidden_size,
-            n_heads=self.n_heads,
-            n_kv_heads=self.n_kv_heads,
-            head_dim=self.head_dim,
-            vocab_size=self.vocab_size,
+        return ModelSpec.of_shape(
+            self,
+            name,
             total_params=total,
             active_params=total - lookup,
             dtype_bytes=float(element_size(dtype)),
             kv_dtype_bytes=element_size(kv_dtype or dtype),
-            max_context=self.max_context,
             source=source,
         )
 

@@ -10,6 +10,7 @@ if TYPE_CHECKING:
     from talaria.api.results import ChatChunk, ModelInfo, Tokenized
     from talaria.api.talaria import CallArgs, ChatArgs
     from talaria.runtime.sessions import SessionSummary
+    from talaria.types import HintFields
 
 
 class Backend(Protocol):
@@ -28,14 +29,7 @@ class Backend(Protocol):
     ) -> AsyncIterator[ChatChunk]: ...
 
     async def event(
-        self,
-        session_id: str,
-        event: str,
-        *,
-        tool: str | None = ...,
-        expected_s: float | None = ...,
-        measured_s: float | None = ...,
-        tenant: str = ...,
+        self, session_id: str, event: str, *, tenant: str = ..., **fields: Unpack[HintFields]
     ) -> SessionSummary | None: ...
 
     def tokenize(

@@ -12,7 +12,7 @@ import concurrent.futures
 import inspect
 import math
 from collections.abc import Awaitable, Coroutine
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, Unpack
 from urllib.parse import quote
 
 import attrs
@@ -20,6 +20,7 @@ import httpx
 
 from talaria.errors import ConfigError
 from talaria.session.hints import HintEvent
+from talaria.types import HintFields
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",
@@ -41,15 +42,7 @@ class HintCallable(Protocol):
     ``fn(session_id, "tool_end", measured_s=0.3)``, ``fn(session_id, "end")``.
     ``talaria.Talaria.event`` has this shape. It may return an awaitable (an async method)."""
 
-    def __call__(
-        self,
-        session_id: str,
-        event: str,
-        *,
-        tool: str | None = ...,
-        expected_s: float | None = ...,
-        measured_s: float | None = ...,
-    ) -> object: ...
+    def __call__(self, session_id: str, event: str, **fields: Unpack[HintFields]) -> object: ...
 
 
 class HintSink(Protocol):

@@ -80,19 +80,13 @@ def model_spec(shape: HFShape) -> ModelSpec:
     source = f"{shape.config_url}; params computed from it"
     if shape.model_card:
         source += f" (model card: {shape.model_card})"
-    return ModelSpec(
-        name=shape.repo,
-        n_layers=shape.n_layers,
-        hidden_size=shape.hidden_size,
-        n_heads=shape.n_heads,
-        n_kv_heads=shape.n_kv_heads,
-        head_dim=shape.head_dim,
-        vocab_size=shape.vocab_size,
+    return ModelSpec.of_shape(
+        shape,
+        shape.repo,
         total_params=total,
         active_params=active,
         dtype_bytes=2.0,
         kv_dtype_bytes=2,
-        max_context=shape.max_context,
         source=source,
     )
 

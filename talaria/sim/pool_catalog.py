@@ -33,7 +33,7 @@ from typing import Any, Final, cast
 
 import attrs
 
-from talaria.config import ClusterConfig, InstanceSpec, ModelSpec
+from talaria.config import ClusterConfig, InstanceSpec, ModelSpec, find_model
 from talaria.cost.hardware import profile
 from talaria.errors import ConfigError, UnknownModel
 from talaria.sim.catalog import PAPER_SHAPES, HFShape, model_spec
@@ -171,12 +171,7 @@ class PoolCatalog:
 
     def model(self, name: str) -> ModelSpec:
         """The catalog's model ``name``; ``UnknownModel`` naming the catalog otherwise."""
-        for m in self.models:
-            if m.name == name:
-                return m
-        raise UnknownModel(
-            f"unknown model {name!r}; the catalog holds {[m.name for m in self.models]}"
-        )
+        return find_model(self.models, name, "the catalog holds")
 
 
 def pool_catalog(

@@ -215,24 +215,17 @@ class _Busy:
     stretch: _Stretch | None = None
 
 
+@attrs.frozen
 class Simulator:
-    """Runs scripted sessions through a ``ClusterCore`` under one policy."""
+    """Runs scripted sessions through a ``ClusterCore`` under one policy. ``learner`` makes
+    each run's cluster core learn tool gaps (a fresh learner per run, so every policy starts
+    from the same priors)."""
 
-    def __init__(
-        self,
-        cluster: ClusterConfig,
-        policy: PolicyConfig,
-        estimators: Mapping[str, Estimator],
-        gaps: GapModel | None = None,
-        learner: Callable[[], GapLearner] | None = None,
-    ) -> None:
-        """``learner`` makes each run's cluster core learn tool gaps (a fresh learner per
-        run, so every policy starts from the same priors)."""
-        self.cluster_config = cluster
-        self.policy = policy
-        self.estimators = estimators
-        self.gaps = gaps
-        self.learner = learner
+    cluster: ClusterConfig
+    policy: PolicyConfig
+    estimators: Mapping[str, Estimator]
+    gaps: GapModel | None = None
+    learner: Callable[[], GapLearner] | None = None
 
     def run(
         self,
@@ -241,7 +234,7 @@ class Simulator:
     ) -> SimResult:
         """Simulate ``scripts`` to completion. ``on_call_done(n)`` reports progress."""
         learner = self.learner() if self.learner is not None else None
-        core = ClusterCore(self.cluster_config, self.policy, self.estimators, self.gaps, learner)
+        core = ClusterCore(self.cluster, self.policy, self.estimators, self.gaps, learner)
         run = _Run(core)
         return run.execute(scripts, self.policy.name, on_call_done)
 
