@@ -17,8 +17,8 @@ import math
 import os
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import attrs
 import httpx
@@ -62,6 +62,13 @@ _NOT_FORWARDED = frozenset(
 )
 
 Backend = HttpBackend | EmbeddedTalaria
+
+
+_T = TypeVar("_T")
+
+
+def _stream(backend: Backend, call: Call) -> Iterator[Piece]:
+    return backend.stream(call)
 
 
 # LiteLLM calls a handler's four methods with these arguments (by keyword, as of 1.x).
@@ -228,22 +235,14 @@ class TalariaLLM(CustomLLM):
     def completion(self, *args: Any, **kwargs: Any) -> ModelResponse:
         """A whole answer (``litellm.completion``)."""
         r = _LiteLLMArgs.of(args, kwargs)
-        call = self._call(r)
-        try:
-            answer = self._backend(r.api_base, r.api_key).chat(call)
-        except CallError as exc:
-            raise to_litellm_error(exc, r.model, PROVIDER) from exc
+        answer = self._started(r, self._call(r), lambda backend, call: backend.chat(call))
         return self._response(r.model_response, r.model, answer)
 
     def streaming(self, *args: Any, **kwargs: Any) -> Iterator[GenericStreamingChunk]:
         """The answer as LiteLLM's generic chunks (``litellm.completion(stream=True)``).
         The call starts here, so an error answer raises from ``litellm.completion``."""
         r = _LiteLLMArgs.of(args, kwargs)
-        call = self._call(r)
-        try:
-            pieces = self._backend(r.api_base, r.api_key).stream(call)
-        except CallError as exc:
-            raise to_litellm_error(exc, r.model, PROVIDER) from exc
+        pieces = self._started(r, self._call(r), _stream)
         return _generic_chunks(pieces, r.model)
 
     async def acompletion(self, *args: Any, **kwargs: Any) -> ModelResponse:
@@ -274,11 +273,15 @@ class TalariaLLM(CustomLLM):
         call = self._call(r)
         if running_loop_or_none() is not None:
             return self._astream_lazy(call, r.model, r.api_base, r.api_key)
+        return _agenerics(_in_threads(self._started(r, call, _stream)), r.model)
+
+    def _started(self, r: _LiteLLMArgs, call: Call, start: Callable[[Backend, Call], _T]) -> _T:
+        """``start(backend, call)`` on the call's backend, a ``CallError`` raised as
+        LiteLLM's exception for it."""
         try:
-            pieces = self._backend(r.api_base, r.api_key).stream(call)
+            return start(self._backend(r.api_base, r.api_key), call)
         except CallError as exc:
             raise to_litellm_error(exc, r.model, PROVIDER) from exc
-        return _agenerics(_in_threads(pieces), r.model)
 
     async def _astream_lazy(
         self,
