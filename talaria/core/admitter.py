@@ -26,6 +26,8 @@ from __future__ import annotations
 import collections
 from collections.abc import Sequence
 
+import attrs
+
 from talaria.config import PolicyConfig, QueueOrder
 from talaria.core.calls import CallTable
 from talaria.core.counters import InstanceCounters
@@ -40,33 +42,20 @@ from talaria.schedule import Request
 from talaria.types import SessionKey, TokenSeq
 
 
+@attrs.define(eq=False, kw_only=True)
 class Admitter:
     """Admission and reservations of one instance (see the module docstring)."""
 
-    def __init__(
-        self,
-        policy: PolicyConfig,
-        *,
-        admission: Admission,
-        kv: KVManager,
-        rounds: RoundScheduler,
-        calls: CallTable,
-        gaps: GapTable,
-        slots: SlotControl,
-        estimates: InstanceEstimates,
-        counters: InstanceCounters,
-        on_fault: FaultHandler,
-    ) -> None:
-        self.policy = policy
-        self.admission = admission
-        self.kv = kv
-        self.rounds = rounds
-        self.calls = calls
-        self.gaps = gaps
-        self.slots = slots
-        self.estimates = estimates
-        self.counters = counters
-        self.on_fault = on_fault
+    policy: PolicyConfig
+    admission: Admission
+    kv: KVManager
+    rounds: RoundScheduler
+    calls: CallTable
+    gaps: GapTable
+    slots: SlotControl
+    estimates: InstanceEstimates
+    counters: InstanceCounters
+    on_fault: FaultHandler
 
     # ------------------------------------------------------------------ reservations
     def drop_reservation(self, session: SessionKey) -> Reservation | None:

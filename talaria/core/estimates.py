@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 
+import attrs
+
 from talaria.config import InstanceSpec, ModelSpec, PolicyConfig, SlotOrder
 from talaria.core.calls import CallTable
 from talaria.core.tool_gaps import GapTable
@@ -38,51 +40,29 @@ _BoundKey = tuple[int, int, tuple[object, ...]]
 _BOUND_SLACK = 1e-12
 
 
+@attrs.define(eq=False, kw_only=True)
 class InstanceEstimates:
     """The instance's expectations, derived from its tables (see the module docstring)."""
 
-    def __init__(
-        self,
-        spec: InstanceSpec,
-        models: Mapping[str, ModelSpec],
-        policy: PolicyConfig,
-        estimator: Estimator,
-        *,
-        arena: WeightArena,
-        kv: KVManager,
-        rounds: RoundScheduler,
-        calls: CallTable,
-        gaps: GapTable,
-        admission: Admission,
-        lengths: SessionLengths,
-        call_cost: CallCost,
-        call_work: CallCost,
-        calls_done: Mapping[SessionKey, int],
-        on_fault: FaultHandler,
-    ) -> None:
-        """``calls_done`` (read, never written) counts each session's calls answered here;
-        ``on_fault`` isolates a session whose gap reasoning raised while demand was read."""
-        self.spec = spec
-        self.models = models
-        self.policy = policy
-        self.estimator = estimator
-        self.arena = arena
-        self.kv = kv
-        self.rounds = rounds
-        self.calls = calls
-        self.gaps = gaps
-        self.admission = admission
-        self.lengths = lengths
-        self.call_cost = call_cost  # recent service seconds per call: the open batch's drain
-        self.call_work = call_work  # windowed mean of the same: priced remaining work
-        self.calls_done = calls_done
-        self.on_fault = on_fault
-        self._position = {m: i for i, m in enumerate(calls.waiting)}
-        self._switch_memo: tuple[int, dict[str, float]] = (-1, {})
-        self._bound_memo: tuple[_BoundKey | None, dict[str, tuple[float, float, float]]] = (
-            None,
-            {},
-        )
+    spec: InstanceSpec
+    models: Mapping[str, ModelSpec]
+    policy: PolicyConfig
+    estimator: Estimator
+    arena: WeightArena
+    kv: KVManager
+    rounds: RoundScheduler
+    calls: CallTable
+    gaps: GapTable
+    admission: Admission
+    lengths: SessionLengths
+    call_cost: CallCost  # recent service seconds per call: the open batch's drain
+    call_work: CallCost  # windowed mean of the same: priced remaining work
+    calls_done: Mapping[SessionKey, int]  # each session's calls answered here (read only)
+    on_fault: FaultHandler  # isolates a session whose gap reasoning raised in ``demand``
+    _switch_memo: tuple[int, dict[str, float]] = attrs.field(init=False, factory=lambda: (-1, {}))
+    _bound_memo: tuple[_BoundKey | None, dict[str, tuple[float, float, float]]] = attrs.field(
+        init=False, factory=lambda: (None, {})
+    )
 
     # ------------------------------------------------------------------ router views
     @property
@@ -236,7 +216,7 @@ class InstanceEstimates:
         if current is not None:
             busy.add(current)
         out = {}
-        for m in sorted(busy, key=self._position.__getitem__):  # in the instance's model order
+        for m in sorted(busy, key=self.rounds.position):  # in the instance's model order
             queue = self.calls.waiting[m]
             soonest: float | None = None
             returning = 0

@@ -126,10 +126,10 @@ class InstanceCore:
         or a session's next call would cost here), slot control (which model holds the
         slot, switches and stages) and the admitter (which calls join the step)."""
         self.estimates = InstanceEstimates(
-            self.spec,
-            self.models,
-            self.policy,
-            self.estimator,
+            spec=self.spec,
+            models=self.models,
+            policy=self.policy,
+            estimator=self.estimator,
             arena=self.arena,
             kv=self.kv,
             rounds=self.rounds,
@@ -143,8 +143,8 @@ class InstanceCore:
             on_fault=self._session_fault,
         )
         self.slots = SlotControl(
-            self.policy,
-            self.models,
+            policy=self.policy,
+            models=self.models,
             arena=self.arena,
             kv=self.kv,
             rounds=self.rounds,
@@ -153,7 +153,7 @@ class InstanceCore:
             release_reservations=self._release_reservations,
         )
         self.admitter = Admitter(
-            self.policy,
+            policy=self.policy,
             admission=self.admission,
             kv=self.kv,
             rounds=self.rounds,

@@ -18,6 +18,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 
+import attrs
+
 from talaria.config import ModelSpec, PolicyConfig
 from talaria.core.calls import CallTable
 from talaria.core.counters import InstanceCounters
@@ -28,30 +30,20 @@ from talaria.schedule import Schedule
 from talaria.types import Link, Residency
 
 
+@attrs.define(eq=False, kw_only=True)
 class SlotControl:
     """Model switches and weight staging of one instance (see the module docstring)."""
 
-    def __init__(
-        self,
-        policy: PolicyConfig,
-        models: Mapping[str, ModelSpec],
-        *,
-        arena: WeightArena,
-        kv: KVManager,
-        rounds: RoundScheduler,
-        calls: CallTable,
-        counters: InstanceCounters,
-        release_reservations: Callable[[str | None], None],
-    ) -> None:
-        self.policy = policy
-        self.models = models
-        self.arena = arena
-        self.kv = kv
-        self.rounds = rounds
-        self.calls = calls
-        self.counters = counters
-        self.release_reservations = release_reservations
-        self.stage_blocks: tuple[int, ...] = ()  # device blocks lent to the current stage
+    policy: PolicyConfig
+    models: Mapping[str, ModelSpec]
+    arena: WeightArena
+    kv: KVManager
+    rounds: RoundScheduler
+    calls: CallTable
+    counters: InstanceCounters
+    release_reservations: Callable[[str | None], None]
+    # device blocks lent to the current stage
+    stage_blocks: tuple[int, ...] = attrs.field(default=(), init=False)
 
     def switch_to(self, model: str) -> Schedule:
         """Make ``model`` active: the open slot ends and the arena commits the switch (a

@@ -95,7 +95,8 @@ class RoundScheduler:
             return None, False, False, self._last_index
         return slot.model, slot.admitting, slot.closing, self._last_index
 
-    def _index(self, model: str) -> int:
+    def position(self, model: str) -> int:
+        """``model``'s place in the ring (the instance's model order)."""
         try:
             return self._position[model]
         except KeyError:
@@ -103,7 +104,7 @@ class RoundScheduler:
 
     def open(self, model: str, now: float) -> Slot:
         """Open ``model``'s slot (its weights are active from now)."""
-        self._last_index = self._index(model)
+        self._last_index = self.position(model)
         self.slot = Slot(model, now)
         self.slots_opened += 1
         return self.slot
@@ -263,7 +264,7 @@ class RoundScheduler:
 
     def models_ahead(self, model: str) -> tuple[str, ...]:
         """Models whose slots come before ``model``'s next slot in round-robin order."""
-        target = self._index(model)
+        target = self.position(model)
         n = len(self.models)
         ahead = []
         for step in range(1, n + 1):
