@@ -26,6 +26,7 @@ import random
 
 import attrs
 
+from talaria import validators as valid
 from talaria.errors import ConfigError
 from talaria.swebench_replay.traces import ToolKind, ToolTimeTable, TraceCall, TraceSession
 
@@ -38,22 +39,10 @@ _PUBLISHED_KIND_COUNTS: tuple[tuple[ToolKind, float], ...] = (
 )
 
 
-def _positive(_inst: object, attr: attrs.Attribute[float], value: float) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ConfigError(f"SynthStats.{attr.name} must be a positive number, got {value!r}")
-    if not math.isfinite(value):
-        raise ConfigError(f"SynthStats.{attr.name} must be finite, got {value!r}")
-
-
 def _sigma(_inst: object, attr: attrs.Attribute[float], value: float) -> None:
     ok = isinstance(value, (int, float)) and not isinstance(value, bool)
     if not ok or not math.isfinite(value) or not 0 <= value <= 5:
         raise ConfigError(f"SynthStats.{attr.name} must be a log-sd in [0, 5], got {value!r}")
-
-
-def _count(_inst: object, attr: attrs.Attribute[int], value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"SynthStats.{attr.name} must be a positive integer, got {value!r}")
 
 
 def _weights(value: object) -> tuple[tuple[ToolKind, float], ...]:
@@ -70,18 +59,18 @@ class SynthStats:
     number of calls, or earlier when the next prompt would exceed ``max_prompt_tokens``.
     """
 
-    calls_median: float = attrs.field(default=73.0, validator=_positive)
+    calls_median: float = attrs.field(default=73.0, validator=valid.positive)
     calls_sigma: float = attrs.field(default=0.46, validator=_sigma)
-    calls_min: int = attrs.field(default=5, validator=_count)
-    calls_max: int = attrs.field(default=250, validator=_count)
-    first_prompt_median: float = attrs.field(default=1600.0, validator=_positive)
+    calls_min: int = attrs.field(default=5, validator=valid.positive_int)
+    calls_max: int = attrs.field(default=250, validator=valid.positive_int)
+    first_prompt_median: float = attrs.field(default=1600.0, validator=valid.positive)
     first_prompt_sigma: float = attrs.field(default=0.21, validator=_sigma)
-    system_prompt_tokens: int = attrs.field(default=320, validator=_count)
-    output_median: float = attrs.field(default=90.0, validator=_positive)
+    system_prompt_tokens: int = attrs.field(default=320, validator=valid.positive_int)
+    output_median: float = attrs.field(default=90.0, validator=valid.positive)
     output_sigma: float = attrs.field(default=0.92, validator=_sigma)
-    new_tokens_median: float = attrs.field(default=180.0, validator=_positive)
+    new_tokens_median: float = attrs.field(default=180.0, validator=valid.positive)
     new_tokens_sigma: float = attrs.field(default=1.11, validator=_sigma)
-    max_prompt_tokens: int = attrs.field(default=128_000, validator=_count)
+    max_prompt_tokens: int = attrs.field(default=128_000, validator=valid.positive_int)
     tool_kind_weights: tuple[tuple[ToolKind, float], ...] = attrs.field(
         default=_PUBLISHED_KIND_COUNTS, converter=_weights
     )

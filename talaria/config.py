@@ -8,7 +8,6 @@ docstrings: bytes, tokens, seconds.
 from __future__ import annotations
 
 import enum
-import math
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -16,37 +15,11 @@ from typing import Any, Final, TypeVar
 
 import attrs
 
+from talaria import validators as valid
 from talaria.errors import ConfigError, UnknownModel
 
 GB = 10**9
 GiB = 2**30
-
-
-def _positive(_inst: Any, attr: attrs.Attribute[Any], value: float) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ConfigError(f"{attr.name} must be a positive number, got {value!r}")
-
-
-def _non_negative(_inst: Any, attr: attrs.Attribute[Any], value: float) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
-        raise ConfigError(f"{attr.name} must be zero or positive, got {value!r}")
-    if isinstance(value, float) and math.isnan(value):
-        raise ConfigError(f"{attr.name} must not be NaN")
-
-
-def _positive_int(_inst: Any, attr: attrs.Attribute[Any], value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ConfigError(f"{attr.name} must be a positive integer, got {value!r}")
-
-
-def _fraction(_inst: Any, attr: attrs.Attribute[Any], value: float) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
-        raise ConfigError(f"{attr.name} must be in (0, 1], got {value!r}")
-
-
-def _name(_inst: Any, attr: attrs.Attribute[Any], value: str) -> None:
-    if not isinstance(value, str) or not value or value != value.strip():
-        raise ConfigError(f"{attr.name} must be a non-empty string without surrounding spaces")
 
 
 _E = TypeVar("_E", bound=enum.Enum)
@@ -88,18 +61,18 @@ class ModelSpec:
     ``kv_dtype_bytes`` is bytes per KV element.
     """
 
-    name: str = attrs.field(validator=_name)
-    n_layers: int = attrs.field(validator=_positive_int)
-    hidden_size: int = attrs.field(validator=_positive_int)
-    n_heads: int = attrs.field(validator=_positive_int)
-    n_kv_heads: int = attrs.field(validator=_positive_int)
-    head_dim: int = attrs.field(validator=_positive_int)
-    vocab_size: int = attrs.field(validator=_positive_int)
-    total_params: int = attrs.field(validator=_positive_int)
-    active_params: int = attrs.field(validator=_positive_int)
-    dtype_bytes: float = attrs.field(default=2.0, validator=_positive)
-    kv_dtype_bytes: int = attrs.field(default=2, validator=_positive_int)
-    max_context: int = attrs.field(default=131072, validator=_positive_int)
+    name: str = attrs.field(validator=valid.name)
+    n_layers: int = attrs.field(validator=valid.positive_int)
+    hidden_size: int = attrs.field(validator=valid.positive_int)
+    n_heads: int = attrs.field(validator=valid.positive_int)
+    n_kv_heads: int = attrs.field(validator=valid.positive_int)
+    head_dim: int = attrs.field(validator=valid.positive_int)
+    vocab_size: int = attrs.field(validator=valid.positive_int)
+    total_params: int = attrs.field(validator=valid.positive_int)
+    active_params: int = attrs.field(validator=valid.positive_int)
+    dtype_bytes: float = attrs.field(default=2.0, validator=valid.positive)
+    kv_dtype_bytes: int = attrs.field(default=2, validator=valid.positive_int)
+    max_context: int = attrs.field(default=131072, validator=valid.positive_int)
     source: str = ""
 
     @classmethod
@@ -183,18 +156,18 @@ class InstanceSpec:
     such as vLLM without sleep mode, are one region per model).
     """
 
-    name: str = attrs.field(validator=_name)
-    hardware: str = attrs.field(validator=_name)
-    device_memory_bytes: int = attrs.field(validator=_positive_int)
-    host_memory_bytes: int = attrs.field(validator=_non_negative)
-    block_size: int = attrs.field(default=16, validator=_positive_int)
-    n_devices: int = attrs.field(default=1, validator=_positive_int)
-    memory_utilization: float = attrs.field(default=0.9, validator=_fraction)
+    name: str = attrs.field(validator=valid.name)
+    hardware: str = attrs.field(validator=valid.name)
+    device_memory_bytes: int = attrs.field(validator=valid.positive_int)
+    host_memory_bytes: int = attrs.field(validator=valid.non_negative)
+    block_size: int = attrs.field(default=16, validator=valid.positive_int)
+    n_devices: int = attrs.field(default=1, validator=valid.positive_int)
+    memory_utilization: float = attrs.field(default=0.9, validator=valid.fraction)
     models: tuple[str, ...] = attrs.field(default=(), converter=_str_tuple)
     # The most of host memory kept for host copies of weights when not every model's fit
     # (the rest is the host KV tier); when they all fit in this share, all are kept.
-    host_weight_share: float = attrs.field(default=0.65, validator=_fraction)
-    weight_regions: int = attrs.field(default=1, validator=_positive_int)
+    host_weight_share: float = attrs.field(default=0.65, validator=valid.fraction)
+    weight_regions: int = attrs.field(default=1, validator=valid.positive_int)
 
     @property
     def usable_device_bytes(self) -> int:
@@ -270,41 +243,41 @@ class PolicyConfig:
     soonest return is expected within a switch away and back).
     """
 
-    name: str = attrs.field(validator=_name)
+    name: str = attrs.field(validator=valid.name)
     routing: Routing = attrs.field(default=Routing.EXPECTED_COMPLETION, converter=_routing)
     session_prefill: bool = True
     host_kv: bool = True
     weight_staging: bool = True
     soft_reservations: bool = True
     eviction: Eviction = attrs.field(default=Eviction.VALUE, converter=_eviction)
-    kv_pin_ttl_s: float = attrs.field(default=0.0, validator=_non_negative)
-    reservation_horizon_s: float = attrs.field(default=2.0, validator=_positive)
-    reservation_min_probability: float = attrs.field(default=0.05, validator=_fraction)
-    reservation_max_hold_s: float = attrs.field(default=60.0, validator=_positive)
-    reclaim_after_wait_s: float = attrs.field(default=0.5, validator=_non_negative)
-    slot_max_s: float = attrs.field(default=30.0, validator=_positive)
-    slot_linger_s: float = attrs.field(default=2.0, validator=_non_negative)
+    kv_pin_ttl_s: float = attrs.field(default=0.0, validator=valid.non_negative)
+    reservation_horizon_s: float = attrs.field(default=2.0, validator=valid.positive)
+    reservation_min_probability: float = attrs.field(default=0.05, validator=valid.fraction)
+    reservation_max_hold_s: float = attrs.field(default=60.0, validator=valid.positive)
+    reclaim_after_wait_s: float = attrs.field(default=0.5, validator=valid.non_negative)
+    slot_max_s: float = attrs.field(default=30.0, validator=valid.positive)
+    slot_linger_s: float = attrs.field(default=2.0, validator=valid.non_negative)
     slot_order: SlotOrder = attrs.field(default=SlotOrder.ROUND_ROBIN, converter=_slot_order)
     queue_order: QueueOrder = attrs.field(default=QueueOrder.FCFS, converter=_queue_order)
     continuum_ttl: bool = False  # TTL pins sized per call by Continuum's rule, not kv_pin_ttl_s
-    slot_starvation_s: float = attrs.field(default=300.0, validator=_positive)
-    slot_preempt_ratio: float = attrs.field(default=2.0, validator=_positive)
-    max_batch_tokens: int = attrs.field(default=8192, validator=_positive_int)
-    max_running: int = attrs.field(default=256, validator=_positive_int)
-    cache_affinity_load_cap: float = attrs.field(default=2.0, validator=_positive)
-    cache_affinity_abs_tokens: int = attrs.field(default=8192, validator=_positive_int)
-    admission_budget_fraction: float = attrs.field(default=1.0, validator=_fraction)
+    slot_starvation_s: float = attrs.field(default=300.0, validator=valid.positive)
+    slot_preempt_ratio: float = attrs.field(default=2.0, validator=valid.positive)
+    max_batch_tokens: int = attrs.field(default=8192, validator=valid.positive_int)
+    max_running: int = attrs.field(default=256, validator=valid.positive_int)
+    cache_affinity_load_cap: float = attrs.field(default=2.0, validator=valid.positive)
+    cache_affinity_abs_tokens: int = attrs.field(default=8192, validator=valid.positive_int)
+    admission_budget_fraction: float = attrs.field(default=1.0, validator=valid.fraction)
     # What the router assumes one queued or running call of a model still costs when it
     # estimates how long that model's slot will hold the device (the slot wait of a call of
     # another model): this many answer tokens at the batch's decode step plus a prefill of
     # this many tokens, capped by slot_max_s per model.
-    slot_wait_output_tokens: int = attrs.field(default=100, validator=_positive_int)
-    slot_wait_prefill_tokens: int = attrs.field(default=2048, validator=_positive_int)
+    slot_wait_output_tokens: int = attrs.field(default=100, validator=valid.positive_int)
+    slot_wait_prefill_tokens: int = attrs.field(default=2048, validator=valid.positive_int)
     # Weight staging borrows free device KV blocks: this share of the KV pool stays free for
     # calls that arrive while a stage runs, and a partial stage smaller than this share of
     # the model's weights is not worth starting (it saves less than it costs to track).
-    stage_headroom: float = attrs.field(default=0.05, validator=_fraction)
-    stage_min_share: float = attrs.field(default=0.1, validator=_fraction)
+    stage_headroom: float = attrs.field(default=0.05, validator=valid.fraction)
+    stage_min_share: float = attrs.field(default=0.1, validator=valid.fraction)
 
     def __attrs_post_init__(self) -> None:
         if self.slot_preempt_ratio < 1.0:

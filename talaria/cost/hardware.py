@@ -26,15 +26,15 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 from collections.abc import Iterable, Mapping
 from importlib import resources
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Final, TypeGuard
+from typing import Any, Final
 
 import attrs
 
+from talaria import validators as valid
 from talaria.config import InstanceSpec
 from talaria.cost.step_prices import StepPrices
 from talaria.errors import ConfigError
@@ -78,63 +78,8 @@ OPTIONAL_FIELDS: Final = (
 """Numbers a profile may leave None; cited in ``sources`` when set."""
 
 
-def _is_number(value: object) -> TypeGuard[float]:
-    """A finite int or float (bools are not numbers here)."""
-    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
-
-
-def require_positive(name: str, value: object) -> None:
-    """ConfigError unless ``value`` is a positive finite number."""
-    if not _is_number(value) or not value > 0:
-        raise ConfigError(f"{name} must be a positive finite number, got {value!r}")
-
-
-def require_non_negative(name: str, value: object) -> None:
-    """ConfigError unless ``value`` is zero or a positive finite number."""
-    if not _is_number(value) or not value >= 0:
-        raise ConfigError(f"{name} must be zero or a positive finite number, got {value!r}")
-
-
-def require_positive_int(name: str, value: object) -> None:
-    """ConfigError unless ``value`` is a positive integer (bools rejected)."""
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ConfigError(f"{name} must be a positive integer, got {value!r}")
-
-
-def require_fraction(name: str, value: object) -> None:
-    """ConfigError unless ``value`` is in (0, 1]."""
-    if not _is_number(value) or not 0 < value <= 1:
-        raise ConfigError(f"{name} must be in (0, 1], got {value!r}")
-
-
-def _positive(_inst: Any, attr: attrs.Attribute[Any], value: float) -> None:
-    require_positive(attr.name, value)
-
-
-def _non_negative(_inst: Any, attr: attrs.Attribute[Any], value: float) -> None:
-    require_non_negative(attr.name, value)
-
-
-def _positive_int(_inst: Any, attr: attrs.Attribute[Any], value: int) -> None:
-    require_positive_int(attr.name, value)
-
-
-def _fraction(_inst: Any, attr: attrs.Attribute[Any], value: float) -> None:
-    require_fraction(attr.name, value)
-
-
-def _opt_positive(_inst: Any, attr: attrs.Attribute[Any], value: float | None) -> None:
-    if value is not None:
-        require_positive(attr.name, value)
-
-
 def _str_tuple(value: Iterable[str]) -> tuple[str, ...]:
     return tuple(value)
-
-
-def _name(_inst: Any, attr: attrs.Attribute[Any], value: str) -> None:
-    if not isinstance(value, str) or not value or value != value.strip():
-        raise ConfigError(f"{attr.name} must be a non-empty string without surrounding spaces")
 
 
 @attrs.frozen
@@ -175,33 +120,39 @@ class HardwareProfile:
     machine's cores' memory bandwidth and caches); None: instances do not slow each other.
     """
 
-    name: str = attrs.field(validator=_name)
+    name: str = attrs.field(validator=valid.name)
     description: str
-    n_devices: int = attrs.field(validator=_positive_int)
-    device_memory_bytes: int = attrs.field(validator=_positive_int)
-    hbm_bandwidth_Bps: float = attrs.field(validator=_positive)
-    peak_flops_bf16: float = attrs.field(validator=_positive)
-    interconnect_Bps: float = attrs.field(validator=_positive)
-    host_link_Bps: float = attrs.field(validator=_positive)
-    host_memory_bytes: int = attrs.field(validator=_positive_int)
-    disk_Bps: float = attrs.field(validator=_positive)
-    mfu: float = attrs.field(validator=_fraction)
-    hbm_efficiency: float = attrs.field(validator=_fraction)
-    host_link_efficiency: float = attrs.field(validator=_fraction)
-    disk_efficiency: float = attrs.field(validator=_fraction)
-    d2d_efficiency: float = attrs.field(validator=_fraction)
-    interconnect_efficiency: float = attrs.field(validator=_fraction)
-    step_overhead_s: float = attrs.field(validator=_non_negative)
-    allreduce_latency_s: float = attrs.field(validator=_non_negative)
-    copy_latency_s: float = attrs.field(validator=_non_negative)
+    n_devices: int = attrs.field(validator=valid.positive_int)
+    device_memory_bytes: int = attrs.field(validator=valid.positive_int)
+    hbm_bandwidth_Bps: float = attrs.field(validator=valid.positive)
+    peak_flops_bf16: float = attrs.field(validator=valid.positive)
+    interconnect_Bps: float = attrs.field(validator=valid.positive)
+    host_link_Bps: float = attrs.field(validator=valid.positive)
+    host_memory_bytes: int = attrs.field(validator=valid.positive_int)
+    disk_Bps: float = attrs.field(validator=valid.positive)
+    mfu: float = attrs.field(validator=valid.fraction)
+    hbm_efficiency: float = attrs.field(validator=valid.fraction)
+    host_link_efficiency: float = attrs.field(validator=valid.fraction)
+    disk_efficiency: float = attrs.field(validator=valid.fraction)
+    d2d_efficiency: float = attrs.field(validator=valid.fraction)
+    interconnect_efficiency: float = attrs.field(validator=valid.fraction)
+    step_overhead_s: float = attrs.field(validator=valid.non_negative)
+    allreduce_latency_s: float = attrs.field(validator=valid.non_negative)
+    copy_latency_s: float = attrs.field(validator=valid.non_negative)
     sources: tuple[str, ...] = attrs.field(converter=_str_tuple)
-    kv_read_Bps: float | None = attrs.field(default=None, validator=_opt_positive)
-    attention_flops_per_s: float | None = attrs.field(default=None, validator=_opt_positive)
-    decode_seq_overhead_s: float | None = attrs.field(default=None, validator=_opt_positive)
-    stage_step_slowdown: float | None = attrs.field(default=None, validator=_opt_positive)
-    stage_share_beside_steps: float | None = attrs.field(default=None, validator=_opt_positive)
+    kv_read_Bps: float | None = attrs.field(default=None, validator=valid.optional_positive)
+    attention_flops_per_s: float | None = attrs.field(
+        default=None, validator=valid.optional_positive
+    )
+    decode_seq_overhead_s: float | None = attrs.field(
+        default=None, validator=valid.optional_positive
+    )
+    stage_step_slowdown: float | None = attrs.field(default=None, validator=valid.optional_positive)
+    stage_share_beside_steps: float | None = attrs.field(
+        default=None, validator=valid.optional_positive
+    )
     step_prices: StepPrices | None = None
-    co_run_slowdown: float | None = attrs.field(default=None, validator=_opt_positive)
+    co_run_slowdown: float | None = attrs.field(default=None, validator=valid.optional_positive)
 
     def __attrs_post_init__(self) -> None:
         if not isinstance(self.description, str):
@@ -245,8 +196,8 @@ class HardwareProfile:
         rest is left to the OS, page cache and the serving runtime). Instances are named
         ``"<profile>-<i>"``. Raises ConfigError if the devices do not split evenly.
         """
-        require_positive_int("n_instances", n_instances)
-        require_fraction("host_memory_share", host_memory_share)
+        valid.require_positive_int("n_instances", n_instances)
+        valid.require_fraction("host_memory_share", host_memory_share)
         if self.n_devices % n_instances:
             raise ConfigError(
                 f"profile {self.name} has {self.n_devices} devices, which do not split into "
@@ -372,7 +323,7 @@ def cpu_profile_from_dict(
     if not isinstance(measured, Mapping):
         raise ConfigError(f"{origin}: missing 'measured' section")
     for key in _CPU_KEYS:
-        if not _is_number(measured.get(key)) or not measured[key] > 0:
+        if not valid.is_number(measured.get(key)) or not measured[key] > 0:
             raise ConfigError(f"{origin}: measured.{key} must be a positive number")
     m = measured
     machine = doc.get("machine", {})
@@ -439,7 +390,7 @@ def _step_prices(
     sources = [f"step_prices: step grid fit {where}{how}"]
     co_run = engine["fit"].get("co_run_slowdown")
     if co_run is not None:
-        if not _is_number(co_run) or co_run < 1:
+        if not valid.is_number(co_run) or co_run < 1:
             raise ConfigError(f"{origin}: engine.fit.co_run_slowdown must be a number >= 1")
         sources.append(
             f"co_run_slowdown: steps beside a second engine stepping on another thread over "
@@ -461,7 +412,7 @@ def _engine_fit(
         return float(m["matmul_bf16_flop_s"]), float(m["mem_copy_traffic_B_s"]), raw_overhead, None
     fitted = engine["fit"]
     for key in ("prefill_flop_s", "decode_weight_B_s", "step_overhead_s"):
-        if not _is_number(fitted.get(key)) or fitted[key] < 0:
+        if not valid.is_number(fitted.get(key)) or fitted[key] < 0:
             raise ConfigError(f"{origin}: engine.fit.{key} must be a non-negative number")
     note = (
         f"fit to engine microbenchmarks ({_engine_by(engine)}, "
@@ -498,7 +449,7 @@ def _attention_fit(
         if value is None:
             out.append(None)
             continue
-        if not _is_number(value) or not value > 0:
+        if not valid.is_number(value) or not value > 0:
             raise ConfigError(f"{origin}: engine.fit.{key} must be a positive number")
         out.append(float(value))
         sources.append(
@@ -520,7 +471,9 @@ def _stage_fit(
     slowdown, share = fitted.get("stage_step_slowdown"), fitted.get("stage_share_beside_steps")
     if slowdown is None or share is None:
         return None, None, ()
-    if not (_is_number(slowdown) and slowdown >= 1 and _is_number(share) and 0 < share <= 1):
+    if not (
+        valid.is_number(slowdown) and slowdown >= 1 and valid.is_number(share) and 0 < share <= 1
+    ):
         raise ConfigError(
             f"{origin}: engine.fit.stage_step_slowdown must be >= 1 and "
             "stage_share_beside_steps in (0, 1]"

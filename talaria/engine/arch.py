@@ -22,6 +22,7 @@ from typing import Any, Final
 import attrs
 import torch
 
+from talaria import validators as valid
 from talaria.config import ModelSpec
 from talaria.errors import ConfigError
 
@@ -47,28 +48,6 @@ class RopeKind(enum.Enum):
 
 
 # ----------------------------------------------------------------------------- validators
-
-
-def _pos_int(_inst: Any, attr: attrs.Attribute[Any], value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ConfigError(f"{attr.name} must be a positive integer, got {value!r}")
-
-
-def _pos_float(_inst: Any, attr: attrs.Attribute[Any], value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ConfigError(f"{attr.name} must be a positive number, got {value!r}")
-    if not math.isfinite(value):
-        raise ConfigError(f"{attr.name} must be finite, got {value!r}")
-
-
-def _opt_pos_float(inst: Any, attr: attrs.Attribute[Any], value: Any) -> None:
-    if value is not None:
-        _pos_float(inst, attr, value)
-
-
-def _opt_pos_int(inst: Any, attr: attrs.Attribute[Any], value: Any) -> None:
-    if value is not None:
-        _pos_int(inst, attr, value)
 
 
 def _is_bool(_inst: Any, attr: attrs.Attribute[Any], value: Any) -> None:
@@ -106,15 +85,17 @@ class RopeScaling:
     """
 
     kind: RopeKind = attrs.field(validator=_is(RopeKind))
-    factor: float = attrs.field(validator=_pos_float)
-    original_max_position_embeddings: int | None = attrs.field(default=None, validator=_opt_pos_int)
-    low_freq_factor: float = attrs.field(default=1.0, validator=_pos_float)
-    high_freq_factor: float = attrs.field(default=4.0, validator=_pos_float)
-    beta_fast: float = attrs.field(default=32.0, validator=_pos_float)
-    beta_slow: float = attrs.field(default=1.0, validator=_pos_float)
-    mscale: float | None = attrs.field(default=None, validator=_opt_pos_float)
-    mscale_all_dim: float | None = attrs.field(default=None, validator=_opt_pos_float)
-    attention_factor: float | None = attrs.field(default=None, validator=_opt_pos_float)
+    factor: float = attrs.field(validator=valid.positive)
+    original_max_position_embeddings: int | None = attrs.field(
+        default=None, validator=valid.optional_positive_int
+    )
+    low_freq_factor: float = attrs.field(default=1.0, validator=valid.positive)
+    high_freq_factor: float = attrs.field(default=4.0, validator=valid.positive)
+    beta_fast: float = attrs.field(default=32.0, validator=valid.positive)
+    beta_slow: float = attrs.field(default=1.0, validator=valid.positive)
+    mscale: float | None = attrs.field(default=None, validator=valid.optional_positive)
+    mscale_all_dim: float | None = attrs.field(default=None, validator=valid.optional_positive)
+    attention_factor: float | None = attrs.field(default=None, validator=valid.optional_positive)
     truncate: bool = attrs.field(default=True, validator=_is_bool)
 
     def __attrs_post_init__(self) -> None:
@@ -194,17 +175,17 @@ class ModelArch:
     """
 
     architecture: Arch = attrs.field(validator=_is(Arch))
-    vocab_size: int = attrs.field(validator=_pos_int)
-    hidden_size: int = attrs.field(validator=_pos_int)
-    intermediate_size: int = attrs.field(validator=_pos_int)
-    n_layers: int = attrs.field(validator=_pos_int)
-    n_heads: int = attrs.field(validator=_pos_int)
-    n_kv_heads: int = attrs.field(validator=_pos_int)
-    head_dim: int = attrs.field(validator=_pos_int)
-    rms_norm_eps: float = attrs.field(default=1e-6, validator=_pos_float)
-    rope_theta: float = attrs.field(default=10000.0, validator=_pos_float)
+    vocab_size: int = attrs.field(validator=valid.positive_int)
+    hidden_size: int = attrs.field(validator=valid.positive_int)
+    intermediate_size: int = attrs.field(validator=valid.positive_int)
+    n_layers: int = attrs.field(validator=valid.positive_int)
+    n_heads: int = attrs.field(validator=valid.positive_int)
+    n_kv_heads: int = attrs.field(validator=valid.positive_int)
+    head_dim: int = attrs.field(validator=valid.positive_int)
+    rms_norm_eps: float = attrs.field(default=1e-6, validator=valid.positive)
+    rope_theta: float = attrs.field(default=10000.0, validator=valid.positive)
     rope_scaling: RopeScaling | None = attrs.field(default=None)
-    max_position_embeddings: int = attrs.field(default=2048, validator=_pos_int)
+    max_position_embeddings: int = attrs.field(default=2048, validator=valid.positive_int)
     tie_word_embeddings: bool = attrs.field(default=False, validator=_is_bool)
     attention_bias: bool = attrs.field(default=False, validator=_is_bool)
 
