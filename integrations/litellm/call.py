@@ -125,24 +125,19 @@ class CallError(Exception):
         self.message = message
 
 
+@attrs.define(auto_exc=True, slots=False)
 class ServerError(CallError):
     """The server refused or failed the call: ``status`` (HTTP), OpenAI's ``code``,
     ``param`` and ``type``."""
 
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        *,
-        code: str | None = None,
-        param: str | None = None,
-        type: str | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.param = param
-        self.type = type
+    status: int
+    message: str
+    code: str | None = None
+    param: str | None = None
+    type: str | None = None
+
+    def __str__(self) -> str:
+        return self.message
 
 
 class Unreachable(CallError):
