@@ -39,7 +39,7 @@ from talaria.engine.arch import ModelArch
 from talaria.engine.loader import LoadedModel
 from talaria.policy.baselines import parse_policies
 from talaria.sim.simulator import SimResult
-from talaria.swebench_replay.live_replay import EmbeddedOptions, run_embedded_replay
+from talaria.swebench_replay.live_replay import EmbeddedOptions, ReplayHooks, run_embedded_replay
 from talaria.swebench_replay.metrics import policy_summary
 from talaria.swebench_replay.report import (
     fidelity_table,
@@ -156,9 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         workload.replay,
         options,
         workload.tool_table,
-        None,
-        lambda msg: print(msg, file=sys.stderr, flush=True),
-        on_result,
+        ReplayHooks(status=lambda msg: print(msg, file=sys.stderr, flush=True), result=on_result),
     )
     results["workload"]["source"] = workload.source
     if device.type == "cuda":

@@ -113,6 +113,7 @@ def measure_engines(models: list[VllmModel], prefix_tokens: int) -> dict[str, An
 
 def replay(models: list[VllmModel], sessions: int, calls: int, gap_scale: float) -> dict[str, Any]:
     from talaria.policy.baselines import parse_policies
+    from talaria.swebench_replay.live_replay import ReplayHooks
     from talaria.swebench_replay.setup import load_workload
     from talaria.swebench_replay.vllm_replay import VllmReplayOptions, run_vllm_replay
 
@@ -125,7 +126,7 @@ def replay(models: list[VllmModel], sessions: int, calls: int, gap_scale: float)
     options = VllmReplayOptions(
         parse_policies("talaria,round"), tuple(models), gap_scale=gap_scale, hardware="h200-tp8"
     )
-    doc = run_vllm_replay(workload.replay, options, workload.tool_table, on_status=print)
+    doc = run_vllm_replay(workload.replay, options, workload.tool_table, ReplayHooks(status=print))
     return {"workload": workload.replay.trace, "results": doc}
 
 

@@ -24,7 +24,7 @@ the results document's ``calibration`` entry says which one priced the predictio
 from __future__ import annotations
 
 import gc
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -158,6 +158,38 @@ class EmbeddedOptions:
 Progress = Callable[[str, int], None]
 
 
+@attrs.frozen
+class ReplayHooks:
+    """What a real-time replay reports as it goes, each optional: ``progress(policy, calls
+    done)``, ``status(line)``, and ``result(policy, run)`` with each policy's measured run
+    (every call's timings and every slot, in seconds from the replay's start: what the
+    timeline plot draws)."""
+
+    progress: Progress | None = None
+    status: Callable[[str], None] | None = None
+    result: Callable[[str, SimResult], None] | None = None
+
+    def say(self, line: str) -> None:
+        if self.status is not None:
+            self.status(line)
+
+    def tick(self, name: str) -> Callable[[int], None]:
+        """``progress`` for policy ``name``: calls done so far."""
+
+        def tick(n: int) -> None:
+            if self.progress is not None:
+                self.progress(name, n)
+
+        return tick
+
+    def done(self, name: str, run: SimResult) -> None:
+        if self.result is not None:
+            self.result(name, run)
+
+
+NO_HOOKS = ReplayHooks()  # a replay that reports nothing as it goes
+
+
 class PlayedCluster(Protocol):
     """What a real-time replay plays against: a cluster core and one substrate per instance
     (the embedded engine's cluster, or the vLLM backend's)."""
@@ -169,29 +201,32 @@ class PlayedCluster(Protocol):
     def runners(self) -> Mapping[str, Executor]: ...
 
 
+def require_models(replay: ReplaySet, served: Iterable[str], missing: str) -> None:
+    """``ConfigError`` when the replay set uses a model not in ``served`` (``missing`` says
+    where it is missing, e.g. "the engine does not load")."""
+    unknown = set(replay.models) - set(served)
+    if unknown:
+        raise ConfigError(f"the replay set uses models {sorted(unknown)} {missing}")
+
+
 def run_embedded_replay(
     replay: ReplaySet,
     options: EmbeddedOptions,
     tool_table: ToolTimeTable,
-    on_progress: Progress | None = None,
-    on_status: Callable[[str], None] | None = None,
-    on_result: Callable[[str, SimResult], None] | None = None,
+    hooks: ReplayHooks = NO_HOOKS,
 ) -> dict[str, Any]:
     """Every policy of ``options`` on ``replay`` in real time: the ``results.json`` document
-    (with a ``fidelity`` entry per policy when ``options.simulate``). ``on_result(name,
-    result)`` is handed each policy's measured run: every call's timings and every slot
-    (seconds from the replay's start), which the timeline plot draws."""
-    unknown = set(replay.models) - set(options.models)
-    if unknown:
-        raise ConfigError(f"the replay set uses models {sorted(unknown)} the engine does not load")
-    say = on_status or (lambda _msg: None)
+    (with a ``fidelity`` entry per policy when ``options.simulate``), reporting through
+    ``hooks`` as it goes."""
+    require_models(replay, options.models, "the engine does not load")
+    say = hooks.say
     threads = torch.get_num_threads()
     share = options.threads_per_instance(threads)
     if options.instances > 1:
         say(f"{options.instances} instances side by side, {share} torch thread(s) each")
     torch.set_num_threads(share)
     try:
-        return _run(replay, options, tool_table, say, on_progress, on_result)
+        return _run(replay, options, tool_table, hooks)
     finally:
         torch.set_num_threads(threads)
 
@@ -200,10 +235,9 @@ def _run(
     replay: ReplaySet,
     options: EmbeddedOptions,
     tool_table: ToolTimeTable,
-    say: Callable[[str], None],
-    on_progress: Progress | None,
-    on_result: Callable[[str, SimResult], None] | None,
+    hooks: ReplayHooks,
 ) -> dict[str, Any]:
+    say = hooks.say
     say(f"loading {', '.join(options.models)} ({options.dtype})")
     # torch runs on threads that exit, the steps on a worker (talaria.engine.threads)
     bare, host = in_own_thread(lambda: _load(options))
@@ -226,13 +260,10 @@ def _run(
     for policy in policies_run:
         say(f"replaying under {policy.name} in real time")
         cluster = _cluster(options, bare, host, policy, hardware)
-        result, steps = anyio.run(
-            _play, cluster, scripts, policy.name, _ticker(on_progress, policy.name)
-        )
+        result, steps = anyio.run(_play, cluster, scripts, policy.name, hooks.tick(policy.name))
         check_conservation(result, replay.n_calls, tool_s)
         policies[policy.name] = policy_summary(result)
-        if on_result is not None:
-            on_result(policy.name, result)
+        hooks.done(policy.name, result)
         step_costs[policy.name] = step_breakdown(steps)
         step_log[policy.name] = [attrs.asdict(st) for st in steps]
         if options.simulate:
@@ -363,14 +394,6 @@ def _cluster(
     )
 
 
-def _ticker(on_progress: Progress | None, name: str) -> Callable[[int], None]:
-    def tick(n: int) -> None:
-        if on_progress is not None:
-            on_progress(name, n)
-
-    return tick
-
-
 def _load(options: EmbeddedOptions) -> tuple[dict[str, LoadedModel], dict[str, torch.Tensor]]:
     """Each model's description (without tensors) and its flat host weights, loaded one at
     a time so that peak memory is the flat copies plus one model's tensors."""
@@ -431,7 +454,7 @@ async def _play(
                 if run is not None:
                     if run.hint_s is not None:
                         key = script.key
-                        live.event(key, EventKind.TOOL_START, run.hint_s, tool=run.tool)
+                        live.event(key, EventKind.TOOL_START, expected_s=run.hint_s, tool=run.tool)
                     await anyio.sleep(run.seconds)
                     tool += run.seconds
             live.event(script.key, EventKind.END)

@@ -15,7 +15,7 @@ between vLLM's cached tokens and the core's account of them.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import anyio
@@ -30,11 +30,12 @@ from talaria.errors import ConfigError
 from talaria.sim.simulator import SimResult
 from talaria.swebench_replay.driver import to_scripts
 from talaria.swebench_replay.live_replay import (
-    Progress,
+    NO_HOOKS,
+    ReplayHooks,
     _fidelity,
     _play,
     _simulate,
-    _ticker,
+    require_models,
     step_breakdown,
 )
 from talaria.swebench_replay.metrics import (
@@ -73,24 +74,20 @@ def run_vllm_replay(
     replay: ReplaySet,
     options: VllmReplayOptions,
     tool_table: ToolTimeTable,
-    on_progress: Progress | None = None,
-    on_status: Callable[[str], None] | None = None,
-    on_result: Callable[[str, SimResult], None] | None = None,
+    hooks: ReplayHooks = NO_HOOKS,
 ) -> dict[str, Any]:
     """Every policy of ``options`` on ``replay`` in real time on vLLM engines: the
     ``results.json`` document (substrate ``vllm``)."""
     names = {m.name for m in options.models}
-    unknown = set(replay.models) - names
-    if unknown:
-        raise ConfigError(f"the replay set uses models {sorted(unknown)} the engines do not load")
-    say = on_status or (lambda _msg: None)
+    require_models(replay, names, "the engines do not load")
+    say = hooks.say
     for m in options.models:
         m.arch()  # a bad directory fails before vLLM starts
     engines = EngineSet(options.models, block_size=options.block_size)
     say(f"starting vLLM engines for {', '.join(sorted(names))} (minutes on a CPU)")
     engines.start(lambda name: say(f"  starting {name}"))
     try:
-        return _replay_on(engines, replay, options, tool_table, on_progress, say, on_result)
+        return _replay_on(engines, replay, options, tool_table, hooks)
     finally:
         engines.close()
 
@@ -100,10 +97,9 @@ def _replay_on(
     replay: ReplaySet,
     options: VllmReplayOptions,
     tool_table: ToolTimeTable,
-    on_progress: Progress | None,
-    say: Callable[[str], None],
-    on_result: Callable[[str, SimResult], None] | None,
+    hooks: ReplayHooks,
 ) -> dict[str, Any]:
+    say = hooks.say
     scripts = to_scripts(replay, tool_table, options.gap_scale, options.hints)
     tool_s = {s.session_id: sum(c.tool_seconds for c in s.calls) for s in scripts}
     say("warming up every model once")
@@ -119,14 +115,11 @@ def _replay_on(
         engines.reset_prefix_cache()
         engines.switches.clear()
         cluster = _cluster(engines, policy, options)
-        result, steps = anyio.run(
-            _play, cluster, scripts, policy.name, _ticker(on_progress, policy.name)
-        )
+        result, steps = anyio.run(_play, cluster, scripts, policy.name, hooks.tick(policy.name))
         check_conservation(result, replay.n_calls, tool_s)
         result = _moved_by_vllm(result, cluster, engines)
         policies[policy.name] = policy_summary(result)
-        if on_result is not None:
-            on_result(policy.name, result)
+        hooks.done(policy.name, result)
         step_costs[policy.name] = step_breakdown(steps)
         drift[policy.name] = _drift(cluster)
         switches[policy.name] = _switches(engines)
@@ -200,7 +193,7 @@ def _warm_up(engines: EngineSet, options: VllmReplayOptions) -> None:
         )
         for m in options.models
     ]
-    anyio.run(_play, cluster, scripts, "warm-up", _ticker(None, "warm-up"))
+    anyio.run(_play, cluster, scripts, "warm-up", NO_HOOKS.tick("warm-up"))
 
 
 def _warm_call() -> Any:

@@ -391,8 +391,8 @@ def _replay_embedded(
         tune=None if args.slot_max_s is not None else _live_tuner(args, console, policies),
     )
 
-    def run(*hooks: Any) -> dict[str, Any]:
-        return run_embedded_replay(workload.replay, options, workload.tool_table, *hooks)
+    def run(hooks: Any) -> dict[str, Any]:
+        return run_embedded_replay(workload.replay, options, workload.tool_table, hooks)
 
     return _live_replay(args, console, workload, policies, "replay-embedded", run)
 
@@ -436,8 +436,8 @@ def _replay_vllm(args: argparse.Namespace, console: Console, workload: Any, poli
     models = catalog_for(DEFAULT_MODELS, where)
     options = VllmReplayOptions(policies, models, gap_scale=args.gap_scale, hints=not args.no_hints)
 
-    def run(*hooks: Any) -> dict[str, Any]:
-        return run_vllm_replay(workload.replay, options, workload.tool_table, *hooks)
+    def run(hooks: Any) -> dict[str, Any]:
+        return run_vllm_replay(workload.replay, options, workload.tool_table, hooks)
 
     return _live_replay(args, console, workload, policies, "replay-vllm", run)
 
@@ -450,9 +450,11 @@ def _live_replay(
     default_out: str,
     run: Any,
 ) -> int:
-    """A real-time replay (``run(on_progress, on_status, on_result)`` plays every policy and
-    returns the results document) with progress bars, then its files and tables."""
+    """A real-time replay (``run(hooks)`` plays every policy, reporting through its
+    ``ReplayHooks``, and returns the results document) with progress bars, then its files
+    and tables."""
     from talaria.cli_compare import progress_bar
+    from talaria.swebench_replay.live_replay import ReplayHooks
     from talaria.swebench_replay.report import (
         fidelity_table,
         mechanism_table,
@@ -470,7 +472,7 @@ def _live_replay(
             if name in tasks:  # a warm-up pass reports under its own name
                 progress.update(tasks[name], completed=n)
 
-        results = run(on_progress, progress.console.print, runs.__setitem__)
+        results = run(ReplayHooks(on_progress, progress.console.print, runs.__setitem__))
     results["workload"]["source"] = workload.source
     results["wall_s"] = time.perf_counter() - started
     out.mkdir(parents=True, exist_ok=True)

@@ -676,7 +676,7 @@ class Talaria:
                 f"unknown event {event!r}; send one of {[k.value for k in EventKind]}"
             ) from None
         key = SessionKey(tenant, session_id)
-        return self.live.event(key, kind, expected_s, tool=tool, measured_s=measured_s)
+        return self.live.event(key, kind, tool=tool, expected_s=expected_s, measured_s=measured_s)
 
     # ------------------------------------------------------------------ stats
     def stats(self) -> dict[str, Any]:

@@ -35,7 +35,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Unpack
 
 import anyio
 import anyio.abc
@@ -64,7 +64,7 @@ from talaria.runtime.sessions import LiveSession, SessionSummary
 from talaria.runtime.step_log import STEP_LOG, StepTiming
 from talaria.runtime.streams import Delta, Event, Failed, Finished, LiveCall, deliver, log_call
 from talaria.schedule import Executed, Placement, Request, Schedule
-from talaria.types import Call, EventKind, SessionKey, TokenSeq
+from talaria.types import Call, EventKind, HintFields, SessionKey, TokenSeq
 
 log = logging.getLogger(__name__)
 
@@ -256,16 +256,11 @@ class LiveCluster:
 
     # ------------------------------------------------------------------ events
     def event(
-        self,
-        session: SessionKey,
-        kind: EventKind,
-        expected_s: float | None = None,
-        *,
-        tool: str | None = None,
-        measured_s: float | None = None,
+        self, session: SessionKey, kind: EventKind, **hint: Unpack[HintFields]
     ) -> SessionSummary | None:
         """A client hint. ``UnknownSession`` if the session never sent a call or ended.
         Returns the session's summary on ``END``."""
+        expected_s, measured_s = hint.get("expected_s"), hint.get("measured_s")
         check_hint_s("expected_s", expected_s)
         check_seconds("measured_s", measured_s)
         sess = self.sessions.get(session)
@@ -275,7 +270,9 @@ class LiveCluster:
                 "(sessions also end after an 'end' event or when idle too long)"
             )
         now = self.clock.now()
-        self.core.event(session, kind, expected_s, now, tool=tool, measured_s=measured_s)
+        self.core.event(
+            session, kind, expected_s, now, tool=hint.get("tool"), measured_s=measured_s
+        )
         self.events[kind.value] = self.events.get(kind.value, 0) + 1
         for d in self.drivers.values():
             d.wake.set()

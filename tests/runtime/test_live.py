@@ -92,7 +92,7 @@ async def test_concurrent_sessions_get_their_own_answers_and_reuse_their_prefix(
                 ids, fin = await run_call(live, f"s{i}", model, prompt)
                 results[(i, k)] = (ids, fin, prompt)
                 prompt = prompt.extend(ids).extend([5, 6, 7])
-                live.event(sk(f"s{i}"), EventKind.TOOL_START, 0.01)
+                live.event(sk(f"s{i}"), EventKind.TOOL_START, expected_s=0.01)
                 await anyio.sleep(0.01)
             live.event(sk(f"s{i}"), EventKind.END)
 
@@ -127,11 +127,11 @@ async def test_bad_input_raises_typed_errors_and_changes_nothing() -> None:
                 sk("a"), "llama-tiny", TokenSeq([1, 500]), params, StopChecker(params)
             )
         with pytest.raises(UnknownSession):
-            live.event(sk("never-seen"), EventKind.TOOL_START, 1.0)
+            live.event(sk("never-seen"), EventKind.TOOL_START, expected_s=1.0)
         assert not live.sessions and not live.calls
         ids, _ = await run_call(live, "a", "llama-tiny", prompt_for(1))
         with pytest.raises(BadRequest, match="expected_s"):
-            live.event(sk("a"), EventKind.TOOL_START, -1.0)
+            live.event(sk("a"), EventKind.TOOL_START, expected_s=-1.0)
         assert len(ids) == 6
         live.check_integrity()
 
@@ -250,7 +250,7 @@ async def test_sessions_without_an_end_expire() -> None:
                 await anyio.sleep(0.05)
         assert live.expired_sessions == 1 and ends[0].expired and ends[0].calls == 1
         with pytest.raises(UnknownSession):
-            live.event(sk("quiet"), EventKind.TOOL_START, 1.0)
+            live.event(sk("quiet"), EventKind.TOOL_START, expected_s=1.0)
         assert sk("quiet") not in c.core.sessions
         live.check_integrity()
 
@@ -297,7 +297,7 @@ async def test_a_session_back_after_thirty_minutes_in_a_tool_gap_is_served() -> 
         first = {}
         for sid in ("quiet", "hinted"):
             first[sid], _ = await run_call(live, sid, "llama-tiny", prompt_for(8))
-        live.event(sk("hinted"), EventKind.TOOL_START, HINT_MIN_S)
+        live.event(sk("hinted"), EventKind.TOOL_START, expected_s=HINT_MIN_S)
         served = 0
         for minute in range(1, 31):  # others keep calling while the two stay away
             clock.advance_to(60.0 * minute)
@@ -365,7 +365,7 @@ async def test_a_gap_policy_bug_for_one_session_is_isolated_to_that_session() ->
     inst.gaps = inst.admission.gaps = Broken()
     async with live_of(c) as live:
         first, _ = await run_call(live, "victim", "llama-tiny", prompt_for(1))
-        live.event(sk("victim"), EventKind.TOOL_START, 0.5)
+        live.event(sk("victim"), EventKind.TOOL_START, expected_s=0.5)
         assert sk("victim") in inst.admission.held
         for i in range(3):  # another model waits: the idle slot asks about the victim
             ids, _ = await run_call(live, f"other{i}", "qwen-tiny", prompt_for(10 + i))

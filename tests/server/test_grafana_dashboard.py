@@ -61,7 +61,7 @@ async def _serve_one_call_and_snapshot() -> dict[str, Any]:
             async with receive:
                 events = [ev async for ev in receive]
         assert isinstance(events[-1], Finished)
-        live.event(sk("s1"), EventKind.TOOL_START, 0.4, tool="bash")
+        live.event(sk("s1"), EventKind.TOOL_START, expected_s=0.4, tool="bash")
         return snapshot(live)
 
 

@@ -16,7 +16,7 @@ from talaria.calibration.cache import CalibrationMode
 from talaria.errors import ConfigError
 from talaria.policy.baselines import POLICIES
 from talaria.sim.simulator import SimResult
-from talaria.swebench_replay.live_replay import EmbeddedOptions, run_embedded_replay
+from talaria.swebench_replay.live_replay import EmbeddedOptions, ReplayHooks, run_embedded_replay
 from tests.swebench_replay.test_live_replay_calibration import MB, MODELS, _tiny_load, tiny_workload
 
 
@@ -51,7 +51,10 @@ def test_two_instances_serve_the_replay_side_by_side(
     runs: dict[str, SimResult] = {}
     threads = torch.get_num_threads()
     doc = run_embedded_replay(
-        workload.replay, _options(2, tmp_path), workload.tool_table, on_result=runs.__setitem__
+        workload.replay,
+        _options(2, tmp_path),
+        workload.tool_table,
+        ReplayHooks(result=runs.__setitem__),
     )
     assert torch.get_num_threads() == threads  # the split is undone afterwards
     share = max(1, threads // 2)
