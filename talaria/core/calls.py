@@ -78,8 +78,10 @@ class CallTable:
         return self._held.keys()
 
     def any_waiting(self, but: str | None = None) -> bool:
-        """Whether a model other than ``but`` has a waiting call."""
-        return any(q for m, q in self.waiting.items() if m != but)
+        """Whether a model other than ``but`` has a waiting call (only the models holding a
+        call can)."""
+        waiting = self.waiting
+        return any(waiting[m] for m in self._held if m != but)
 
     # ------------------------------------------------------------------ mutations
     def enqueue(self, req: Request) -> None:
