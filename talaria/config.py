@@ -236,7 +236,7 @@ class PolicyConfig:
     quantum and linger knobs give way to three of its own: ``slot_starvation_s``, the longest a
     waiting call may wait before its model's slot opens next (default 300 s: half the OpenAI
     client's default 600 s timeout, so a starved call is still answered before a default client
-    gives up); ``slot_preempt_ratio``, how many times more remaining work the open slot's model
+    gives up; infinity: no bound); ``slot_preempt_ratio``, how many times more remaining work the open slot's model
     must have than a waiting model's before the slot gives way to it (2: a switch is only
     worth it for a clear win, the break-even rule of ski rental); and the switch cost itself,
     which bounds how long an idle slot waits for its sessions' returns (linger while the
@@ -260,7 +260,7 @@ class PolicyConfig:
     slot_order: SlotOrder = attrs.field(default=SlotOrder.ROUND_ROBIN, converter=_slot_order)
     queue_order: QueueOrder = attrs.field(default=QueueOrder.FCFS, converter=_queue_order)
     continuum_ttl: bool = False  # TTL pins sized per call by Continuum's rule, not kv_pin_ttl_s
-    slot_starvation_s: float = attrs.field(default=300.0, validator=valid.positive)
+    slot_starvation_s: float = attrs.field(default=300.0, validator=valid.positive_or_infinite)
     slot_preempt_ratio: float = attrs.field(default=2.0, validator=valid.positive)
     max_batch_tokens: int = attrs.field(default=8192, validator=valid.positive_int)
     max_running: int = attrs.field(default=256, validator=valid.positive_int)

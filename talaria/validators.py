@@ -24,6 +24,7 @@ __all__ = [
     "optional_positive_int",
     "positive",
     "positive_int",
+    "positive_or_infinite",
     "require_fraction",
     "require_non_negative",
     "require_positive",
@@ -66,6 +67,12 @@ def _field(inst: object, attr: attrs.Attribute[Any]) -> str:
 
 def positive(inst: object, attr: attrs.Attribute[Any], value: object) -> None:
     require_positive(_field(inst, attr), value)
+
+
+def positive_or_infinite(inst: object, attr: attrs.Attribute[Any], value: object) -> None:
+    """A positive number, where infinity means "no bound" (NaN rejected)."""
+    if value != math.inf:
+        positive(inst, attr, value)
 
 
 def non_negative(inst: object, attr: attrs.Attribute[Any], value: object) -> None:
