@@ -236,11 +236,11 @@ class PolicyConfig:
     quantum and linger knobs give way to three of its own: ``slot_starvation_s``, the longest a
     waiting call may wait before its model's slot opens next (default 300 s: half the OpenAI
     client's default 600 s timeout, so a starved call is still answered before a default client
-    gives up; infinity: no bound); ``slot_preempt_ratio``, how many times more remaining work the open slot's model
-    must have than a waiting model's before the slot gives way to it (2: a switch is only
-    worth it for a clear win, the break-even rule of ski rental); and the switch cost itself,
-    which bounds how long an idle slot waits for its sessions' returns (linger while the
-    soonest return is expected within a switch away and back).
+    gives up; infinity: no bound); ``slot_preempt_ratio``, how many times more remaining work
+    the open slot's model must have than a waiting model's before the slot gives way to it (2: a
+    switch is only worth it for a clear win, the break-even rule of ski rental); and the switch
+    cost itself, which bounds how long an idle slot waits for its sessions' returns (linger
+    while the soonest return is expected within a switch away and back).
     """
 
     name: str = attrs.field(validator=valid.name)
