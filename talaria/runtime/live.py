@@ -260,6 +260,9 @@ class LiveCluster:
     ) -> SessionSummary | None:
         """A client hint. ``UnknownSession`` if the session never sent a call or ended.
         Returns the session's summary on ``END``."""
+        unknown = hint.keys() - HintFields.__annotations__.keys()
+        if unknown:  # as a keyword-only signature would refuse them
+            raise TypeError(f"event() got unexpected hint fields {sorted(unknown)}")
         expected_s, measured_s = hint.get("expected_s"), hint.get("measured_s")
         check_hint_s("expected_s", expected_s)
         check_seconds("measured_s", measured_s)

@@ -132,6 +132,8 @@ async def test_bad_input_raises_typed_errors_and_changes_nothing() -> None:
         ids, _ = await run_call(live, "a", "llama-tiny", prompt_for(1))
         with pytest.raises(BadRequest, match="expected_s"):
             live.event(sk("a"), EventKind.TOOL_START, expected_s=-1.0)
+        with pytest.raises(TypeError, match="expected"):
+            live.event(sk("a"), EventKind.TOOL_START, expected=1.0)  # type: ignore[call-arg]
         assert len(ids) == 6
         live.check_integrity()
 
