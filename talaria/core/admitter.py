@@ -108,7 +108,7 @@ class Admitter:
         gap = self.gaps.get(session)
         if gap is None:
             return
-        gap.expected_s = expected_s
+        self.gaps.set_expected(session, expected_s)
         if tool is not None:
             gap.tool = tool
             if self.admission.retime(session, tool, now) is not None:

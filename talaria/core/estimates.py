@@ -15,6 +15,7 @@ Everything here is seconds of device time on the instance's estimator; see
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Mapping
 
 import attrs
@@ -28,6 +29,7 @@ from talaria.cost.step_shape import StepShape
 from talaria.memory.kv import KVManager, PrefixMatch
 from talaria.memory.weights import WeightArena
 from talaria.policy.admission import Admission
+from talaria.policy.gaps import GapModel
 from talaria.policy.remaining import CallCost, SessionLengths
 from talaria.policy.rounds import RoundScheduler, SlotDemand
 from talaria.policy.router import InstanceView, estimate
@@ -203,10 +205,10 @@ class InstanceEstimates:
         (``RoundScheduler`` takes a missing model as ``rounds.IDLE``, and an idle model's
         demand differs from that only in its switch and reload times, which the decisions
         read for models with waiting work or sessions in a gap alone). On a pool instance
-        serving dozens of models this skips most of them at every step. Expected returns (a
-        scan of the model's sessions in tool gaps) are computed only for the models in
-        ``returns_for``; the rest report None. A session whose gap reasoning raises is
-        handed to ``on_fault`` and left out."""
+        serving dozens of models this skips most of them at every step. Expected returns
+        (from the gap table's index: a few gaps priced, not all) are computed only for the
+        models in ``returns_for``; the rest report None. A session whose gap reasoning
+        raises is handed to ``on_fault`` and left out."""
         want = set(returns_for)
         linger = self.policy.slot_linger_s
         gap_model = self.admission.gaps
@@ -220,18 +222,8 @@ class InstanceEstimates:
             queue = self.calls.waiting[m]
             soonest: float | None = None
             returning = 0
-            faulty: list[tuple[SessionKey, Exception]] = []
             if m in want:
-                for sid, gap in self.gaps.of_model(m):
-                    try:
-                        left = gap_model.expected_remaining_s(now - gap.since_s, gap.expected_s)
-                    except Exception as error:
-                        faulty.append((sid, error))
-                        continue
-                    soonest = left if soonest is None else min(soonest, left)
-                    returning += left <= linger
-            for sid, fault in faulty:
-                self.on_fault(sid, fault)
+                soonest, returning = self._returns(m, now, gap_model, linger)
             oldest = now - queue[0].queued_s if queue else 0.0
             running = self.calls.running_of(m)
             out[m] = SlotDemand(
@@ -245,6 +237,30 @@ class InstanceEstimates:
                 drain_s=self._drain_s(m, running),
             )
         return out
+
+    def _returns(
+        self, model: str, now: float, gap_model: GapModel, linger: float
+    ) -> tuple[float | None, int]:
+        """``model``'s soonest expected return from a tool gap (None: no gap) and how many
+        are due within ``linger``: from the gap table's index, or, where the gap model
+        raised for a gap, priced gap by gap, each faulty session handed to ``on_fault``."""
+        found = self.gaps.returns(model, now, gap_model, linger)
+        if found is not None:
+            return (None if found[0] == math.inf else found[0]), found[1]
+        soonest: float | None = None
+        returning = 0
+        faulty: list[tuple[SessionKey, Exception]] = []
+        for sid, gap in self.gaps.of_model(model):
+            try:
+                left = gap_model.expected_remaining_s(now - gap.since_s, gap.expected_s)
+            except Exception as error:
+                faulty.append((sid, error))
+                continue
+            soonest = left if soonest is None else min(soonest, left)
+            returning += left <= linger
+        for sid, fault in faulty:
+            self.on_fault(sid, fault)
+        return soonest, returning
 
     def _drain_s(self, model: str, running: int) -> float:
         """Expected seconds until the open slot's running calls finish, for the session-aware

@@ -11,6 +11,10 @@ incrementally per model (a count of gaps by calls done, and the gaps in start or
 retire once the horizon passes them), so the answer costs the distinct counts, not a scan
 of every session in a gap.
 
+The soonest expected return of each model's gaps and how many are due within the slot's
+linger are answered by a :class:`ReturnIndex` per model, kept on every start, end and hint
+(so a gap's ``expected_s`` changes through :meth:`GapTable.set_expected` alone).
+
 Not thread-safe: the instance core's single driver owns it.
 """
 
@@ -21,6 +25,8 @@ from collections.abc import Iterable, Iterator, Mapping
 
 import attrs
 
+from talaria.core.returns import ReturnIndex
+from talaria.policy.gaps import GapModel
 from talaria.types import SessionKey
 
 
@@ -30,7 +36,8 @@ class ToolGap:
 
     model: str
     since_s: float
-    expected_s: float | None  # a hint's (or the server's guess of) the tool's length
+    expected_s: float | None  # a hint's (or the server's guess of) the tool's length; set it
+    # through ``GapTable.set_expected`` while the gap is in a table
     tool: str | None = None  # the tool a hint named
     calls_done: int = 0  # the session's calls answered here when the gap started
     recent: bool = attrs.field(default=False, eq=False)  # counted in its model's window
@@ -75,6 +82,7 @@ class GapTable:
         self._by_model: dict[str, dict[SessionKey, ToolGap]] = {m: {} for m in models}
         self._recent: dict[str, _Window] = {m: _Window() for m in self._by_model}
         self._gapped: collections.Counter[str] = collections.Counter()  # gaps per model
+        self._returns: dict[str, ReturnIndex] = {m: ReturnIndex() for m in self._by_model}
         self.changes = 0  # gaps started and ended so far: equal counts, equal tables
 
     def get(self, session: SessionKey) -> ToolGap | None:
@@ -119,6 +127,24 @@ class GapTable:
         window.advance(since_s)
         return window.counts
 
+    def returns(
+        self, model: str, now: float, gaps: GapModel, linger_s: float
+    ) -> tuple[float, int] | None:
+        """(``model``'s soonest expected return, its gaps expected back within
+        ``linger_s``), exactly as pricing each of its gaps with ``gaps`` computes them
+        (``math.inf`` and 0 for none); None where ``gaps`` raised for one (price them one by
+        one to find it). See :mod:`talaria.core.returns`."""
+        return self._returns[model].returns(now, gaps, linger_s)
+
+    def set_expected(self, session: SessionKey, expected_s: float | None) -> None:
+        """A hint re-values the session's gap (no gap: nothing)."""
+        gap = self._by_session.get(session)
+        if gap is not None:
+            index = self._returns[gap.model]
+            index.remove(gap.expected_s, gap.since_s, session)
+            gap.expected_s = expected_s
+            index.add(expected_s, gap.since_s, session)
+
     def start(self, session: SessionKey, gap: ToolGap) -> None:
         """Record a gap that starts now (any earlier gap of the session is over)."""
         self.end(session)
@@ -126,6 +152,7 @@ class GapTable:
         self._by_model[gap.model][session] = gap
         self._gapped[gap.model] += 1
         self._recent[gap.model].add(gap)
+        self._returns[gap.model].add(gap.expected_s, gap.since_s, session)
         self.changes += 1
 
     def end(self, session: SessionKey) -> None:
@@ -137,6 +164,7 @@ class GapTable:
             if not self._gapped[gap.model]:
                 del self._gapped[gap.model]
             self._recent[gap.model].drop(gap)
+            self._returns[gap.model].remove(gap.expected_s, gap.since_s, session)
             self.changes += 1
 
     def problems(self) -> list[str]:
@@ -158,4 +186,6 @@ class GapTable:
                 out.append(
                     f"{m}: recent gaps by calls done {dict(window.counts)} != {dict(counts)}"
                 )
+            held = {s: (g.expected_s, g.since_s) for s, g in gaps.items()}
+            out.extend(f"{m}: {line}" for line in self._returns[m].problems(held))
         return out
