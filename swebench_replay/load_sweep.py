@@ -23,7 +23,8 @@ every setting of its own knobs, :func:`talaria.policy.knobs.grid`; the lowest me
 over the tune seeds, ties within 1% to the lowest p95) on the *tune* part of the traces, at
 one rate (``tune_rate``), before any test-part point runs. The rate at which a policy's SCT
 p95 doubles over its value at the lowest rate is interpolated linearly between the sweep's
-points (None: not within the sweep).
+points (None: not within the sweep). Over several test seeds each figure is the mean of the
+seeds' figures, with its 95% interval beside it (:func:`with_intervals`).
 
 Simulations are independent jobs (:func:`execute_all`, in worker processes when ``jobs`` >
 1). Mutates nothing it is given.
@@ -60,10 +61,19 @@ from talaria.swebench_replay.open_loop import (
     trace_sessions,
 )
 from talaria.swebench_replay.split import Part
+from talaria.swebench_replay.stats import mean_interval, ratio_interval
 from talaria.swebench_replay.tuning import RULE, TIE, TUNE_SEEDS, Trial, Tuned
 from talaria.types import SessionScript
 
 SLO_FACTOR: Final = 2.0
+# The figures each point reports with an interval over its seeds.
+INTERVAL_METRICS: Final = (
+    "sct_p50_s",
+    "sct_p95_s",
+    "goodput_sessions_per_h",
+    "slo_met_share",
+    "device_busy_s_per_session",
+)
 
 
 @attrs.frozen
@@ -289,6 +299,42 @@ def doubling_rate(rates: Sequence[float], p95s: Sequence[float]) -> float | None
     return None
 
 
+def with_intervals(policies: Mapping[str, Any]) -> dict[str, Any]:
+    """The sweep's ``policies`` document with what its seeds say about each figure added
+    (the first policy is the reference; nothing else changes):
+
+    * each point's ``intervals``: the mean over seeds of each of ``INTERVAL_METRICS`` with
+      its 95% t-interval (``stats.mean_interval``; no bounds with one seed);
+    * each point's ``sct_p95_ratio_to_reference``: the policy's SCT p95 over the reference
+      policy's at that rate, paired seed by seed (``stats.ratio_interval``);
+    * each policy's ``sct_p95_doubling_rate_per_seed``: the doubling rate of each seed's
+      own p95 curve (None where it does not double within the sweep).
+
+    Pure: reads the points' ``per_seed`` figures, so an earlier run's JSON gains them too."""
+    out = {name: dict(entry) for name, entry in policies.items()}
+    if not out:
+        return out
+    reference = next(iter(out.values()))["points"]
+    for entry in out.values():
+        points = [dict(pt) for pt in entry["points"]]
+        for pt, ref in zip(points, reference, strict=True):
+            seeds = pt["per_seed"]
+            pt["intervals"] = {
+                k: mean_interval([m[k] for m in seeds]).to_json() for k in INTERVAL_METRICS
+            }
+            pt["sct_p95_ratio_to_reference"] = ratio_interval(
+                [m["sct_p95_s"] for m in seeds], [m["sct_p95_s"] for m in ref["per_seed"]]
+            ).to_json()
+        rates = [pt["rate_per_s"] for pt in points]
+        n_seeds = len(points[0]["per_seed"])
+        entry["sct_p95_doubling_rate_per_seed"] = [
+            doubling_rate(rates, [pt["per_seed"][i]["sct_p95_s"] for pt in points])
+            for i in range(n_seeds)
+        ]
+        entry["points"] = points
+    return out
+
+
 # ---------------------------------------------------------------------------- the sweep
 
 
@@ -352,7 +398,7 @@ def sweep(
             "sct_p95_doubling_rate_per_s": doubling_rate(ordered, p95),
         }
     return {
-        "policies": out,
+        "policies": with_intervals(out),
         "isolated_s": {f"{k[0]} @ {k[1]}": v for k, v in isolated.items()},
     }
 

@@ -142,7 +142,8 @@ def cmd_load(args: argparse.Namespace, console: Console) -> int:
 
 
 def table(doc: dict[str, Any]) -> Table:
-    """The sweep's figures, one row per (policy, rate)."""
+    """The sweep's figures, one row per (policy, rate); with several seeds the SCT p95 has
+    its 95% interval, and every policy's p95 is set against the first policy's."""
     t = Table(title=f"load sweep: {doc['instances']} instances, {doc['workload']['pattern']}")
     for col in (
         "policy",
@@ -154,6 +155,7 @@ def table(doc: dict[str, Any]) -> Table:
         "dev-s/sess",
         "goodput/h",
         "in SLO",
+        "p95 / first's",
         "p95 x2 at",
     ):
         t.add_column(col, justify="left" if col == "policy" else "right")
@@ -164,15 +166,32 @@ def table(doc: dict[str, Any]) -> Table:
                 name if i == 0 else "",
                 f"{pt['rate_per_s']:g}",
                 f"{pt['sct_p50_s']:.0f}",
-                f"{pt['sct_p95_s']:.0f}",
+                _with_ci(pt, "sct_p95_s"),
                 f"{pt['ttft_p95_s']:.1f}",
                 f"{pt['cold_starts_per_h']:.0f}",
                 f"{pt['device_busy_s_per_session']:.0f}",
                 f"{pt['goodput_sessions_per_h']:.1f}",
                 f"{pt['slo_met_share']:.0%}",
+                _ratio(pt),
                 ("-" if dbl is None else f"{dbl:.3g}") if i == 0 else "",
             )
     return t
+
+
+def _with_ci(point: dict[str, Any], key: str) -> str:
+    """A point's figure, with its 95% interval over seeds where it has one."""
+    ci = point.get("intervals", {}).get(key, {}).get("ci95", [None, None])
+    text = f"{point[key]:.0f}"
+    return text if ci[0] is None else f"{text} [{ci[0]:.0f},{ci[1]:.0f}]"
+
+
+def _ratio(point: dict[str, Any]) -> str:
+    """The point's SCT p95 over the first policy's (paired over seeds), with its interval."""
+    r = point.get("sct_p95_ratio_to_reference")
+    if r is None:
+        return "-"
+    low, high = r["ci95"]
+    return f"{r['value']:.2f}" + ("" if low is None else f" [{low:.2f},{high:.2f}]")
 
 
 def plot_sct_p95(doc: dict[str, Any], path: Path) -> Path:

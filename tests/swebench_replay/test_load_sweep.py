@@ -18,6 +18,7 @@ from talaria.swebench_replay.load_sweep import (
     doubling_rate,
     execute_all,
     tune_load,
+    with_intervals,
 )
 
 
@@ -28,6 +29,45 @@ def test_doubling_rate_interpolates_between_points() -> None:
     assert doubling_rate([0.5], [3.0]) is None
     with pytest.raises(BadRequest):
         doubling_rate([1, 2], [1.0])
+
+
+def _point(rate: float, p95s: list[float]) -> dict[str, object]:
+    seeds = [
+        {
+            "sct_p50_s": p / 2,
+            "sct_p95_s": p,
+            "goodput_sessions_per_h": 10.0,
+            "slo_met_share": 1.0,
+            "device_busy_s_per_session": 5.0,
+        }
+        for p in p95s
+    ]
+    return {"rate_per_s": rate, "sct_p95_s": sum(p95s) / len(p95s), "per_seed": seeds}
+
+
+def test_intervals_over_seeds_by_hand() -> None:
+    """Two seeds: the t quantile with one degree of freedom is 12.706; p95s 100 and 120 have
+    mean 110 and standard deviation 14.142, so the half-width is 12.706 * 14.142 / sqrt(2)
+    = 127.06. The baseline's p95 over the reference's is 2 and 3 by seed: geometric mean
+    sqrt(6). Per seed, the reference doubles at rate 2 (seed 0: 100 -> 200) and never
+    (seed 1: 120 -> 200)."""
+    doc = {
+        "talaria": {"points": [_point(1.0, [100.0, 120.0]), _point(2.0, [200.0, 200.0])]},
+        "base": {"points": [_point(1.0, [200.0, 360.0]), _point(2.0, [400.0, 400.0])]},
+    }
+    out = with_intervals(doc)
+    first = out["talaria"]["points"][0]["intervals"]["sct_p95_s"]
+    assert first["value"] == pytest.approx(110.0)
+    assert first["ci95"] == pytest.approx([110.0 - 127.062, 110.0 + 127.062], abs=1e-2)
+    assert first["n"] == 2
+    ratio = out["base"]["points"][0]["sct_p95_ratio_to_reference"]
+    assert ratio["value"] == pytest.approx(6**0.5)
+    assert out["talaria"]["points"][1]["sct_p95_ratio_to_reference"]["value"] == 1.0
+    assert out["talaria"]["sct_p95_doubling_rate_per_seed"] == [2.0, None]
+    assert out["base"]["sct_p95_doubling_rate_per_seed"] == [2.0, None]
+    assert "intervals" not in doc["talaria"]["points"][0]  # the input is left as it was
+    one = with_intervals({"talaria": {"points": [_point(1.0, [100.0])]}})
+    assert one["talaria"]["points"][0]["intervals"]["sct_p95_s"]["ci95"] == [None, None]
 
 
 @pytest.mark.parametrize("rates", [[], [0.0], [0.1, -0.1], [0.1, 0.1], [float("nan")]])
@@ -98,6 +138,7 @@ def test_load_command_end_to_end(tmp_path: Path) -> None:
             assert p["sessions"] == 1 and p["sct_p95_s"] >= p["sct_p50_s"] > 0
             assert 0 <= p["slo_met_share"] <= 1 and p["device_busy_s_per_session"] > 0
             assert p["device_provisioned_s_per_session"] >= p["device_busy_s_per_session"]
+            assert p["intervals"]["sct_p95_s"]["value"] == p["sct_p95_s"]
     assert doc["isolated_s"] and all(v > 0 for v in doc["isolated_s"].values())
 
 
