@@ -2,9 +2,10 @@
 
 A cached block (no reference, no pin) is ranked by the value of the sessions listing it:
 orphans (no table lists them) first, oldest first; then the sessions neither running nor
-pinned, least valuable first (``set_priority``, then least recent; with ``Eviction.LRU`` only
-recency counts), each session tail-first so what stays on device is still a prefix; last the
-blocks listed only by running or pinned sessions' stale runs. Lower ranks go first.
+pinned (the index's ``idle``), least valuable first (``set_priority``, then least recent;
+with ``Eviction.LRU`` only recency counts; then the oldest session), each session
+tail-first so what stays on device is still a prefix; last the blocks listed only by
+running or pinned sessions' stale runs. Lower ranks go first.
 
 ``EvictionOrder`` reads the prefix index (:mod:`.prefix`) and changes nothing; the manager
 (:mod:`.manager`) moves and drops the blocks it names.
@@ -51,12 +52,8 @@ class EvictionOrder:
             if b.on_device is on_device and not b.ref and not b.pin:
                 yield _ORPHAN, h, b
         order = sorted(  # a device scan skips the sessions with no device block up front
-            (
-                s
-                for s in self._index.sessions.values()
-                if not s.running and not s.pinned and (s.n_device or not on_device)
-            ),
-            key=self.value,
+            (s for s in self._index.idle.values() if s.n_device or not on_device),
+            key=self._order,
         )
         for st in order:
             rank = self.rank(st)
@@ -96,6 +93,10 @@ class EvictionOrder:
         if self.eviction is Eviction.LRU:
             return (0.0, st.last_used)
         return (st.priority, st.last_used)
+
+    def _order(self, st: _SessionState) -> tuple[float, float, int]:
+        """Sessions by value, then in the order they were created."""
+        return (*self.value(st), st.seq)
 
     def rank(self, st: _SessionState) -> _Rank:
         """Eviction rank of a session's blocks: by value, after orphans, before held ones."""

@@ -212,8 +212,9 @@ class KVManager:
         if n_total - dev > available:
             raise OutOfBlocks(f"call {key} needs {n_total - dev} device blocks, {available} free")
         if st is None:
-            st = self._index.sessions[session] = _SessionState(model, tenant)
+            st = self._index.add_session(session, model, tenant)
         st.running = True
+        self._index.settle(session, st)
         st.last_used = now
         for h in hashes[: dev + host]:
             self._pool.ref(self._blocks[h], now)
@@ -303,6 +304,7 @@ class KVManager:
         for h in kept:
             self._pool.unref(self._blocks[h])
         st.running = False
+        self._index.settle(call.session, st)
         st.last_used = now
 
     def abort(self, key: CallKey) -> None:
@@ -320,7 +322,9 @@ class KVManager:
         for bid in call.private:
             self._pool.free_private(bid)
         del self._calls[key]
-        self._index.sessions[call.session].running = False
+        st = self._index.sessions[call.session]
+        st.running = False
+        self._index.settle(call.session, st)
 
     # ------------------------------------------------------------------ sessions
     def set_priority(self, session: SessionKey, value: float) -> None:
@@ -338,6 +342,7 @@ class KVManager:
         if st.pinned:
             return 0
         st.pinned = tuple(h for h in st.table if (b := self._blocks.get(h)) and b.computed)
+        self._index.settle(session, st)
         n_dev = 0
         for h in st.pinned:
             blk = self._blocks[h]
@@ -350,6 +355,7 @@ class KVManager:
         for h in st.pinned:
             self._pool.unpin(self._blocks[h])
         st.pinned = ()
+        self._index.settle(session, st)
 
     def is_pinned(self, session: SessionKey) -> bool:
         st = self._index.sessions.get(session)
@@ -423,7 +429,7 @@ class KVManager:
             return False
         self.unpin(session)
         self._index.set_table(st, ())
-        del self._index.sessions[session]
+        self._index.drop_session(session)
         return True
 
     # ------------------------------------------------------------------ internals

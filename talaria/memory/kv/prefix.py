@@ -32,6 +32,7 @@ class _SessionState:
     dropped_tokens: int = 0
     running: bool = False
     n_device: int = 0  # table entries whose block is on device (lets eviction skip the rest)
+    seq: int = 0  # order of creation in its index (eviction's last tie-break)
 
 
 class PrefixIndex:
@@ -39,6 +40,9 @@ class PrefixIndex:
 
     Each session's ``n_device`` counts its table entries whose block is on device; every
     change of a block's tier or life goes through ``count_device`` so the counts stay exact.
+    ``idle`` holds the sessions neither running nor pinned, the only ones whose blocks
+    eviction ranks by value: sessions are created and dropped through ``add_session`` and
+    ``drop_session``, and a change of ``running`` or ``pinned`` is followed by ``settle``.
     """
 
     def __init__(self) -> None:
@@ -46,6 +50,28 @@ class PrefixIndex:
         self.orphans: dict[int, None] = {}  # live hashes no table lists, oldest first
         self.listers: dict[int, list[_SessionState]] = {}  # hash -> tables listing it
         self.sessions: dict[SessionKey, _SessionState] = {}
+        self.idle: dict[SessionKey, _SessionState] = {}  # neither running nor pinned
+        self._created = 0
+
+    def add_session(self, session: SessionKey, model: str, tenant: str) -> _SessionState:
+        """A new, idle session with an empty table."""
+        self._created += 1
+        st = self.sessions[session] = self.idle[session] = _SessionState(
+            model, tenant, seq=self._created
+        )
+        return st
+
+    def drop_session(self, session: SessionKey) -> None:
+        """Forget a session (its table must already be empty: see ``set_table``)."""
+        del self.sessions[session]
+        self.idle.pop(session, None)
+
+    def settle(self, session: SessionKey, st: _SessionState) -> None:
+        """The session's ``running`` or ``pinned`` changed: keep ``idle`` in step."""
+        if st.running or st.pinned:
+            self.idle.pop(session, None)
+        else:
+            self.idle[session] = st
 
     # ------------------------------------------------------------------ queries
     def session(self, session: SessionKey) -> _SessionState:
@@ -174,3 +200,8 @@ class PrefixIndex:
         for st in self.sessions.values():
             for h in st.pinned:
                 expect_invariant(h in self.blocks, f"pinned block {h} is not live")
+        idle = {k for k, st in self.sessions.items() if not st.running and not st.pinned}
+        expect_invariant(idle == set(self.idle), "the idle sessions do not match the flags")
+        expect_invariant(
+            all(self.sessions[k] is st for k, st in self.idle.items()), "a stale idle session"
+        )
