@@ -67,6 +67,10 @@ Backend = HttpBackend | EmbeddedTalaria
 _T = TypeVar("_T")
 
 
+def _chat(backend: Backend, call: Call) -> Answer:
+    return backend.chat(call)
+
+
 def _stream(backend: Backend, call: Call) -> Iterator[Piece]:
     return backend.stream(call)
 
@@ -235,7 +239,7 @@ class TalariaLLM(CustomLLM):
     def completion(self, *args: Any, **kwargs: Any) -> ModelResponse:
         """A whole answer (``litellm.completion``)."""
         r = _LiteLLMArgs.of(args, kwargs)
-        answer = self._started(r, self._call(r), lambda backend, call: backend.chat(call))
+        answer = self._started(r, self._call(r), _chat)
         return self._response(r.model_response, r.model, answer)
 
     def streaming(self, *args: Any, **kwargs: Any) -> Iterator[GenericStreamingChunk]:
