@@ -21,11 +21,11 @@ from rich.table import Table
 
 from talaria.cli_compare import progress_bar
 from talaria.errors import BadRequest
-from talaria.policy.baselines import BASELINES, parse_policies
+from talaria.policy.baselines import BASELINES, POOL_BASELINES, parse_policies
 from talaria.sim.pool_catalog import DEFAULT_ZIPF_S, POOL_SHAPES, device_memory_bytes, pool_catalog
 from talaria.swebench_replay.open_loop import parse_pattern
 
-DEFAULT_POLICIES = ",".join(("talaria", *BASELINES))
+DEFAULT_POLICIES = ",".join(("talaria", *BASELINES, *POOL_BASELINES))
 
 
 def _floats(text: str, flag: str) -> list[float]:

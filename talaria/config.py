@@ -181,6 +181,8 @@ class Routing(enum.Enum):
     LEAST_LOADED = "least-loaded"  # fewest queued+running tokens, per request
     STICKY = "sticky"  # the instance that served the session last, else least loaded
     CACHE_AFFINITY = "cache-affinity"  # longest device prefix match unless over a load cap
+    STARTUP_TIME = "startup-time"  # ServerlessLLM: least time until the call can start (its
+    # model loaded from the tier it is in, the slot and the queue ahead), per request
 
 
 class SlotOrder(enum.Enum):

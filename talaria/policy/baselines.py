@@ -38,6 +38,18 @@ part of the traces before any comparison (``talaria tune``); the values here are
   - ``oldest-first``: a serverless per-request scheduler (ServerlessLLM-style: weights
     loaded fast from host memory, FCFS across models): the next slot goes to the model of
     the oldest waiting call (longest-queue-first would let a busy model starve a quiet one).
+
+* A pool baseline (``POOL_BASELINES``: many models on many instances, ``talaria load``):
+
+  - ``serverless``: ServerlessLLM's scheduler as far as a per-request scheduler goes:
+    ``oldest-first`` with its locality-aware placement, each call to the instance with the
+    least estimated startup time (``Routing.STARTUP_TIME``: the model's load from the tier
+    its weights are in there, device, host or disk, after the slot and the queue ahead).
+    Kept: startup-time placement, fast loading from host memory, FCFS across models, and
+    keep-alive as the pool has it (a model's weights stay until another model needs the
+    memory). Not kept: live migration of running inference (no policy here migrates a
+    running call), and a keep-alive timer that unloads an idle model (nothing in the
+    simulated pool is gained by unloading before memory is needed).
 """
 
 from __future__ import annotations
@@ -97,6 +109,11 @@ def _build() -> Mapping[str, PolicyConfig]:
             **_PER_REQUEST,  # type: ignore[arg-type]
             slot_order=SlotOrder.OLDEST_WAITING,
         ),
+        PolicyConfig(
+            name="serverless",
+            **{**_PER_REQUEST, "routing": Routing.STARTUP_TIME},  # type: ignore[arg-type]
+            slot_order=SlotOrder.OLDEST_WAITING,
+        ),
     ]
     return MappingProxyType({p.name: p for p in policies})
 
@@ -110,6 +127,7 @@ ABLATIONS = (
     "talaria-no-slot-order",
 )
 BASELINES = ("round", "least-loaded", "sticky", "ttl-pin", "cache-affinity", "oldest-first")
+POOL_BASELINES = ("serverless",)
 
 
 def policy(name: str) -> PolicyConfig:

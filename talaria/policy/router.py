@@ -130,7 +130,10 @@ def route(
     queued and running; ``STICKY`` the instance that served the session last, else least
     loaded; ``CACHE_AFFINITY`` the longest device prefix unless that instance's load exceeds
     ``load_cap`` times the lightest load *and* the lightest load by ``load_abs_tokens``
-    (SGLang router's relative and absolute balance thresholds; then least loaded).
+    (SGLang router's relative and absolute balance thresholds; then least loaded);
+    ``STARTUP_TIME`` the least time until the call can start there, its slot wait, model
+    load and queue (ServerlessLLM's locality-aware placement by estimated startup time; the
+    KV and the answer do not count), ties to the less loaded.
     """
     if not views:
         raise Overloaded("no instance can serve this model now")
@@ -151,6 +154,15 @@ def route(
         floor = min(v.load_tokens for v in views)
         over = best.load_tokens > load_cap * floor and best.load_tokens - floor > load_abs_tokens
         chosen = least_loaded() if over or best.match.device_tokens == 0 else best.name
+    elif routing is Routing.STARTUP_TIME:
+        chosen = min(
+            zip(ests, views, strict=True),
+            key=lambda ev: (
+                ev[0].slot_wait_s + ev[0].switch_s + ev[0].queue_s,
+                ev[1].load_tokens,
+                ev[1].name,
+            ),
+        )[1].name
     else:
         raise ConfigError(f"unknown routing {routing!r}")
     return Decision(chosen, ests, routing)

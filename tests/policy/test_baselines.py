@@ -11,6 +11,7 @@ from talaria.policy.baselines import (
     ABLATIONS,
     BASELINES,
     POLICIES,
+    POOL_BASELINES,
     TALARIA,
     parse_policies,
     policy,
@@ -29,6 +30,7 @@ DESIGN_NAMES = (
     "ttl-pin",
     "cache-affinity",
     "oldest-first",
+    "serverless",
 )
 
 
@@ -41,7 +43,7 @@ def differences(p: PolicyConfig, base: PolicyConfig = TALARIA) -> dict[str, obje
 def test_every_design_name_is_a_policy_and_nothing_else() -> None:
     assert tuple(POLICIES) == DESIGN_NAMES
     assert all(POLICIES[n].name == n for n in POLICIES)
-    assert set(ABLATIONS) | set(BASELINES) | {"talaria"} == set(DESIGN_NAMES)
+    assert set(ABLATIONS) | set(BASELINES) | set(POOL_BASELINES) | {"talaria"} == set(DESIGN_NAMES)
     assert POLICIES["talaria"] is TALARIA
 
 
@@ -88,16 +90,22 @@ def test_per_request_baselines_route_by_their_idea_without_talarias_mechanisms()
         "ttl-pin": Routing.STICKY,
         "cache-affinity": Routing.CACHE_AFFINITY,
         "oldest-first": Routing.LEAST_LOADED,
+        "serverless": Routing.STARTUP_TIME,
     }
     for name, how in routing.items():
         p = POLICIES[name]
         assert p.routing is how, name
-        order = SlotOrder.OLDEST_WAITING if name == "oldest-first" else SlotOrder.ROUND_ROBIN
+        oldest = name in ("oldest-first", "serverless")
+        order = SlotOrder.OLDEST_WAITING if oldest else SlotOrder.ROUND_ROBIN
         assert p.slot_order is order, name
         # a host KV tier, as vLLM's offloading connector, LMCache or SGLang's HiCache keep;
         # no staging and no reservations: those are session-aware ideas
         assert p.host_kv and not p.weight_staging and not p.soft_reservations, name
         assert p.eviction is Eviction.LRU and p.slot_linger_s == 0.0, name
+    # serverless is oldest-first placed by startup time, nothing else
+    assert differences(POLICIES["serverless"], POLICIES["oldest-first"]) == {
+        "routing": Routing.STARTUP_TIME
+    }
     ttl = POLICIES["ttl-pin"]  # Continuum as published: its TTL rule and program-level FCFS
     assert ttl.continuum_ttl and ttl.queue_order is QueueOrder.PROGRAM_FCFS
     assert all(not POLICIES[n].continuum_ttl for n in POLICIES if n != "ttl-pin")

@@ -188,6 +188,21 @@ def test_cache_affinity_without_any_device_prefix_is_least_loaded() -> None:
     assert route(views, Routing.CACHE_AFFINITY, 9000, 10).instance == "b"
 
 
+def test_startup_time_takes_the_soonest_start_whatever_the_cache() -> None:
+    """Start = slot wait + model load + queue: a (8.0 s, the whole prompt cached) loses to
+    c (0.5 + 1.0 + 0.25 = 1.75 s, nothing cached); b ties c at 1.75 s with more load."""
+    views = [
+        view("a", device=PROMPT, slot_wait_s=8.0, load=0),
+        view("b", slot_wait_s=1.75, load=200),
+        view("c", slot_wait_s=0.5, switch_s=1.0, queue_s=0.25, load=100),
+    ]
+    assert route(views, Routing.STARTUP_TIME, PROMPT, 10).instance == "c"
+    # the answer and the KV do not count: expected completion would take a
+    assert route(views, Routing.EXPECTED_COMPLETION, PROMPT, 10).instance == "a"
+    tie = [view("y", switch_s=1.0, load=5), view("x", queue_s=1.0, load=5)]
+    assert route(tie, Routing.STARTUP_TIME, 0, 10).instance == "x"
+
+
 def test_single_view_is_chosen_by_every_routing() -> None:
     for routing in Routing:
         assert route([view("only", load=10**9)], routing, 0, 10).instance == "only"
