@@ -207,8 +207,11 @@ class InstanceEstimates:
         read for models with waiting work or sessions in a gap alone). On a pool instance
         serving dozens of models this skips most of them at every step. Expected returns
         (from the gap table's index: a few gaps priced, not all) are computed only for the
-        models in ``returns_for``; the rest report None. A session whose gap reasoning
-        raises is handed to ``on_fault`` and left out."""
+        models in ``returns_for``; the rest report None. Where the gap model raises for a
+        gap the index prices, every gap of that model is priced one by one and each session
+        whose reasoning raises is handed to ``on_fault`` and left out (a gap the index does
+        not price is not tried: a gap model that raises only at some elapsed times may go
+        unnoticed there)."""
         want = set(returns_for)
         linger = self.policy.slot_linger_s
         gap_model = self.admission.gaps
