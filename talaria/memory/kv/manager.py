@@ -213,8 +213,7 @@ class KVManager:
             raise OutOfBlocks(f"call {key} needs {n_total - dev} device blocks, {available} free")
         if st is None:
             st = self._index.add_session(session, model, tenant)
-        st.running = True
-        self._index.settle(session, st)
+        self._index.set_running(session, True)
         st.last_used = now
         for h in hashes[: dev + host]:
             self._pool.ref(self._blocks[h], now)
@@ -303,8 +302,7 @@ class KVManager:
         self._index.set_table(st, hashes[: self._index.computed_run(hashes)])
         for h in kept:
             self._pool.unref(self._blocks[h])
-        st.running = False
-        self._index.settle(call.session, st)
+        self._index.set_running(call.session, False)
         st.last_used = now
 
     def abort(self, key: CallKey) -> None:
@@ -322,9 +320,7 @@ class KVManager:
         for bid in call.private:
             self._pool.free_private(bid)
         del self._calls[key]
-        st = self._index.sessions[call.session]
-        st.running = False
-        self._index.settle(call.session, st)
+        self._index.set_running(call.session, False)
 
     # ------------------------------------------------------------------ sessions
     def set_priority(self, session: SessionKey, value: float) -> None:
@@ -341,8 +337,9 @@ class KVManager:
         st = self._index.session(session)
         if st.pinned:
             return 0
-        st.pinned = tuple(h for h in st.table if (b := self._blocks.get(h)) and b.computed)
-        self._index.settle(session, st)
+        self._index.set_pinned(
+            session, tuple(h for h in st.table if (b := self._blocks.get(h)) and b.computed)
+        )
         n_dev = 0
         for h in st.pinned:
             blk = self._blocks[h]
@@ -354,8 +351,7 @@ class KVManager:
         st = self._index.session(session)
         for h in st.pinned:
             self._pool.unpin(self._blocks[h])
-        st.pinned = ()
-        self._index.settle(session, st)
+        self._index.set_pinned(session, ())
 
     def is_pinned(self, session: SessionKey) -> bool:
         st = self._index.sessions.get(session)

@@ -42,7 +42,8 @@ class PrefixIndex:
     change of a block's tier or life goes through ``count_device`` so the counts stay exact.
     ``idle`` holds the sessions neither running nor pinned, the only ones whose blocks
     eviction ranks by value: sessions are created and dropped through ``add_session`` and
-    ``drop_session``, and a change of ``running`` or ``pinned`` is followed by ``settle``.
+    ``drop_session``, and ``running`` and ``pinned`` change through ``set_running`` and
+    ``set_pinned`` alone.
     """
 
     def __init__(self) -> None:
@@ -66,8 +67,21 @@ class PrefixIndex:
         del self.sessions[session]
         self.idle.pop(session, None)
 
-    def settle(self, session: SessionKey, st: _SessionState) -> None:
-        """The session's ``running`` or ``pinned`` changed: keep ``idle`` in step."""
+    def set_running(self, session: SessionKey, running: bool) -> _SessionState:
+        """Mark the session running (a call holds it) or not, keeping ``idle`` in step."""
+        st = self.sessions[session]
+        st.running = running
+        self._settle(session, st)
+        return st
+
+    def set_pinned(self, session: SessionKey, pinned: tuple[int, ...]) -> _SessionState:
+        """Make ``pinned`` the session's pinned hashes, keeping ``idle`` in step."""
+        st = self.sessions[session]
+        st.pinned = pinned
+        self._settle(session, st)
+        return st
+
+    def _settle(self, session: SessionKey, st: _SessionState) -> None:
         if st.running or st.pinned:
             self.idle.pop(session, None)
         else:
