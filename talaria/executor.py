@@ -37,8 +37,9 @@ class Layout:
     """An instance's fixed memory layout, which the executor's buffers are sized by and the
     core's plans index into: the weight arena (``arena_bytes``, one region of
     ``region_bytes`` per execution slot at ``region_offsets``), the KV pool
-    (``device_blocks`` + ``host_blocks`` blocks of ``block_bytes``), and per model its
-    weight bytes, KV bytes per token and tokens per KV block."""
+    (``device_blocks`` + ``host_blocks`` blocks of ``block_bytes``), per model its weight
+    bytes, KV bytes per token and tokens per KV block, and the models whose weights the
+    instance starts with in host memory (the rest start on disk)."""
 
     arena_bytes: int
     region_bytes: int
@@ -50,6 +51,7 @@ class Layout:
     weight_bytes: tuple[int, ...]
     kv_bytes_per_token: tuple[int, ...]
     tokens_per_block: tuple[int, ...]
+    host_models: tuple[str, ...] = ()  # whose weights the arena starts with on host
 
     def tpb(self, model: str) -> int:
         """Tokens one KV block of ``model`` holds."""

@@ -43,6 +43,7 @@ from talaria.engine.loader import (
 )
 from talaria.engine.runner import EngineRunner
 from talaria.engine.tokenizer import Tokenizer
+from talaria.engine.weight_files import WeightFiles
 from talaria.errors import ConfigError
 from talaria.runtime.local import LocalInstance
 from talaria.session.gaps import GapPredictor
@@ -155,6 +156,7 @@ def cluster_from_loaded(
     native_kernels: bool = True,
     hardware: Mapping[str, HardwareProfile] | None = None,
     threads: int | None = None,
+    weight_files: WeightFiles | None = None,
 ) -> EmbeddedCluster:
     """``build_embedded_cluster`` for models already loaded (any names). ``host_weights``
     (flat buffers of an earlier cluster's runner, ``EngineRunner.host_weights``) are shared
@@ -163,10 +165,15 @@ def cluster_from_loaded(
     profiles by name that replace the shipped ones in the routers' estimates (a
     calibration of this machine); default none, the shipped profiles, whatever is cached.
     ``threads``: torch threads of each runner's steps, on whichever thread executes them
-    (default: ``torch.get_num_threads()`` of the thread that builds the cluster)."""
+    (default: ``torch.get_num_threads()`` of the thread that builds the cluster).
+    ``weight_files``: the disk tier (:mod:`talaria.engine.weight_files`), holding a file of
+    every model an instance does not start with on host (``ConfigError`` naming those
+    missing); each runner then keeps only the host copies its arena holds."""
     if not loaded:
         raise ConfigError("name at least one model to serve")
     core = loaded_cluster_core(instances, loaded, policy, dtype, hardware)
+    if weight_files is not None:
+        _check_files(core, weight_files)
     archs, tokenizers, sources, eos = served_models(loaded)
     kernel = optional_decode_kernel(device) if native_kernels else None
     runners = {
@@ -180,10 +187,27 @@ def cluster_from_loaded(
             decode_kernel=kernel,
             threads=torch.get_num_threads() if threads is None else threads,
             tokenizers={m: loaded[m].tokenizer for m in inst.models},
+            weight_files=weight_files,
         )
         for name, inst in core.instances.items()
     }
     return EmbeddedCluster(core, runners, archs, tokenizers, sources, eos)
+
+
+def _check_files(core: ClusterCore, files: WeightFiles) -> None:
+    missing = sorted(
+        {
+            m
+            for inst in core.instances.values()
+            for m in inst.models
+            if m not in inst.layout.host_models and not files.has(m, inst.layout.weights_of(m))
+        }
+    )
+    if missing:
+        raise ConfigError(
+            f"models {missing} start on disk but {files.folder} holds no weight file of "
+            "theirs; write them first (WeightFiles.write)"
+        )
 
 
 def loaded_cluster_core(

@@ -39,6 +39,8 @@ from typing import Any, Final
 import attrs
 import torch
 
+from talaria.engine.weight_files import evict_from_page_cache
+
 SCHEMA_VERSION: Final = 1
 
 
@@ -96,7 +98,7 @@ def measure_disk(nbytes: int, directory: str | None) -> tuple[float, float, bool
             f.flush()
             os.fsync(f.fileno())
         write_s = time.perf_counter() - t0
-        evicted = _evict_from_page_cache(path)
+        evicted = evict_from_page_cache(path)
         t0 = time.perf_counter()
         with open(path, "rb", buffering=0) as f:
             view = memoryview(buf)
@@ -110,21 +112,6 @@ def measure_disk(nbytes: int, directory: str | None) -> tuple[float, float, bool
     finally:
         os.unlink(path)
     return len(payload) / write_s, len(payload) / read_s, evicted
-
-
-def _evict_from_page_cache(path: str) -> bool:
-    """Ask the kernel to drop this file's cached pages (no root needed); False if unsupported."""
-    fadvise = getattr(os, "posix_fadvise", None)
-    if fadvise is None:
-        return False
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
-    return True
 
 
 def measure_op_overhead(reps: int = 20000) -> float:

@@ -251,6 +251,7 @@ class InstanceCore:
             tuple(m.weight_bytes for m in specs),
             tuple(m.kv_bytes_per_token_on(n) for m in specs),
             tuple(kv.tpb(m.name) for m in specs),
+            tuple(self._preloaded(self.spec, specs)),
         )
 
     @property

@@ -11,9 +11,13 @@ core's accounting describes (sized by the core's :class:`~talaria.executor.Layou
   the model whose weights were last copied into a region is valid there. A switch copies
   into the region; the data pointer never changes.
 * **host tier of weights**: one flat byte tensor per model (pinned on CUDA), the source of
-  every switch and stage. The arena's host budget is accounting; this runner keeps every
-  model's host copy, so the arena's ``DISK_TO_HOST`` steps copy nothing here (a loader
-  that reads from disk would do them).
+  every switch and stage. Without ``weight_files`` the arena's host budget is accounting:
+  this runner keeps every model's host copy, and the arena's ``DISK_TO_HOST`` steps copy
+  nothing. With :class:`~talaria.engine.weight_files.WeightFiles` the tier is real: the
+  runner holds the copies of the models the arena starts with on host
+  (``Layout.host_models``), a plan's ``DISK_TO_HOST`` step reads the model's file into a new
+  host buffer, and its ``host_drops`` release theirs, so host memory follows the arena's
+  budget and a cold start reads from the disk.
 * **KV**: a :class:`~talaria.engine.kv_pool.KVPool` of ``layout.device_blocks`` /
   ``layout.host_blocks`` blocks of ``layout.block_bytes``, and one
   :class:`~talaria.engine.kv_pool.PagedKV` device view per model.
@@ -57,6 +61,7 @@ from talaria.engine.model import LlamaModel
 from talaria.engine.sampling import make_generator, sample_row, skip_draws
 from talaria.engine.staging import BackgroundCopy, StreamCopy
 from talaria.engine.tokenizer import Tokenizer
+from talaria.engine.weight_files import WeightFiles
 from talaria.engine.weight_layout import bind_weights
 from talaria.errors import BadRequest, ConfigError
 from talaria.executor import CallRecord, Layout, Work
@@ -134,6 +139,7 @@ class EngineRunner:
         background_staging: bool = True,
         threads: int | None = None,
         tokenizers: Mapping[str, Tokenizer | None] | None = None,
+        weight_files: WeightFiles | None = None,
     ) -> None:
         if set(models) != set(layout.models):
             raise ConfigError(
@@ -155,16 +161,19 @@ class EngineRunner:
         self.pool = KVPool(layout.device_blocks, layout.host_blocks, bb, self.device)
         self._block_rows = self.pool.device_pool.view(layout.device_blocks, layout.block_bytes)
         self.region = torch.zeros(layout.arena_bytes, dtype=torch.uint8, device=self.device)
-        pin = self.device.type == "cuda" and torch.cuda.is_available()
+        self._pin = pin = self.device.type == "cuda" and torch.cuda.is_available()
+        self.weight_files = weight_files
         self.host_weights: dict[str, torch.Tensor] = {}
         self.paged: dict[str, PagedKV] = {}
         for name, (arch, weights) in models.items():
             self._check_spec(name, arch)
             adopted = (host_weights or {}).get(name)
-            if adopted is not None:
-                self.host_weights[name] = self._adopt(name, arch, adopted)
-            else:
-                self.host_weights[name] = self._flatten(name, arch, weights, pin)
+            if weight_files is None or name in layout.host_models:  # else on disk only
+                self.host_weights[name] = (
+                    self._adopt(name, arch, adopted)
+                    if adopted is not None
+                    else self._flatten(name, arch, weights, pin)
+                )
             self.paged[name] = self.pool.paged(arch, dtype, KVTier.DEVICE)
             if self.paged[name].tokens_per_block != layout.tpb(name):
                 raise ConfigError(
@@ -276,6 +285,12 @@ class EngineRunner:
             self._stager.cancel()
         self._staged = None
         self._sampling.clear()
+        if self.weight_files is not None:  # the fresh arena's host tier: its starting models
+            for name in set(self.host_weights) - set(layout.host_models):
+                del self.host_weights[name]
+            for name in layout.host_models:
+                if name not in self.host_weights:
+                    self._read(name)
 
     def _draw(self, logits: torch.Tensor, rec: CallRecord) -> tuple[int, TokenLogprob | None]:
         """The next token of the call ``rec`` from its last row of logits, and its logprob
@@ -361,7 +376,9 @@ class EngineRunner:
 
     def _switch(self, plan: SwitchPlan, lent: Sequence[int]) -> None:
         """Copy ``plan.model``'s weights into its region: the staged part device -> device
-        from the lent blocks, the rest host -> device."""
+        from the lent blocks, the rest host -> device (after reading the model's file, where
+        the plan loads it from disk)."""
+        self._host_tier(plan)
         host = self.host_weights[plan.model]
         off = self.layout.region_offsets[plan.region]
         dst = self.region[off : off + host.numel()]
@@ -379,7 +396,7 @@ class EngineRunner:
             elif step.link is Link.HOST_TO_DEVICE:
                 dst[pos : pos + n].copy_(host[pos : pos + n], non_blocking=True)
                 pos += n
-            # DISK_TO_HOST: every model's host copy is kept here (see the module docstring)
+            # DISK_TO_HOST: done before the copies (_host_tier), or kept (no weight files)
         if plan.steps and pos != host.numel():
             raise RuntimeError(f"switch to {plan.model} copied {pos} of {host.numel()} bytes")
         self._staged = None
@@ -391,6 +408,7 @@ class EngineRunner:
         bb = self.layout.block_bytes
         if len(ids) * bb < n:
             raise RuntimeError(f"staging {n} bytes into {len(ids)} blocks of {bb}")
+        self._host_tier(plan)
         src = self.host_weights[plan.model]
         runs = [(rows.flatten()[: hi - lo], src[lo:hi]) for rows, lo, hi in self._lent_runs(n, ids)]
         if self._stager is not None:
@@ -400,6 +418,24 @@ class EngineRunner:
             for dst, part in runs:
                 dst.copy_(part, non_blocking=True)
         self._staged = plan.model
+
+    def _host_tier(self, plan: SwitchPlan) -> None:
+        """With weight files: release the plan's ``host_drops``, then read ``plan.model``'s
+        file if the plan loads it from disk. Without: nothing (every host copy is kept)."""
+        if self.weight_files is None:
+            return
+        for name in plan.host_drops:
+            self.host_weights.pop(name, None)
+        if any(step.link is Link.DISK_TO_HOST for step in plan.steps):
+            self._read(plan.model)
+        elif plan.model not in self.host_weights:
+            raise RuntimeError(f"a copy of {plan.model} from host, which holds no copy of it")
+
+    def _read(self, name: str) -> None:
+        files = self.weight_files
+        if files is None:
+            raise RuntimeError(f"no weight files to read {name} from")
+        self.host_weights[name] = files.read(name, self.layout.weights_of(name), self._pin)
 
     def _lent_runs(self, n: int, lent: Sequence[int]) -> list[tuple[torch.Tensor, int, int]]:
         """The first ``n`` staged bytes as runs of consecutive ``lent`` blocks: ``(rows view,

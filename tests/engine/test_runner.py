@@ -9,6 +9,7 @@ full-sequence transformers forwards. Instances are sized by hand so the KV pool 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -18,8 +19,9 @@ import torch
 from talaria.config import InstanceSpec, PolicyConfig
 from talaria.core.instance import InstanceCore
 from talaria.engine.arch import ModelArch
-from talaria.engine.runner import EngineRunner
+from talaria.engine.runner import EngineRunner, flatten_weights
 from talaria.engine.staging import BackgroundCopy, StreamCopy
+from talaria.engine.weight_files import WeightFiles
 from talaria.errors import BadRequest, ConfigError
 from talaria.generation import SamplingParams
 from talaria.memory.weights import SwitchPlan
@@ -75,6 +77,8 @@ def make_runner(
     background_staging: bool = True,
     device: str = "cpu",
     regions: int = 1,
+    host_weight_share: float = 0.65,
+    weight_files: WeightFiles | None = None,
 ) -> LocalInstance[EngineRunner]:
     archs = {name: ModelArch.from_hf_config(hf.config.to_dict()) for name, hf in hfs.items()}
     specs = [arch.to_spec(name, F32) for name, arch in archs.items()]
@@ -88,6 +92,7 @@ def make_runner(
         block_size=BLOCK,
         memory_utilization=1.0,
         weight_regions=regions,
+        host_weight_share=host_weight_share,
     )
     core = InstanceCore(spec, specs, policy, RoundEstimator())
     assert core.kv.device_blocks == device_blocks and core.kv.block_bytes == block_bytes
@@ -99,6 +104,7 @@ def make_runner(
         eos_token_ids=eos,
         background_staging=background_staging,
         device=device,
+        weight_files=weight_files,
     )
     return LocalInstance(core, runner, eos)
 
@@ -389,3 +395,85 @@ def test_a_restart_keeps_the_buffers_only_for_the_same_layout() -> None:
     assert runner.generate([call("s", 0, "A", prompt_ids(9, seed=2), 3)]) == {
         (sk("s"), 0): tuple(want)
     }
+
+
+# ----------------------------------------------------------------------------- disk tier
+
+
+def on_disk(hfs: dict[str, Any], folder: Path) -> WeightFiles:
+    """Each model's flat float32 weights written as its weight file."""
+    files = WeightFiles(folder)
+    for name, hf in hfs.items():
+        arch = ModelArch.from_hf_config(hf.config.to_dict())
+        files.write(name, flatten_weights(name, arch, hf.state_dict(), F32))
+    return files
+
+
+@pytest.mark.parametrize(
+    ("staging", "reads_after", "read"),
+    [
+        # A starts on host; B and C are read from disk; A was dropped for C and is read again
+        (False, [0, 1, 2, 3], "BCA"),
+        # and with staging: while B (then C) runs, A (its session may return) is staged,
+        # read from disk again as C's host copy took its place; then C, while A runs
+        (True, [0, 2, 4, 5], "BACAC"),
+    ],
+)
+def test_cold_models_load_from_their_files_and_host_copies_follow_the_arena(
+    tmp_path: Path, staging: bool, reads_after: list[int], read: str
+) -> None:
+    """A host weight budget of one model and three models: only the first starts on host;
+    slots A, B, C, A read each model's file where the arena plans a DISK_TO_HOST step (a
+    switch or a stage) and drop the host copies the arena evicts, every answer
+    transformers' own."""
+    hfs = {"A": llama(11), "B": qwen2(12), "C": llama(13)}
+    files = on_disk(hfs, tmp_path)
+    policy = attrs.evolve(TALARIA, weight_staging=staging)
+    runner = make_runner(
+        hfs, device_blocks=40, host_weight_share=0.01, weight_files=files,
+        background_staging=False, policy=policy,
+    )  # fmt: skip
+    core, executor = runner.core, runner.executor
+    assert core.layout.host_models == ("A",)
+    assert set(executor.host_weights) == {"A"}
+    ptr = executor.region.data_ptr()
+    now, reads = 0.0, []
+    for rnd, model in enumerate("ABCA"):
+        prompt = prompt_ids(13 + rnd, seed=40 + rnd)
+        runner.submit(call(f"s{rnd}", 0, model, prompt, 6), now)
+        now = run_until_idle(runner, now, ptr) + 1.0
+        assert list(runner.take_output((sk(f"s{rnd}"), 0))) == reference(hfs[model], prompt, 6)
+        held = {m for m in hfs if core.arena.on_host(m)}
+        assert set(executor.host_weights) == held, (model, held)
+        reads.append(files.reads)
+    assert reads == reads_after
+    assert files.bytes_read == sum(core.layout.weights_of(m) for m in read)
+    assert core.counters.cold_loads == len(read)
+    assert_clean(runner)
+
+
+def test_a_restart_with_weight_files_holds_the_starting_host_copies(tmp_path: Path) -> None:
+    hfs = {"A": llama(14), "B": qwen2(15)}
+    files = on_disk(hfs, tmp_path)
+    runner = make_runner(hfs, device_blocks=40, host_weight_share=0.01, weight_files=files)
+    runner.generate([call("s", 0, "B", prompt_ids(9, seed=3), 2)])
+    assert set(runner.executor.host_weights) == {"B"}
+    runner.executor.restart(runner.core.layout)
+    assert set(runner.executor.host_weights) == {"A"} and files.reads == 2
+
+
+def test_weight_files_refuse_a_wrong_size_or_a_missing_model(tmp_path: Path) -> None:
+    files = WeightFiles(tmp_path)
+    flat = torch.arange(64, dtype=torch.uint8)
+    files.write("m", flat)
+    assert files.has("m", 64) and not files.has("other", 1)
+    assert torch.equal(files.read("m", 64), flat)
+    with pytest.raises(ConfigError, match="needs 65 bytes"):
+        files.read("m", 65)
+    with pytest.raises(ConfigError, match="no weight file"):
+        files.read("other", 64)
+    with pytest.raises(ConfigError, match="cannot name"):
+        files.path("../m")
+    with pytest.raises(ConfigError, match="flat uint8"):
+        files.write("f", torch.zeros(4))
+    assert files.reads == 1 and files.bytes_read == 64
