@@ -13,6 +13,9 @@
   (Claude Code's is about 20K tokens) fits: protocol tests of real clients.
 * ``qwen2-tiny-dummy``: its Qwen2-shaped sibling (q/k/v biases, 3 layers), so that tests of
   model switches and weight staging have a second tiny model to switch to.
+* ``smollm2-360m-dummy`` (SmolLM2-360M's published configuration), ``llama-mini-dummy`` and
+  ``qwen2-mini-dummy`` (4 layers of 256): random weights on SmolLM2's vocabulary, so that
+  the live pool (``benchmarks/live_pool.py``) has eight small models of four sizes.
 * The paper-scale models of :mod:`talaria.sim.catalog` are listed as simulator-only.
 
 Nothing here downloads anything; an entry whose source is missing says how to get it.
@@ -128,6 +131,36 @@ _QWEN2_TINY: Final = MappingProxyType(
     }
 )
 
+# SmolLM2-360M-Instruct's published configuration (HuggingFaceTB/SmolLM2-360M-Instruct
+# config.json), random weights: the live pool's mid-sized model (0.72 GB in bfloat16).
+_SMOLLM2_360M: Final = MappingProxyType(
+    {
+        **_SMOLLM2_TINY,
+        "hidden_size": 960,
+        "intermediate_size": 2560,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 15,
+        "num_key_value_heads": 5,
+        "max_position_embeddings": 8192,
+    }
+)
+
+# Between tiny and published: 4 layers of 256 on SmolLM2's vocabulary (about 33 MB in
+# bfloat16), a Llama and a Qwen2, for the live pool's catalog of many small models.
+_LLAMA_MINI: Final = MappingProxyType(
+    {
+        **_SMOLLM2_TINY,
+        "hidden_size": 256,
+        "intermediate_size": 768,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+    }
+)
+_QWEN2_MINI: Final = MappingProxyType(
+    {**_LLAMA_MINI, "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2"}
+)
+
 # The same tiny model with a 32K context: a coding agent's first prompt (Claude Code's is
 # about 20K tokens: its tools and system prompt) fits, for protocol tests of real clients.
 _AGENT_TINY: Final = MappingProxyType({**_SMOLLM2_TINY, "max_position_embeddings": 32768})
@@ -178,6 +211,30 @@ ENTRIES: Final[Mapping[str, CatalogEntry]] = MappingProxyType(
                 _QWEN2_TINY,
                 "SmolLM2's vocabulary on 3 Qwen2 layers of 64",
                 seed=4,
+                tokenizer_of="smollm2-135m",
+            ),
+            CatalogEntry(
+                "smollm2-360m-dummy",
+                Source.DUMMY,
+                _SMOLLM2_360M,
+                "HuggingFaceTB/SmolLM2-360M-Instruct config.json",
+                seed=6,
+                tokenizer_of="smollm2-135m",
+            ),
+            CatalogEntry(
+                "llama-mini-dummy",
+                Source.DUMMY,
+                _LLAMA_MINI,
+                "SmolLM2's vocabulary on 4 layers of 256",
+                seed=7,
+                tokenizer_of="smollm2-135m",
+            ),
+            CatalogEntry(
+                "qwen2-mini-dummy",
+                Source.DUMMY,
+                _QWEN2_MINI,
+                "SmolLM2's vocabulary on 4 Qwen2 layers of 256",
+                seed=8,
                 tokenizer_of="smollm2-135m",
             ),
         )
