@@ -30,7 +30,6 @@ import anyio
 import attrs
 import torch
 
-from talaria.backends.embedded import cluster_from_loaded
 from talaria.calibration.cache import CalibrationMode
 from talaria.config import PolicyConfig
 from talaria.engine.threads import in_own_thread
@@ -42,6 +41,7 @@ from talaria.swebench_replay.live_replay import (
     EmbeddedOptions,
     ReplayHooks,
     _calibration,
+    _cluster,
     _load,
     _play,
     _predicted,
@@ -185,28 +185,6 @@ def _arrivals(pool: LivePool, catalog: PoolCatalog) -> OpenLoad:
     )  # fmt: skip
     return build_load(
         draws, pool.seed, trace_path=path, token_scale=pool.token_scale, gap_scale=pool.gap_scale
-    )
-
-
-def _cluster(
-    options: EmbeddedOptions,
-    bare: Any,
-    host: dict[str, torch.Tensor],
-    policy: PolicyConfig,
-    hardware: Any,
-    files: WeightFiles,
-) -> Any:
-    return in_own_thread(
-        lambda: cluster_from_loaded(
-            options.instance_specs(),
-            bare,
-            policy,
-            options.dtype,
-            options.device,
-            host_weights=host,
-            hardware=hardware,
-            weight_files=files,
-        )
     )
 
 

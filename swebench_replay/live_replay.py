@@ -47,6 +47,7 @@ from talaria.engine.catalog import DEFAULT_MODELS
 from talaria.engine.loader import LoadedModel
 from talaria.engine.runner import flatten_weights
 from talaria.engine.threads import in_own_thread
+from talaria.engine.weight_files import WeightFiles
 from talaria.errors import ConfigError, TalariaError
 from talaria.executor import Executor, Layout, Work
 from talaria.generation import SamplingParams, StopChecker
@@ -379,8 +380,10 @@ def _cluster(
     host: Mapping[str, torch.Tensor],
     policy: PolicyConfig,
     hardware: Mapping[str, HardwareProfile],
+    weight_files: WeightFiles | None = None,
 ) -> PlayedCluster:
-    """A fresh cluster for one policy, built on a thread that exits."""
+    """A fresh cluster for one policy, built on a thread that exits (its weights past the
+    host budgets on disk in ``weight_files``, if given)."""
     return in_own_thread(
         lambda: cluster_from_loaded(
             options.instance_specs(),
@@ -390,6 +393,7 @@ def _cluster(
             options.device,
             host_weights=host,
             hardware=hardware,
+            weight_files=weight_files,
         )
     )
 

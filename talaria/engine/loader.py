@@ -12,6 +12,7 @@ an unsupported architecture, a missing tensor or a tensor of the wrong shape.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import math
@@ -388,11 +389,27 @@ def gguf_arch(path: Path | str) -> ModelArch:
 
 
 def gguf_tokenizer(path: Path | str) -> Tokenizer:
-    """The tokenizer (with chat template) of a GGUF file, without reading its tensors."""
+    """The tokenizer (with chat template) of a GGUF file, without reading its tensors.
+
+    Parsing a GGUF file's metadata takes seconds (SmolLM2's 49,152-token vocabulary: about
+    3 s here, field by field), and every random-weight model that speaks through SmolLM2's
+    tokenizer asks for the same one; a :class:`Tokenizer` is immutable, so the last few
+    files' tokenizers are kept, keyed by the file's resolved path, size and modification
+    time (a changed file is read again)."""
     path = Path(path)
-    tokenizer = _gguf_tokenizer(read_gguf_metadata(path), path)
+    try:
+        st = path.resolve().stat()
+    except OSError:
+        return _read_gguf_tokenizer(str(path), 0, 0)  # raises the loader's typed error
+    return _read_gguf_tokenizer(str(path.resolve()), st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=4)
+def _read_gguf_tokenizer(path: str, size: int, mtime_ns: int) -> Tokenizer:
+    """``gguf_tokenizer`` of the file at ``path`` (``size`` and ``mtime_ns`` key the cache)."""
+    tokenizer = _gguf_tokenizer(read_gguf_metadata(path), Path(path))
     if tokenizer is None:
-        raise ModelLoadError(path, "file carries no tokenizer", "tokenizer.ggml.model")
+        raise ModelLoadError(Path(path), "file carries no tokenizer", "tokenizer.ggml.model")
     return tokenizer
 
 

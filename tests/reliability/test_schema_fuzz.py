@@ -34,7 +34,7 @@ schemathesis = pytest.importorskip("schemathesis")
 
 pytestmark = requires_tiny_model
 
-EXAMPLES = 15  # per operation, default suite (180 cases; the slow one has depth)
+EXAMPLES = 8  # per operation, default suite (96 cases; the slow one has depth)
 SLOW_EXAMPLES = 400  # per operation, slow suite: 4,800 cases over the twelve operations
 MAX_NEW = 16
 

@@ -24,11 +24,11 @@ def _pool(**changes: object) -> LivePool:
         (fast,),
         models=MODELS,
         instances=2,
-        sessions=3,
+        sessions=2,
         rate_per_s=2.0,
         token_scale=0.01,
         gap_scale=0.01,
-        seed=1,
+        seed=0,  # llama-mini (on host) and smollm2-tiny (on disk), 63 calls
         device_memory_bytes=50 * MB,
         host_memory_bytes=60 * MB,  # weights: the largest model's 31.5 MB, the rest host KV
         host_weight_share=0.5,
@@ -49,7 +49,7 @@ def test_cold_starts_read_the_weight_files_and_the_run_is_predicted(tmp_path: Pa
     assert measured["disk_reads"] == measured["cold_loads"]
     assert measured["disk_bytes_read"] >= min(doc["catalog"]["weight_bytes"][m] for m in MODELS)
     assert predicted["cold_loads"] >= 1
-    assert measured["sessions"] == predicted["sessions"] == 3
+    assert measured["sessions"] == predicted["sessions"] == 2
     assert measured["calls"] == predicted["calls"] == doc["workload"]["calls"]
     assert set(run["fidelity"]) >= {"error_sct_p95_s", "measured_sct_p95_s"}
     assert sorted(tmp_path.iterdir()) == [tmp_path / f"{m}.safetensors" for m in sorted(MODELS)]
