@@ -6,7 +6,7 @@ instance's 0.99 GB host budget loaded from their files on disk for real
 (:mod:`talaria.swebench_replay.live_pool`). Writes ``live_pool.json`` and prints, per
 policy, the measured figures, the simulator's and its error.
 
-    python benchmarks/live_pool.py --out runs/live-pool            # about 15 minutes here
+    python benchmarks/live_pool.py --out runs/live-pool   # 7 min here; 13 more to calibrate
     python benchmarks/live_pool.py --sessions 24 --rate 0.2 --policies talaria
 """
 

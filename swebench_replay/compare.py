@@ -19,7 +19,7 @@ from typing import Any
 
 from talaria.config import PolicyConfig
 from talaria.errors import ConfigError
-from talaria.policy.baselines import BASELINES, TALARIA
+from talaria.policy.baselines import BASELINES, POOL_BASELINES, TALARIA
 from talaria.policy.knobs import knobs_of
 from talaria.sim.simulator import SimResult
 from talaria.swebench_replay.metrics import add_ratios, results_document
@@ -36,7 +36,7 @@ from talaria.swebench_replay.split import Part
 from talaria.swebench_replay.stats import Interval, mean_interval, ratio_interval
 
 TEST_SEEDS = (0, 1, 2, 3, 4)
-PER_REQUEST = tuple(b for b in BASELINES if b != "round")
+PER_REQUEST = tuple(b for b in (*BASELINES, *POOL_BASELINES) if b != "round")
 
 
 def comparison_runs(

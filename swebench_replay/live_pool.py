@@ -47,6 +47,7 @@ from talaria.swebench_replay.live_replay import (
     _predicted,
     _warm_up,
     schedule_doc,
+    step_breakdown,
 )
 from talaria.swebench_replay.metrics import check_conservation, policy_summary
 from talaria.swebench_replay.open_loop import (
@@ -155,7 +156,9 @@ def _run(
         cluster = _cluster(options, bare, host, policy, hardware, files)
         _keep_starting_copies(host, cluster)
         reads, read_bytes = files.reads, files.bytes_read
-        result, _ = anyio.run(_play, cluster, load.scripts, policy.name, hooks.tick(policy.name))
+        result, steps = anyio.run(
+            _play, cluster, load.scripts, policy.name, hooks.tick(policy.name)
+        )
         tool_s = {s.session_id: sum(c.tool_seconds for c in s.calls) for s in load.scripts}
         check_conservation(result, load.n_calls, tool_s)
         hooks.done(policy.name, result)
@@ -170,6 +173,7 @@ def _run(
             "predicted": policy_summary(predicted)
             | {"cold_loads": int(predicted.counters.get("cold_loads", 0))},
             "fidelity": fidelity,
+            "step_costs": step_breakdown(steps),  # per step kind: measured vs priced seconds
             "schedules": {"measured": schedule_doc(result), "predicted": schedule_doc(predicted)},
         }
         del cluster

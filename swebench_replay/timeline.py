@@ -32,8 +32,8 @@ from matplotlib.collections import LineCollection
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
-from talaria.policy.baselines import BASELINES
 from talaria.sim.simulator import CallRecord, SimResult
+from talaria.swebench_replay.compare import PER_REQUEST
 
 MAX_PANELS = 3
 ROW_IN = 0.14  # figure height per row (inches)
@@ -56,7 +56,7 @@ def timeline_policies(
         return sorted(pool, key=lambda n: (entries[n]["sct_p50_s"], entries[n]["sct_mean_s"], n))
 
     chosen = [n for n in ("talaria", "round") if n in names]
-    per_request = by_sct([n for n in names if n in BASELINES and n != "round"])
+    per_request = by_sct([n for n in names if n in PER_REQUEST])
     chosen += per_request[:1]
     chosen += by_sct([n for n in names if n not in chosen])
     return chosen[:limit]
