@@ -150,6 +150,7 @@ def _run(
         files.write(name, flat)
     say("warming up every model once")
     in_own_thread(lambda: _warm_up(bare, host, options))
+    tool_s = {s.session_id: sum(c.tool_seconds for c in s.calls) for s in load.scripts}
     policies: dict[str, Any] = {}
     for policy in options.policies:
         say(f"playing {pool.sessions} arrivals under {policy.name} in real time")
@@ -159,7 +160,6 @@ def _run(
         result, steps = anyio.run(
             _play, cluster, load.scripts, policy.name, hooks.tick(policy.name)
         )
-        tool_s = {s.session_id: sum(c.tool_seconds for c in s.calls) for s in load.scripts}
         check_conservation(result, load.n_calls, tool_s)
         hooks.done(policy.name, result)
         measured = policy_summary(result) | {
