@@ -17,7 +17,11 @@ core's accounting describes (sized by the core's :class:`~talaria.executor.Layou
   runner holds the copies of the models the arena starts with on host
   (``Layout.host_models``), a plan's ``DISK_TO_HOST`` step reads the model's file into a new
   host buffer, and its ``host_drops`` release theirs, so host memory follows the arena's
-  budget and a cold start reads from the disk.
+  budget and a cold start reads from the disk. A switch reads on the step's thread (the
+  step waits for its weights); a stage reads on the stage's background thread before it
+  copies (the arena counts the host copy from the stage's start; the runner holds it once
+  the read is whole, and a switch that finds a cancelled stage's read unfinished reads the
+  file itself, counted in ``sync_reads``).
 * **KV**: a :class:`~talaria.engine.kv_pool.KVPool` of ``layout.device_blocks`` /
   ``layout.host_blocks`` blocks of ``layout.block_bytes``, and one
   :class:`~talaria.engine.kv_pool.PagedKV` device view per model.
@@ -43,6 +47,7 @@ Not thread-safe: one driver executes on a runner at a time.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from collections.abc import Collection, Mapping, Sequence
@@ -59,7 +64,7 @@ from talaria.engine.kv_pool import KVPool, PagedKV
 from talaria.engine.logits import LogitsProcessor, token_logprob
 from talaria.engine.model import LlamaModel
 from talaria.engine.sampling import make_generator, sample_row, skip_draws
-from talaria.engine.staging import BackgroundCopy, StreamCopy
+from talaria.engine.staging import BackgroundCopy, Fill, StreamCopy
 from talaria.engine.tokenizer import Tokenizer
 from talaria.engine.weight_files import WeightFiles
 from talaria.engine.weight_layout import bind_weights
@@ -182,6 +187,8 @@ class EngineRunner:
                 )
         self._models: dict[tuple[str, int], LlamaModel] = {}
         self._staged: str | None = None  # model whose first bytes sit in the lent blocks
+        self._reading: tuple[str, torch.Tensor] | None = None  # a host copy the stage reads
+        self.sync_reads = 0  # weight files read on the step thread for want of a stage's read
         # stages copy on a background thread (CPU) or a side stream (CUDA)
         self._stager: BackgroundCopy | StreamCopy | None = None
         if background_staging and self.device.type == "cpu":
@@ -239,6 +246,7 @@ class EngineRunner:
         stager = self._stager
         if stager is not None and stager.active and self._abandoned(where):
             stager.cancel()  # its blocks may be reused by this step's moves
+            self._keep_read()
             self._staged = None
         for plan in sched.kv_moves:
             self.pool.execute(plan)
@@ -273,7 +281,22 @@ class EngineRunner:
         if stager is None or not stager.active or not stager.done or stager.model is None:
             return None
         stager.wait()
+        self._keep_read()
         return stager.model, stager.blocks
+
+    def _keep_read(self) -> None:
+        """After the stage thread stopped: keep the host copy it read, if it read it whole
+        (the arena counts it on host from the stage's start), else forget the buffer."""
+        if self._reading is not None and self._stager is not None and self._stager.filled:
+            name, flat = self._reading
+            self.host_weights[name] = flat
+        self._reading = None
+
+    @property
+    def host_models(self) -> frozenset[str]:
+        """Models with a host copy here: held, or being read by the stage thread."""
+        reading = () if self._reading is None else (self._reading[0],)
+        return frozenset(self.host_weights).union(reading)
 
     def restart(self, layout: Layout) -> None:
         """Serve a fresh core of the same ``layout`` from now on: every call's state is
@@ -283,6 +306,7 @@ class EngineRunner:
             raise ConfigError(f"a restart with layout {layout}, the buffers are {self.layout}")
         if self._stager is not None:
             self._stager.cancel()
+            self._keep_read()
         self._staged = None
         self._sampling.clear()
         if self.weight_files is not None:  # the fresh arena's host tier: its starting models
@@ -404,16 +428,28 @@ class EngineRunner:
     def _stage(self, plan: SwitchPlan, ids: Sequence[int], n: int) -> None:
         """Copy the first ``n`` bytes (the arena's ``staged_bytes``) of the model's host
         weights into the lent blocks ``ids``, in order: started on the background copy
-        thread (CPU) or the side stream (CUDA), else inline."""
+        thread (CPU; after reading the model's file there, where the plan loads it from
+        disk) or the side stream (CUDA; the file read inline), else inline."""
         bb = self.layout.block_bytes
         if len(ids) * bb < n:
             raise RuntimeError(f"staging {n} bytes into {len(ids)} blocks of {bb}")
-        self._host_tier(plan)
-        src = self.host_weights[plan.model]
+        stager = self._stager
+        if stager is not None:
+            stager.cancel()  # a stage the core abandoned for this one
+            self._keep_read()
+        fill: Fill | None = None
+        files = self.weight_files
+        if files is not None and isinstance(stager, BackgroundCopy) and _from_disk(plan):
+            self._drop_host(plan)  # the file is read on the stage thread, then the copies
+            src = torch.empty(self.layout.weights_of(plan.model), dtype=torch.uint8)
+            fill = functools.partial(files.read_into, plan.model, src)
+            self._reading = (plan.model, src)
+        else:
+            self._host_tier(plan)
+            src = self.host_weights[plan.model]
         runs = [(rows.flatten()[: hi - lo], src[lo:hi]) for rows, lo, hi in self._lent_runs(n, ids)]
-        if self._stager is not None:
-            self._stager.cancel()  # a stage the core abandoned for this one
-            self._stager.start(plan.model, tuple(ids), runs)
+        if stager is not None:
+            stager.start(plan.model, tuple(ids), runs, fill)
         else:
             for dst, part in runs:
                 dst.copy_(part, non_blocking=True)
@@ -421,15 +457,26 @@ class EngineRunner:
 
     def _host_tier(self, plan: SwitchPlan) -> None:
         """With weight files: release the plan's ``host_drops``, then read ``plan.model``'s
-        file if the plan loads it from disk. Without: nothing (every host copy is kept)."""
+        file if the plan loads it from disk, or if the host copy the arena counts was being
+        read by a stage that was cancelled before the read ended. Without: nothing (every
+        host copy is kept)."""
         if self.weight_files is None:
             return
-        for name in plan.host_drops:
-            self.host_weights.pop(name, None)
-        if any(step.link is Link.DISK_TO_HOST for step in plan.steps):
+        self._drop_host(plan)
+        if _from_disk(plan):
             self._read(plan.model)
         elif plan.model not in self.host_weights:
-            raise RuntimeError(f"a copy of {plan.model} from host, which holds no copy of it")
+            if self._reading is not None and self._reading[0] == plan.model:
+                if self._stager is not None:  # not reached: the core switches after landing
+                    self._stager.wait()
+                self._keep_read()
+            if plan.model not in self.host_weights:
+                self._read(plan.model)
+                self.sync_reads += 1
+
+    def _drop_host(self, plan: SwitchPlan) -> None:
+        for name in plan.host_drops:
+            self.host_weights.pop(name, None)
 
     def _read(self, name: str) -> None:
         files = self.weight_files
@@ -490,3 +537,8 @@ class EngineRunner:
             if logprob is not None:
                 logprobs.append((last.key, logprob))
         return Executed(tuple(tokens), tuple(failed), tuple(logprobs))
+
+
+def _from_disk(plan: SwitchPlan) -> bool:
+    """Whether ``plan`` reads its model's weights from disk first."""
+    return any(step.link is Link.DISK_TO_HOST for step in plan.steps)

@@ -12,7 +12,10 @@ steps go on while it runs:
   whose cores the forward keeps busy it copies in the gaps (Python between ops, sampling,
   the scheduler) rather than taking cores from the step;
 * between chunks it checks a cancel flag: :meth:`cancel` returns once no chunk is in flight,
-  so the lent blocks can be handed back to the KV pool safely.
+  so the lent blocks can be handed back to the KV pool safely;
+* a stage of a model whose host copy is on disk first reads the model's weight file on the
+  same thread (a ``fill``, in chunks, checking the same flag), so a cold stage costs the
+  step thread nothing either, as the simulator prices it.
 
 On CUDA, :class:`StreamCopy` plays the same role with the same interface: the copy is queued
 on a stream of its own (from pinned host memory, so it overlaps the forward's kernels on the
@@ -27,7 +30,7 @@ import contextlib
 import ctypes
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Final, TypeAlias
 
 import torch
@@ -40,6 +43,10 @@ NICE: Final = 19
 
 CopyRun: TypeAlias = tuple[torch.Tensor, torch.Tensor]
 """One ``(dst, src)`` pair a stage copies: as many bytes into ``dst`` as ``src`` holds."""
+
+Fill: TypeAlias = Callable[[Callable[[], bool]], bool]
+"""Work a background copy does before its runs (writing their sources), given a check that
+says the copy was cancelled; returns False if it stopped on it."""
 
 
 class BackgroundCopy:
@@ -54,6 +61,7 @@ class BackgroundCopy:
         self.model: str | None = None
         self.blocks: tuple[int, ...] = ()
         self.copied_bytes = 0
+        self.filled = False  # the last copy's fill ran to the end (kept after a cancel)
         self._thread: threading.Thread | None = None
         self._cancel = threading.Event()
         self._error: BaseException | None = None
@@ -68,10 +76,19 @@ class BackgroundCopy:
         """The started copy has finished (or there is none)."""
         return self._thread is None or not self._thread.is_alive()
 
-    def start(self, model: str, blocks: Sequence[int], runs: Sequence[CopyRun]) -> None:
+    def start(
+        self,
+        model: str,
+        blocks: Sequence[int],
+        runs: Sequence[CopyRun],
+        fill: Fill | None = None,
+    ) -> None:
         """Copy every ``src`` into its ``dst`` (same byte count, contiguous, CPU) in the
-        background, labelled ``model`` into ``blocks``. Raises ``ValueError`` for a run it
-        cannot copy, ``RuntimeError`` if a copy is still active."""
+        background, labelled ``model`` into ``blocks``; first, if given, run ``fill`` on the
+        copy thread (it writes the sources: a weight file read) with the cancel check, and
+        copy nothing if it returns False. :attr:`filled` says whether it finished. Raises
+        ``ValueError`` for a run it cannot copy, ``RuntimeError`` if a copy is still
+        active."""
         if self.active:
             raise RuntimeError(f"a copy for {self.model} is still active")
         ptrs: list[tuple[int, int, int]] = []
@@ -87,19 +104,24 @@ class BackgroundCopy:
                 raise ValueError("background copy runs must be equal-sized contiguous CPU bytes")
             ptrs.append((dst.data_ptr(), src.data_ptr(), n))
         self.model, self.blocks, self.copied_bytes = model, tuple(blocks), 0
+        self.filled = fill is None
         self._cancel.clear()
         self._error = None
         # keep the tensors alive while the thread reads and writes them
         self._thread = threading.Thread(
-            target=self._copy, args=(ptrs, list(runs)), name=f"stage-{model}", daemon=True
+            target=self._copy, args=(ptrs, list(runs), fill), name=f"stage-{model}", daemon=True
         )
         self._thread.start()
 
-    def _copy(self, ptrs: list[tuple[int, int, int]], _keep: object) -> None:
+    def _copy(self, ptrs: list[tuple[int, int, int]], _keep: object, fill: Fill | None) -> None:
         try:
             # not Linux, or not permitted: copy at normal priority
             with contextlib.suppress(AttributeError, OSError):
                 os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), NICE)
+            if fill is not None:
+                if not fill(self._cancel.is_set):
+                    return
+                self.filled = True
             for dst, src, n in ptrs:
                 for off in range(0, n, CHUNK_BYTES):
                     if self._cancel.is_set():
@@ -150,6 +172,7 @@ class StreamCopy:
         self.model: str | None = None
         self.blocks: tuple[int, ...] = ()
         self.copied_bytes = 0
+        self.filled = False  # as BackgroundCopy's: a fill runs inline here, so always whole
         self._event: torch.cuda.Event | None = None
         self._keep: list[CopyRun] = []
 
@@ -163,13 +186,23 @@ class StreamCopy:
         """The started copy has landed on the device (or there is none)."""
         return self._event is None or bool(self._event.query())  # type: ignore[no-untyped-call]
 
-    def start(self, model: str, blocks: Sequence[int], runs: Sequence[CopyRun]) -> None:
+    def start(
+        self,
+        model: str,
+        blocks: Sequence[int],
+        runs: Sequence[CopyRun],
+        fill: Fill | None = None,
+    ) -> None:
         """Queue every ``src`` (pinned host bytes) into its ``dst`` (device bytes, same
         count) on the side stream, after what the runner's stream has queued so far (the
-        lent blocks may have been written by its KV moves). ``ValueError`` for a run it
-        cannot copy, ``RuntimeError`` if a copy is still active."""
+        lent blocks may have been written by its KV moves); a ``fill`` runs first, on the
+        caller's thread. ``ValueError`` for a run it cannot copy, ``RuntimeError`` if a copy
+        is still active."""
         if self.active:
             raise RuntimeError(f"a copy for {self.model} is still active")
+        if fill is not None:
+            fill(lambda: False)
+        self.filled = True
         for dst, src in runs:
             if (
                 dst.device != self.device

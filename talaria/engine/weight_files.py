@@ -12,19 +12,27 @@ cached pages (``posix_fadvise(DONTNEED)``, as the calibration does), so every re
 from the disk, not the page cache: a cold start here costs what a cold start costs. Where
 the platform cannot drop them, :attr:`WeightFiles.cold_reads` is False and says so.
 
-Not thread-safe for writes to one model; reads of different models may run concurrently.
+A read may run on a runner's background stage thread (:class:`~talaria.engine.staging.
+BackgroundCopy`), in chunks, stopping between them when the stage is cancelled. Not
+thread-safe for writes to one model; reads may run concurrently (the counters are locked).
 """
 
 from __future__ import annotations
 
 import os
+import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import Final
 
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
 from talaria.errors import ConfigError
+
+READ_CHUNK_BYTES: Final = 16 << 20
+"""Bytes read between two checks of a read's stop flag (:meth:`WeightFiles.read_into`)."""
 
 _KEY = "flat"
 _HEADER_LEN = 8  # safetensors: a little-endian u64 header length, the JSON header, the data
@@ -51,8 +59,10 @@ class WeightFiles:
     def __init__(self, folder: Path) -> None:
         self.folder = Path(folder)
         self.cold_reads = hasattr(os, "posix_fadvise")
-        self.bytes_read = 0  # over every read of this object
-        self.reads = 0
+        self._lock = threading.Lock()  # the counters, updated by reads on several threads
+        self.bytes_read = 0  # over every read of this object, whole or stopped
+        self.reads = 0  # whole reads
+        self.stopped_reads = 0  # reads stopped before the end (a cancelled background stage)
 
     def path(self, model: str) -> Path:
         if not model or "/" in model or model.startswith("."):
@@ -86,24 +96,45 @@ class WeightFiles:
         """``model``'s flat weights, read from its file into a new host buffer (pinned when
         ``pin``), then dropped from the page cache. ``ConfigError`` if the file is missing
         or holds another size than ``nbytes``."""
+        flat = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pin)
+        self.read_into(model, flat)
+        return flat
+
+    def read_into(
+        self, model: str, out: torch.Tensor, stopped: Callable[[], bool] | None = None
+    ) -> bool:
+        """Read ``model``'s flat weights into ``out`` (a contiguous uint8 host tensor of the
+        model's size) in chunks of :data:`READ_CHUNK_BYTES`, checking ``stopped`` between
+        them; then drop the file from the page cache. True once the whole file is read,
+        False if ``stopped`` said stop first (``out`` then holds a prefix). ``ConfigError``
+        as :meth:`read`. Mutates ``out`` and the read counters; safe to call from several
+        threads for different ``out``."""
+        nbytes = out.numel()
+        if out.dtype != torch.uint8 or out.dim() != 1 or not out.is_contiguous():
+            raise ConfigError(f"model {model}: weights are read into flat uint8 buffers")
         p = self.path(model)
         if not p.is_file():
             raise ConfigError(f"model {model}: no weight file at {p}; write it first")
         start = self._data_offset(p, model, nbytes)
-        flat = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pin)
-        view = flat.numpy().data.cast("B")
-        with open(p, "rb", buffering=0) as f:  # the read: sequential, into the buffer
-            f.seek(start)
-            got = 0
-            while got < nbytes:
-                n = f.readinto(view[got:])
-                if not n:
-                    raise ConfigError(f"{p} ended after {got} of {nbytes} bytes")
-                got += n
-        self.cold_reads = evict_from_page_cache(str(p)) and self.cold_reads
-        self.bytes_read += nbytes
-        self.reads += 1
-        return flat
+        view = out.numpy().data.cast("B")
+        got = 0
+        try:
+            with open(p, "rb", buffering=0) as f:  # the read: sequential, into the buffer
+                f.seek(start)
+                while got < nbytes:
+                    if stopped is not None and stopped():
+                        return False
+                    n = f.readinto(view[got : min(nbytes, got + READ_CHUNK_BYTES)])
+                    if not n:
+                        raise ConfigError(f"{p} ended after {got} of {nbytes} bytes")
+                    got += n
+        finally:
+            self.cold_reads = evict_from_page_cache(str(p)) and self.cold_reads
+            with self._lock:
+                self.bytes_read += got
+                self.reads += got == nbytes
+                self.stopped_reads += got < nbytes
+        return True
 
     @staticmethod
     def _data_offset(p: Path, model: str, nbytes: int) -> int:

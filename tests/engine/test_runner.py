@@ -8,6 +8,8 @@ full-sequence transformers forwards. Instances are sized by hand so the KV pool 
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -21,7 +23,7 @@ from talaria.core.instance import InstanceCore
 from talaria.engine.arch import ModelArch
 from talaria.engine.runner import EngineRunner, flatten_weights
 from talaria.engine.staging import BackgroundCopy, StreamCopy
-from talaria.engine.weight_files import WeightFiles
+from talaria.engine.weight_files import READ_CHUNK_BYTES, WeightFiles
 from talaria.errors import BadRequest, ConfigError
 from talaria.generation import SamplingParams
 from talaria.memory.weights import SwitchPlan
@@ -410,17 +412,19 @@ def on_disk(hfs: dict[str, Any], folder: Path) -> WeightFiles:
 
 
 @pytest.mark.parametrize(
-    ("staging", "reads_after", "read"),
+    ("staging", "background", "reads_after", "read"),
     [
         # A starts on host; B and C are read from disk; A was dropped for C and is read again
-        (False, [0, 1, 2, 3], "BCA"),
+        (False, False, [0, 1, 2, 3], "BCA"),
         # and with staging: while B (then C) runs, A (its session may return) is staged,
         # read from disk again as C's host copy took its place; then C, while A runs
-        (True, [0, 2, 4, 5], "BACAC"),
+        (True, False, [0, 2, 4, 5], "BACAC"),
+        # the same reads, the stages' on the background stage thread
+        (True, True, [0, 2, 4, 5], "BACAC"),
     ],
 )
 def test_cold_models_load_from_their_files_and_host_copies_follow_the_arena(
-    tmp_path: Path, staging: bool, reads_after: list[int], read: str
+    tmp_path: Path, staging: bool, background: bool, reads_after: list[int], read: str
 ) -> None:
     """A host weight budget of one model and three models: only the first starts on host;
     slots A, B, C, A read each model's file where the arena plans a DISK_TO_HOST step (a
@@ -431,24 +435,40 @@ def test_cold_models_load_from_their_files_and_host_copies_follow_the_arena(
     policy = attrs.evolve(TALARIA, weight_staging=staging)
     runner = make_runner(
         hfs, device_blocks=40, host_weight_share=0.01, weight_files=files,
-        background_staging=False, policy=policy,
+        background_staging=background, policy=policy,
     )  # fmt: skip
     core, executor = runner.core, runner.executor
     assert core.layout.host_models == ("A",)
     assert set(executor.host_weights) == {"A"}
     ptr = executor.region.data_ptr()
-    now, reads = 0.0, []
+    now, reads, threads = 0.0, [], []
+    read_into = files.read_into
+
+    def recorded(model: str, *args: Any) -> bool:
+        threads.append(f"{model}: {threading.current_thread().name}")
+        return read_into(model, *args)
+
+    files.read_into = recorded  # type: ignore[method-assign,assignment]
     for rnd, model in enumerate("ABCA"):
         prompt = prompt_ids(13 + rnd, seed=40 + rnd)
         runner.submit(call(f"s{rnd}", 0, model, prompt, 6), now)
         now = run_until_idle(runner, now, ptr) + 1.0
         assert list(runner.take_output((sk(f"s{rnd}"), 0))) == reference(hfs[model], prompt, 6)
         held = {m for m in hfs if core.arena.on_host(m)}
-        assert set(executor.host_weights) == held, (model, held)
+        assert executor.host_models == held, (model, held)
+        while executor._stager is not None and not executor._stager.done:
+            time.sleep(0.01)  # a stage's read may still run on its thread: count it read
         reads.append(files.reads)
     assert reads == reads_after
     assert files.bytes_read == sum(core.layout.weights_of(m) for m in read)
     assert core.counters.cold_loads == len(read)
+    assert executor.sync_reads == 0 and files.stopped_reads == 0
+    # each model read where its plan says, a stage's on the stage thread when there is one
+    on = "stage-{}" if background else "MainThread"
+    where = {False: ["B: MainThread", "C: MainThread", "A: MainThread"],
+             True: ["B: MainThread", f"A: {on.format('A')}", "C: MainThread",
+                    f"A: {on.format('A')}", f"C: {on.format('C')}"]}  # fmt: skip
+    assert threads == where[staging]
     assert_clean(runner)
 
 
@@ -477,3 +497,19 @@ def test_weight_files_refuse_a_wrong_size_or_a_missing_model(tmp_path: Path) -> 
     with pytest.raises(ConfigError, match="flat uint8"):
         files.write("f", torch.zeros(4))
     assert files.reads == 1 and files.bytes_read == 64
+    with pytest.raises(ConfigError, match="flat uint8"):
+        files.read_into("m", torch.zeros(64))
+
+
+def test_a_weight_file_read_stops_between_chunks_when_told(tmp_path: Path) -> None:
+    files = WeightFiles(tmp_path)
+    flat = torch.randint(0, 256, (2 * READ_CHUNK_BYTES + 3,), dtype=torch.uint8)
+    files.write("m", flat)
+    out = torch.zeros_like(flat)
+    checks = iter([False, True])  # the first chunk is read, then the read is told to stop
+    assert not files.read_into("m", out, lambda: next(checks))
+    assert torch.equal(out[:READ_CHUNK_BYTES], flat[:READ_CHUNK_BYTES])
+    assert not bool(out[READ_CHUNK_BYTES:].any())
+    assert (files.reads, files.stopped_reads, files.bytes_read) == (0, 1, READ_CHUNK_BYTES)
+    assert files.read_into("m", out, lambda: False) and torch.equal(out, flat)
+    assert (files.reads, files.stopped_reads) == (1, 1)

@@ -3,6 +3,10 @@ and, on CUDA, ``StreamCopy`` (the same on a side stream)."""
 
 from __future__ import annotations
 
+import threading
+import time
+from collections.abc import Callable
+
 import pytest
 import torch
 
@@ -55,6 +59,43 @@ def test_cancel_stops_between_chunks_and_leaves_it_idle() -> None:
     assert copier.copied_bytes % CHUNK_BYTES == 0  # whole chunks only
     assert copier.copied_bytes <= 64 * CHUNK_BYTES
     copier.cancel()  # idempotent
+
+
+def test_a_fill_writes_the_sources_on_the_copy_thread_first() -> None:
+    """A fill (a weight file read) runs on the copy thread before the copies; the copies
+    then carry what it wrote."""
+    copier = BackgroundCopy()
+    src = torch.zeros(CHUNK_BYTES + 7, dtype=torch.uint8)
+    dst = torch.zeros_like(src)
+    where: list[str] = []
+
+    def fill(cancelled: Callable[[], bool]) -> bool:
+        where.append(threading.current_thread().name)
+        src.fill_(7)
+        return not cancelled()
+
+    copier.start("m", (0,), [(dst, src)], fill)
+    copier.wait()
+    assert copier.filled and where == ["stage-m"]
+    assert bool((dst == 7).all()) and copier.copied_bytes == src.numel()
+
+
+def test_a_cancel_during_the_fill_stops_it_and_copies_nothing() -> None:
+    copier = BackgroundCopy()
+    runs = _runs([CHUNK_BYTES], seed=4)
+    started = threading.Event()
+
+    def fill(cancelled: Callable[[], bool]) -> bool:
+        started.set()
+        while not cancelled():
+            time.sleep(0.001)
+        return False
+
+    copier.start("m", (0,), runs, fill)
+    assert started.wait(10)
+    copier.cancel()
+    assert not copier.filled and copier.copied_bytes == 0
+    assert not bool(runs[0][0].any())
 
 
 def test_refuses_runs_it_cannot_copy_and_a_second_start() -> None:
