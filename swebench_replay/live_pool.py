@@ -32,6 +32,7 @@ import torch
 
 from talaria.calibration.cache import CalibrationMode
 from talaria.config import PolicyConfig
+from talaria.engine.runner import EngineRunner
 from talaria.engine.threads import in_own_thread
 from talaria.engine.weight_files import WeightFiles
 from talaria.errors import BadRequest
@@ -156,7 +157,7 @@ def _run(
         say(f"playing {pool.sessions} arrivals under {policy.name} in real time")
         cluster = _cluster(options, bare, host, policy, hardware, files)
         _keep_starting_copies(host, cluster)
-        reads, read_bytes = files.reads, files.bytes_read
+        reads, read_bytes, stopped = files.reads, files.bytes_read, files.stopped_reads
         result, steps = anyio.run(
             _play, cluster, load.scripts, policy.name, hooks.tick(policy.name)
         )
@@ -166,6 +167,11 @@ def _run(
             "cold_loads": int(result.counters.get("cold_loads", 0)),
             "disk_reads": files.reads - reads,
             "disk_bytes_read": files.bytes_read - read_bytes,
+            # reads a cancelled stage stopped, and reads a switch then did on the step thread
+            "disk_reads_stopped": files.stopped_reads - stopped,
+            "sync_reads": sum(
+                r.sync_reads for r in cluster.runners.values() if isinstance(r, EngineRunner)
+            ),
         }
         fidelity, predicted = _predicted(cluster, policy, load.scripts, hardware, measured)
         policies[policy.name] = {
