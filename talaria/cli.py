@@ -286,8 +286,10 @@ def _add_serve_engine_args(sv: Any) -> None:
         "ray://HOST:PORT (that cluster's head), or local (a private one-node Ray started "
         "here). Each instance takes one unit of the custom resource talaria_instance "
         "(`ray start --resources '{\"talaria_instance\": 1}'` on each node; the config's "
-        "ray_resource renames it). Needs the ray extra (pip install 'talaria[ray]'); "
-        "overrides the config's ray",
+        "ray_resource renames it). With --backend vllm each actor runs one vLLM engine per "
+        "model (its node holds the model directories at the config's paths; ray_gpus: "
+        "GPUs per actor). Needs the ray extra (pip install 'talaria[ray]'); overrides the "
+        "config's ray",
     )
 
 

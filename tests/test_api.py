@@ -169,3 +169,13 @@ def test_weight_regions_reach_every_instance_and_bad_counts_are_refused(tmp_path
             TalariaConfig(weight_regions=bad)
     with pytest.raises(ConfigError, match="weight_regions is the embedded engine's"):
         TalariaConfig(backend="vllm", weight_regions=2)
+
+
+def test_ray_places_either_backend_and_counts_gpus(tmp_path: Path) -> None:
+    vllm = {"m": {"path": str(tmp_path)}}
+    cfg = TalariaConfig(models=("m",), backend="vllm", vllm_models=vllm, ray="local", ray_gpus=1)
+    assert (cfg.backend, cfg.ray, cfg.ray_gpus) == ("vllm", "local", 1)
+    assert TalariaConfig(ray="local").ray_gpus == 0
+    for bad in (-1, -0.5, float("nan"), float("inf"), True, "1"):
+        with pytest.raises(ConfigError, match="ray_gpus must be a finite number of 0 or more"):
+            TalariaConfig(ray="local", ray_gpus=bad)

@@ -1,8 +1,8 @@
 """The backend registry: each engine Talaria can drive, by the name a config gives
 (``TalariaConfig.backend``), and the builder that makes it from the config. Every builder
 returns a :class:`~talaria.backends.served.ServedCluster`, so the API reads one shape
-whatever runs underneath. ``TalariaConfig.ray`` places the embedded engine's instances in
-Ray actors instead of this process."""
+whatever runs underneath. ``TalariaConfig.ray`` places the instances in Ray actors
+instead of this process (``ON_RAY``: the embedded engine's, or vLLM engines)."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ def _vllm(cfg: TalariaConfig) -> ServedCluster[Any]:
     )
 
 
-def _on_ray(cfg: TalariaConfig, address: str) -> ServedCluster[Any]:
+def _embedded_on_ray(cfg: TalariaConfig, address: str) -> ServedCluster[Any]:
     from talaria.backends.ray.cluster import build_ray_cluster  # ray: an optional extra
 
     return build_ray_cluster(
@@ -57,10 +57,33 @@ def _on_ray(cfg: TalariaConfig, address: str) -> ServedCluster[Any]:
     )
 
 
+def _vllm_on_ray(cfg: TalariaConfig, address: str) -> ServedCluster[Any]:
+    from talaria.backends.ray.vllm_cluster import build_ray_vllm_cluster
+
+    return build_ray_vllm_cluster(
+        cfg.vllm_catalog(),
+        cfg.policy_config(),
+        instances=cfg.instances,
+        address=address,
+        resource=cfg.ray_resource,
+        cpus=cfg.ray_cpus,
+        gpus=cfg.ray_gpus,
+        hardware=cfg.hardware,
+        host_memory_bytes=cfg.host_memory_bytes,
+        block_size=cfg.block_size,
+        memory_utilization=cfg.memory_utilization,
+    )
+
+
 BUILDERS: Mapping[str, Builder] = types.MappingProxyType({"embedded": _embedded, "vllm": _vllm})
+ON_RAY: Mapping[str, Callable[[TalariaConfig, str], ServedCluster[Any]]] = types.MappingProxyType(
+    {"embedded": _embedded_on_ray, "vllm": _vllm_on_ray}
+)
 
 
 def build(cfg: TalariaConfig) -> ServedCluster[Any]:
-    """The backend ``cfg`` names, built (the embedded engine in Ray actors when ``cfg.ray``
-    is set; the config's own checks have refused any other combination)."""
-    return _on_ray(cfg, cfg.ray) if cfg.ray is not None else BUILDERS[cfg.backend](cfg)
+    """The backend ``cfg`` names, built (its instances in Ray actors when ``cfg.ray`` is
+    set)."""
+    if cfg.ray is not None:
+        return ON_RAY[cfg.backend](cfg, cfg.ray)
+    return BUILDERS[cfg.backend](cfg)

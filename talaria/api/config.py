@@ -45,6 +45,12 @@ def _positive(_: Any, attribute: Any, value: float) -> None:
         raise ConfigError(f"{attribute.name} must be positive, got {value!r}")
 
 
+def _non_negative(_: Any, attribute: Any, value: float) -> None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0
+    if not ok or value != value or value == float("inf"):
+        raise ConfigError(f"{attribute.name} must be a finite number of 0 or more, got {value!r}")
+
+
 @attrs.frozen
 class TalariaConfig:
     """What ``Talaria`` serves and how. Units: bytes, seconds.
@@ -111,12 +117,17 @@ class TalariaConfig:
     vllm_models: Mapping[str, Any] = attrs.field(factory=dict, converter=dict)
     config_dir: Path | None = None  # where the TOML file was (relative vLLM model paths)
     # run each instance in a Ray actor (talaria.backends.ray): "auto", "HOST:PORT",
-    # "ray://HOST:PORT" or "local" (a private one-node Ray); None: every instance in process
+    # "ray://HOST:PORT" or "local" (a private one-node Ray); None: every instance in process.
+    # The embedded engine's instances, or with backend "vllm" `instances` instances each
+    # running one vLLM engine per model (the actors' nodes hold the model directories)
     ray: str | None = None
     # the custom resource each instance's actor takes one unit of (one per node: `ray start
     # --resources '{"talaria_instance": 1}'`), and the CPUs it reserves (its torch threads)
     ray_resource: str = "talaria_instance"
     ray_cpus: float = attrs.field(default=1.0, validator=_positive)
+    # the GPUs each instance's actor reserves: the embedded engine takes the instance's
+    # devices on CUDA; vLLM's engines take this many (0: the engines run on CPU)
+    ray_gpus: float = attrs.field(default=0.0, validator=_non_negative)
 
     def __attrs_post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -136,11 +147,6 @@ class TalariaConfig:
         else:
             self.vllm_catalog()  # every model has a valid table
         if self.ray is not None:
-            if self.backend != "embedded":
-                raise ConfigError(
-                    "ray runs the embedded engine's instances in actors; the vLLM backend "
-                    "runs in process (drop ray, or use backend = 'embedded')"
-                )
             if not isinstance(self.ray, str) or not self.ray.strip():
                 raise ConfigError(f"ray must be an address, 'auto' or 'local', got {self.ray!r}")
             if not isinstance(self.ray_resource, str) or not self.ray_resource.strip():

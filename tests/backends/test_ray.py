@@ -9,6 +9,7 @@ installs the ``ray`` extra and runs them); about two minutes, most of it Ray sta
 
 from __future__ import annotations
 
+import types
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -20,14 +21,19 @@ import torch
 
 from talaria.api import TalariaConfig
 from talaria.backends.embedded import cluster_from_loaded, load_catalog_model
+from talaria.backends.ray.actor import Worker
+from talaria.backends.vllm.executor import VllmExecutor
 from talaria.config import InstanceSpec
 from talaria.errors import InstanceLost
+from talaria.executor import Executor, Layout
 from talaria.generation import SamplingParams, StopChecker
 from talaria.policy.baselines import POLICIES
 from talaria.runtime.live import LiveCluster
 from talaria.runtime.streams import Failed, Finished
 from talaria.server.app import app_and_talaria
 from talaria.types import TokenSeq
+from tests.backends.test_vllm_executor import FakeEngines, make_live, prompt
+from tests.backends.test_vllm_executor import call as vllm_call
 from tests.helpers import sk
 from tests.server.conftest import requires_smollm2
 from tests.server.matrix import check_malformed, malformed_matrix
@@ -295,3 +301,81 @@ def test_malformed_requests_as_in_process(
     words: str,
 ) -> None:
     check_malformed(server, "smollm2-tiny-dummy", path, body, headers, status, words)
+
+
+# ------------------------------------------------------------------ vLLM's executor over the wire
+
+
+class _Given(Worker):
+    """A worker whose executor is given (vLLM's, over fake engines)."""
+
+    def __init__(self, name: str, executor: VllmExecutor) -> None:
+        super().__init__(name, executor.models)
+        self.executor = executor
+
+    def _ready(self, layout: Layout) -> VllmExecutor:
+        return self.executor
+
+    def _eos(self) -> dict[str, tuple[int, ...]]:
+        return {m: tuple(sorted(ids)) for m, ids in self.executor.eos.items()}
+
+
+class _Local:
+    """An actor's methods called in this process: ``.remote`` runs them, and the answer
+    stands for its own object ref."""
+
+    def __init__(self, worker: Worker) -> None:
+        self.worker = worker
+
+    def __getattr__(self, name: str) -> Any:
+        return types.SimpleNamespace(remote=getattr(self.worker, name))
+
+
+def over_wire(name: str, layout: Layout, executor: VllmExecutor) -> Executor:
+    from talaria.backends.ray.executor import RayExecutor
+
+    class InProcess(RayExecutor):
+        def _await_step(self, ref: Any) -> Any:
+            return ref
+
+        def _check_health(self) -> None:
+            return None
+
+    worker = _Given(name, executor)
+    return InProcess(name, layout, _Local(worker), worker.attach(layout))
+
+
+class _Evicting(FakeEngines):
+    """Engines whose prefix cache has lost a block of what the core counts as cached."""
+
+    def _cached(self, salt: str | None, prompt: tuple[int, ...]) -> int:
+        return max(0, super()._cached(salt, prompt) - 32)
+
+
+def test_vllms_executor_over_the_wire_as_in_process() -> None:
+    """The schedules of vLLM's executor cross the Ray wire whole: the engine's tokens, its
+    prefix-cache hits (``cached``: here a block short of the core's count), a stream it
+    ended on its own (``silent``: the core counts no phantom token), no KV moves executed;
+    the same as in process, call for call."""
+
+    async def play(wrap: Any) -> tuple[list[tuple[Any, ...]], list[tuple[int, int]]]:
+        engines = _Evicting(["a"], quit_after=(3, "stop"))
+        out = []
+        async with make_live(["a"], engines, wrap=wrap) as live:
+            inst = live.core.instances["vllm-0"]
+            p = prompt(1)
+            for i, n in enumerate((2, 2, 10)):  # the last call: vLLM stops it after 3
+                ids, fin = await vllm_call(live, "s1", "a", p, n)
+                (req,) = [r for r in inst.finished if r.key == (sk("s1"), i)]
+                out.append((ids, fin.cached_tokens, fin.completion_tokens, req.generated))
+                p = p.extend(list(ids) + [9] * (30 + i))
+            live.check_integrity()
+            assert not live.drivers["vllm-0"].runner.executes_kv_moves
+            drift = [(d.engine_cached, d.core_cached) for d in inst.kv_drift]
+        return out, drift
+
+    wired = anyio.run(play, over_wire)
+    assert wired == anyio.run(play, None)
+    answers, drift = wired
+    assert [a[1] for a in answers] == [0, 32, 64] and drift == [(0, 0), (32, 64), (64, 96)]
+    assert answers[-1][2:] == (3, 3)

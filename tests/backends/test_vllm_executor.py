@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,7 @@ from talaria.cost import cluster_estimators
 from talaria.engine.arch import ModelArch
 from talaria.engine.catalog import entry
 from talaria.errors import InstanceFailed
+from talaria.executor import Executor, Layout
 from talaria.generation import SamplingParams, StopChecker
 from talaria.policy.baselines import POLICIES
 from talaria.runtime.live import LiveCluster
@@ -159,10 +160,15 @@ def tiny_arch() -> ModelArch:
 
 
 def make_live(
-    names: Sequence[str], engines: FakeEngines, policy: str = "talaria", sleep_mode: bool = False
+    names: Sequence[str],
+    engines: FakeEngines,
+    policy: str = "talaria",
+    sleep_mode: bool = False,
+    wrap: Callable[[str, Layout, VllmExecutor], Executor] | None = None,
 ) -> LiveCluster:
     """The cluster ``cluster_over`` builds: one instance whose models take turns (with
-    ``sleep_mode`` on a 4 GB device, half of it per engine)."""
+    ``sleep_mode`` on a 4 GB device, half of it per engine); ``wrap`` puts each instance's
+    executor behind another (the Ray wire)."""
     arch = tiny_arch()
     models = [
         VllmModel(n, Path("/nonexistent"), max_model_len=4096, gpu_memory_utilization=0.5)
@@ -193,7 +199,10 @@ def make_live(
         )
         for name, inst in core.instances.items()
     }
-    return LiveCluster(core, runners)
+    if wrap is None:
+        return LiveCluster(core, runners)
+    wrapped = {n: wrap(n, core.instances[n].layout, r) for n, r in runners.items()}
+    return LiveCluster(core, wrapped)
 
 
 async def call(

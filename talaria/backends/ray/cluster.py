@@ -24,7 +24,7 @@ import ray
 import torch
 
 from talaria.backends.embedded import load_catalog_model, loaded_cluster_core, served_models
-from talaria.backends.ray.actor import InstanceWorker, WorkerInfo
+from talaria.backends.ray.actor import InstanceWorker, Worker, WorkerInfo
 from talaria.backends.ray.executor import ATTACH_TIMEOUT_S, STEP_TIMEOUT_S, RayExecutor
 from talaria.backends.served import ServedCluster
 from talaria.config import InstanceSpec, PolicyConfig
@@ -33,7 +33,16 @@ from talaria.cost import HardwareProfile
 from talaria.errors import ConfigError
 from talaria.executor import Layout
 
-__all__ = ["DEFAULT_RESOURCE", "LOCAL", "RayCluster", "build_ray_cluster", "connect"]
+__all__ = [
+    "DEFAULT_RESOURCE",
+    "LOCAL",
+    "RayCluster",
+    "attach_all",
+    "build_ray_cluster",
+    "check_resource",
+    "close_actors",
+    "connect",
+]
 
 DEFAULT_RESOURCE: Final = "talaria_instance"
 LOCAL: Final = "local"  # start a private single-node Ray here (no cluster needed)
@@ -65,12 +74,19 @@ def connect(address: str, instances: int, resource: str = DEFAULT_RESOURCE) -> b
     return True
 
 
-class _RayWorker(InstanceWorker):
-    """The worker as an actor: it names the node Ray placed it on."""
+class OnNode(Worker):
+    """A worker as an actor: it names the node Ray placed it on."""
 
     def attach(self, layout: Layout) -> WorkerInfo:
         self.node_id = ray.get_runtime_context().get_node_id()
         return super().attach(layout)
+
+
+class _RayWorker(OnNode, InstanceWorker):
+    """The embedded engine's worker as an actor."""
+
+
+EMBEDDED_LINE: Final = "the embedded engine's slots, switches, staging (inline) and host KV tier"
 
 
 @attrs.define
@@ -81,25 +97,32 @@ class RayCluster(ServedCluster[RayExecutor]):
 
     actors: dict[str, Any]
     connected: bool = False
+    engine: str = EMBEDDED_LINE  # what runs in each actor, one line
 
     def mechanisms(self) -> list[str]:
         return [
             f"Ray: instance {name} in an actor on node {r.info.node_id[:12]} "
             f"({r.info.hostname}, pid {r.info.pid}, {r.info.torch_threads} torch threads); "
-            "the embedded engine's slots, switches, staging (inline) and host KV tier"
+            + self.engine
             for name, r in self.runners.items()
         ]
 
     def close(self) -> None:
-        for actor in self.actors.values():
-            try:
-                ray.kill(actor, no_restart=True)
-            except Exception:  # already gone
-                continue
-        self.actors.clear()
-        if self.connected and ray.is_initialized():
-            ray.shutdown()
+        close_actors(self.actors, self.connected)
         self.connected = False
+
+
+def close_actors(actors: dict[str, Any], connected: bool) -> None:
+    """Kill ``actors`` (emptied), and disconnect from Ray if ``connected`` (this cluster
+    connected)."""
+    for actor in actors.values():
+        try:
+            ray.kill(actor, no_restart=True)
+        except Exception:  # already gone
+            continue
+    actors.clear()
+    if connected and ray.is_initialized():
+        ray.shutdown()
 
 
 def build_ray_cluster(
@@ -136,14 +159,14 @@ def build_ray_cluster(
             actors, instances, core, dtype=dtype, device=device, resource=resource,
             cpus=cpus, native_kernels=native_kernels,
         )  # fmt: skip
-        runners = _attach(actors, core, step_timeout_s)
+        runners = attach_all(actors, core, step_timeout_s)
     except BaseException:
-        RayCluster(core, {}, {}, {}, {}, {}, actors, connected).close()
+        close_actors(actors, connected)
         raise
     return RayCluster(core, runners, *served_models(described), actors, connected)
 
 
-def _attach(
+def attach_all(
     actors: Mapping[str, Any], core: ClusterCore, step_timeout_s: float | None
 ) -> dict[str, RayExecutor]:
     """Each started actor attached with its instance's layout, as an executor."""
@@ -156,6 +179,17 @@ def _attach(
         name: RayExecutor(name, layouts[name], actor, info, step_timeout_s=timeout)
         for (name, actor), info in zip(actors.items(), infos, strict=True)
     }
+
+
+def check_resource(resource: str, instances: int) -> None:
+    """``ConfigError`` unless the Ray cluster offers a unit of ``resource`` per instance."""
+    offered = ray.cluster_resources().get(resource, 0)  # type: ignore[no-untyped-call, unused-ignore]
+    if offered < instances:
+        raise ConfigError(
+            f"the Ray cluster offers {offered:g} units of resource {resource!r}; "
+            f"{instances} instances need one each: start each node with "
+            f"`ray start ... --resources '{{\"{resource}\": 1}}'`"
+        )
 
 
 def _start_workers(
@@ -172,13 +206,7 @@ def _start_workers(
     """Start one worker actor per instance, each taking one unit of ``resource``, into
     ``actors`` (filled as they start, so that a failure leaves the caller what to close).
     Raises ``ConfigError`` when the cluster offers too few units."""
-    offered = ray.cluster_resources().get(resource, 0)  # type: ignore[no-untyped-call, unused-ignore]
-    if offered < len(instances):
-        raise ConfigError(
-            f"the Ray cluster offers {offered:g} units of resource {resource!r}; "
-            f"{len(instances)} instances need one each: start each node with "
-            f"`ray start ... --resources '{{\"{resource}\": 1}}'`"
-        )
+    check_resource(resource, len(instances))
     worker = ray.remote(_RayWorker)
     for spec in instances:
         gpus = spec.n_devices if device.startswith("cuda") else 0

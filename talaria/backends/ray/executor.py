@@ -92,8 +92,9 @@ class RayExecutor:
     # ------------------------------------------------------------------ protocol
     @property
     def executes_kv_moves(self) -> bool:
-        """The actor copies the planned KV moves block by block, as the embedded engine."""
-        return True
+        """Whether the actor's engine copies the planned KV moves (the embedded engine, block
+        by block) or keeps its own cache (vLLM)."""
+        return self.info.executes_kv_moves
 
     @property
     def eos(self) -> Mapping[str, Collection[int]]:
@@ -118,7 +119,7 @@ class RayExecutor:
             (reqs[key], token) for key, token in result.sampled
         )
         failed = tuple((reqs[key], why) for key, why in result.failed)
-        return Executed(sampled, failed, result.logprobs)
+        return Executed(sampled, failed, result.logprobs, result.silent, result.cached)
 
     def restart(self, layout: Layout) -> None:
         """Re-attach the actor (Ray restarted it, or it never died: then its calls' state is

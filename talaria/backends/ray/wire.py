@@ -53,8 +53,12 @@ class WireSchedule:
 @attrs.frozen
 class WireResult:
     """The ids the actor sampled, in step order, the logprob entry of each one whose call
-    asked for logprobs, and the calls whose sampling failed (with why)."""
+    asked for logprobs, the calls whose sampling failed (with why), and as
+    :class:`~talaria.schedule.Executed` says, the calls the engine ended without a token
+    (``silent``) and the prompt tokens it found cached (``cached``)."""
 
     sampled: tuple[tuple[CallKey, int], ...]
     logprobs: tuple[tuple[CallKey, TokenLogprob], ...] = ()
     failed: tuple[tuple[CallKey, str], ...] = ()
+    silent: frozenset[CallKey] = frozenset()
+    cached: tuple[tuple[CallKey, int], ...] = ()

@@ -90,11 +90,15 @@ def instance_specs(
     block_size: int,
     memory_utilization: float,
     device_total_bytes: int | None,
+    count: int = 1,
 ) -> tuple[InstanceSpec, ...]:
-    """The instance as vLLM will hold it (see the module docstring): one instance, one
+    """The instances as vLLM will hold them (see the module docstring): ``count`` alike
+    (``vllm-0``, ...; more than one where each runs its engines in a Ray actor), each one
     compute unit whose models take turns in its slot. With sleep mode they take turns on the
     device (one awake); without it every engine is resident but they still share the same
     cores, and the slot time-slices them instead of letting them contend."""
+    if count < 1:
+        raise ConfigError(f"vLLM instances: at least one, got {count}")
     weights = {m.name: m.spec(archs[m.name]).weight_bytes for m in models}
     host = max(host_memory_bytes, sum(weights.values()))
 
@@ -114,12 +118,14 @@ def instance_specs(
         if device_total_bytes is None:
             raise ConfigError("sleep mode needs the device's memory size")
         share = max(m.gpu_memory_utilization for m in models)
-        return (spec("vllm-0", int(device_total_bytes * share), (), 1),)
-    # every engine keeps its weights loaded: one region per model, so the core prices a
-    # switch at what it costs here (nothing is copied) and a model stays resident
-    kv = max(m.kv_cache_gib or DEFAULT_CPU_KV_GIB for m in models)
-    regions = len(models)
-    return (spec("vllm-0", regions * max(weights.values()) + int(kv * GIB), (), regions),)
+        usable, regions = int(device_total_bytes * share), 1
+    else:
+        # every engine keeps its weights loaded: one region per model, so the core prices a
+        # switch at what it costs here (nothing is copied) and a model stays resident
+        kv = max(m.kv_cache_gib or DEFAULT_CPU_KV_GIB for m in models)
+        regions = len(models)
+        usable = regions * max(weights.values()) + int(kv * GIB)
+    return tuple(spec(f"vllm-{i}", usable, (), regions) for i in range(count))
 
 
 def build_vllm_cluster(
@@ -165,18 +171,11 @@ def cluster_over(
     """A fresh cluster core (``policy``) over engines already started: a replay runs every
     policy on the same engines, their prefix caches reset in between."""
     models = list(engines.models.values())
-    archs = {m.name: _served(m.arch(), m.max_model_len) for m in models}
-    own = {m.name: m.tokenizer() for m in models}
-    eos = {m.name: _eos_ids(archs[m.name], m, own[m.name]) for m in models}
-    # a random-weight model whose vocabulary is wider than its borrowed tokenizer's has no
-    # tokenizer of its own: the API then limits its sampling to the tokenizer's ids
-    tokenizers: dict[str, Tokenizer | None] = {
-        n: (t if t.vocab_size >= archs[n].vocab_size else None) for n, t in own.items()
-    }
-    total = _device_total_bytes() if engines.sleep_mode else None
+    served = ServedModels.of(models)
+    total = device_total_bytes() if engines.sleep_mode else None
     specs = instance_specs(
         models,
-        archs,
+        served.archs,
         sleep_mode=engines.sleep_mode,
         hardware=hardware,
         host_memory_bytes=host_memory_bytes,
@@ -184,27 +183,57 @@ def cluster_over(
         memory_utilization=memory_utilization,
         device_total_bytes=total,
     )
-    cluster = ClusterConfig([m.spec(archs[m.name]) for m in models], specs)
-    core = ClusterCore(cluster, policy, cluster_estimators(cluster), learner=GapPredictor.default())
+    core = served.core(models, specs, policy)
     runners = {
         name: VllmExecutor(
-            list(inst.models),
-            engines,
-            vocab_sizes={n: a.vocab_size for n, a in archs.items()},
-            eos_token_ids=eos,
+            list(inst.models), engines, vocab_sizes=served.vocab_sizes, eos_token_ids=served.eos
         )
         for name, inst in core.instances.items()
     }
-    dummy = {m.name: " (dummy weights)" if m.load_format == "dummy" else "" for m in models}
     return VllmCluster(
-        core,
-        runners,
-        archs,
-        tokenizers,
-        {m.name: f"vllm: {m.path}{dummy[m.name]}" for m in models},
-        eos,
-        engines,
+        core, runners, served.archs, served.tokenizers, loaded_from(models), served.eos, engines
     )
+
+
+@attrs.frozen
+class ServedModels:
+    """What serving reads of each vLLM model, from its directory: the shape as served, the
+    tokenizer the API uses (None for a random-weight model whose vocabulary is wider than
+    its borrowed tokenizer's: the API then limits its sampling to the tokenizer's ids), and
+    the end ids."""
+
+    archs: dict[str, ModelArch]
+    tokenizers: dict[str, Tokenizer | None]
+    eos: dict[str, tuple[int, ...]]
+
+    @classmethod
+    def of(cls, models: Sequence[VllmModel]) -> ServedModels:
+        archs = {m.name: _served(m.arch(), m.max_model_len) for m in models}
+        own = {m.name: m.tokenizer() for m in models}
+        eos = {m.name: _eos_ids(archs[m.name], m, own[m.name]) for m in models}
+        tokenizers: dict[str, Tokenizer | None] = {
+            n: (t if t.vocab_size >= archs[n].vocab_size else None) for n, t in own.items()
+        }
+        return cls(archs, tokenizers, eos)
+
+    @property
+    def vocab_sizes(self) -> dict[str, int]:
+        return {n: a.vocab_size for n, a in self.archs.items()}
+
+    def core(
+        self, models: Sequence[VllmModel], specs: Sequence[InstanceSpec], policy: PolicyConfig
+    ) -> ClusterCore:
+        """A cluster core of ``specs`` over ``models`` (as served)."""
+        cluster = ClusterConfig([m.spec(self.archs[m.name]) for m in models], list(specs))
+        return ClusterCore(
+            cluster, policy, cluster_estimators(cluster), learner=GapPredictor.default()
+        )
+
+
+def loaded_from(models: Sequence[VllmModel]) -> dict[str, str]:
+    """Where each model came from, as the API reports it."""
+    dummy = {m.name: " (dummy weights)" if m.load_format == "dummy" else "" for m in models}
+    return {m.name: f"vllm: {m.path}{dummy[m.name]}" for m in models}
 
 
 def _served(arch: ModelArch, max_model_len: int) -> ModelArch:
@@ -237,7 +266,8 @@ def _generation_eos(model: VllmModel) -> Any:
     return data.get("eos_token_id") if isinstance(data, dict) else None
 
 
-def _device_total_bytes() -> int:
+def device_total_bytes() -> int:
+    """The first CUDA device's memory, in bytes."""
     import torch
 
     return int(torch.cuda.get_device_properties(0).total_memory)
