@@ -162,16 +162,17 @@ def _run(
             _play, cluster, load.scripts, policy.name, hooks.tick(policy.name)
         )
         check_conservation(result, load.n_calls, tool_s)
+        engines = [r for r in cluster.runners.values() if isinstance(r, EngineRunner)]
         hooks.done(policy.name, result)
         measured = policy_summary(result) | {
             "cold_loads": int(result.counters.get("cold_loads", 0)),
             "disk_reads": files.reads - reads,
             "disk_bytes_read": files.bytes_read - read_bytes,
-            # reads a cancelled stage stopped, and reads a switch then did on the step thread
+            # reads stopped (their copy dropped), switches that waited on a stage's read, and
+            # reads a switch did on the step thread for want of one
             "disk_reads_stopped": files.stopped_reads - stopped,
-            "sync_reads": sum(
-                r.sync_reads for r in cluster.runners.values() if isinstance(r, EngineRunner)
-            ),
+            "waited_reads": sum(r.waited_reads for r in engines),
+            "sync_reads": sum(r.sync_reads for r in engines),
         }
         fidelity, predicted = _predicted(cluster, policy, load.scripts, hardware, measured)
         policies[policy.name] = {

@@ -18,10 +18,12 @@ core's accounting describes (sized by the core's :class:`~talaria.executor.Layou
   (``Layout.host_models``), a plan's ``DISK_TO_HOST`` step reads the model's file into a new
   host buffer, and its ``host_drops`` release theirs, so host memory follows the arena's
   budget and a cold start reads from the disk. A switch reads on the step's thread (the
-  step waits for its weights); a stage reads on the stage's background thread before it
-  copies (the arena counts the host copy from the stage's start; the runner holds it once
-  the read is whole, and a switch that finds a cancelled stage's read unfinished reads the
-  file itself, counted in ``sync_reads``).
+  step waits for its weights); a stage's read runs on a reader thread of its own
+  (:class:`~talaria.engine.weight_files.WeightReads`) and its copies wait for it on the
+  stage thread. The arena counts the host copy from the stage's start, so a read goes on
+  to its end when its stage is abandoned; the runner holds the copy once it is whole. A
+  switch that needs a model still being read waits for the read (``waited_reads``); it
+  reads the file itself only when the read was dropped or failed (``sync_reads``).
 * **KV**: a :class:`~talaria.engine.kv_pool.KVPool` of ``layout.device_blocks`` /
   ``layout.host_blocks`` blocks of ``layout.block_bytes``, and one
   :class:`~talaria.engine.kv_pool.PagedKV` device view per model.
@@ -50,7 +52,10 @@ from __future__ import annotations
 import functools
 import logging
 import math
-from collections.abc import Collection, Mapping, Sequence
+import time
+from collections.abc import Callable, Collection, Mapping, Sequence
+from concurrent.futures import Future
+from typing import Final
 
 import attrs
 import llguidance
@@ -66,7 +71,7 @@ from talaria.engine.model import LlamaModel
 from talaria.engine.sampling import make_generator, sample_row, skip_draws
 from talaria.engine.staging import BackgroundCopy, Fill, StreamCopy
 from talaria.engine.tokenizer import Tokenizer
-from talaria.engine.weight_files import WeightFiles
+from talaria.engine.weight_files import WeightFiles, WeightReads, whole
 from talaria.engine.weight_layout import bind_weights
 from talaria.errors import BadRequest, ConfigError
 from talaria.executor import CallRecord, Layout, Work
@@ -77,6 +82,9 @@ from talaria.schedule import Executed, Placement, Request, StepPlan
 from talaria.types import KVTier, Link
 
 log = logging.getLogger(__name__)
+
+READ_POLL_S: Final = 0.002
+"""How often a stage waiting for its model's read checks whether it ended or was cancelled."""
 
 
 def flatten_weights(
@@ -187,8 +195,10 @@ class EngineRunner:
                 )
         self._models: dict[tuple[str, int], LlamaModel] = {}
         self._staged: str | None = None  # model whose first bytes sit in the lent blocks
-        self._reading: tuple[str, torch.Tensor] | None = None  # a host copy the stage reads
+        # a stage's read of a model on disk: on a reader thread, kept even if the stage is not
+        self._reads = WeightReads(weight_files) if weight_files is not None else None
         self.sync_reads = 0  # weight files read on the step thread for want of a stage's read
+        self.waited_reads = 0  # switches that waited on the end of a stage's read
         # stages copy on a background thread (CPU) or a side stream (CUDA)
         self._stager: BackgroundCopy | StreamCopy | None = None
         if background_staging and self.device.type == "cpu":
@@ -246,8 +256,8 @@ class EngineRunner:
         stager = self._stager
         if stager is not None and stager.active and self._abandoned(where):
             stager.cancel()  # its blocks may be reused by this step's moves
-            self._keep_read()
             self._staged = None
+        self._take_reads()
         for plan in sched.kv_moves:
             self.pool.execute(plan)
         if sched.step is not None:
@@ -281,21 +291,18 @@ class EngineRunner:
         if stager is None or not stager.active or not stager.done or stager.model is None:
             return None
         stager.wait()
-        self._keep_read()
+        self._take_reads()
         return stager.model, stager.blocks
 
-    def _keep_read(self) -> None:
-        """After the stage thread stopped: keep the host copy it read, if it read it whole
-        (the arena counts it on host from the stage's start), else forget the buffer."""
-        if self._reading is not None and self._stager is not None and self._stager.filled:
-            name, flat = self._reading
-            self.host_weights[name] = flat
-        self._reading = None
+    def _take_reads(self) -> None:
+        """Hold the host copies whose stage reads have ended whole."""
+        if self._reads is not None:
+            self.host_weights.update(self._reads.take_done())
 
     @property
     def host_models(self) -> frozenset[str]:
-        """Models with a host copy here: held, or being read by the stage thread."""
-        reading = () if self._reading is None else (self._reading[0],)
+        """Models with a host copy here: held, or being read for a stage."""
+        reading = self._reads.pending if self._reads is not None else ()
         return frozenset(self.host_weights).union(reading)
 
     def restart(self, layout: Layout) -> None:
@@ -306,7 +313,8 @@ class EngineRunner:
             raise ConfigError(f"a restart with layout {layout}, the buffers are {self.layout}")
         if self._stager is not None:
             self._stager.cancel()
-            self._keep_read()
+        if self._reads is not None:
+            self._reads.drop_all()
         self._staged = None
         self._sampling.clear()
         if self.weight_files is not None:  # the fresh arena's host tier: its starting models
@@ -428,22 +436,20 @@ class EngineRunner:
     def _stage(self, plan: SwitchPlan, ids: Sequence[int], n: int) -> None:
         """Copy the first ``n`` bytes (the arena's ``staged_bytes``) of the model's host
         weights into the lent blocks ``ids``, in order: started on the background copy
-        thread (CPU; after reading the model's file there, where the plan loads it from
-        disk) or the side stream (CUDA; the file read inline), else inline."""
+        thread (CPU; once the model's file is read on the reader, where the plan loads it
+        from disk) or the side stream (CUDA; the file read inline), else inline."""
         bb = self.layout.block_bytes
         if len(ids) * bb < n:
             raise RuntimeError(f"staging {n} bytes into {len(ids)} blocks of {bb}")
         stager = self._stager
         if stager is not None:
             stager.cancel()  # a stage the core abandoned for this one
-            self._keep_read()
         fill: Fill | None = None
-        files = self.weight_files
-        if files is not None and isinstance(stager, BackgroundCopy) and _from_disk(plan):
-            self._drop_host(plan)  # the file is read on the stage thread, then the copies
-            src = torch.empty(self.layout.weights_of(plan.model), dtype=torch.uint8)
-            fill = functools.partial(files.read_into, plan.model, src)
-            self._reading = (plan.model, src)
+        reads = self._reads
+        if reads is not None and isinstance(stager, BackgroundCopy) and _from_disk(plan):
+            self._drop_host(plan)  # the file is read on the reader, the copies wait for it
+            src, read = reads.start(plan.model, self.layout.weights_of(plan.model))
+            fill = functools.partial(_after_read, read)
         else:
             self._host_tier(plan)
             src = self.host_weights[plan.model]
@@ -466,17 +472,19 @@ class EngineRunner:
         if _from_disk(plan):
             self._read(plan.model)
         elif plan.model not in self.host_weights:
-            if self._reading is not None and self._reading[0] == plan.model:
-                if self._stager is not None:  # not reached: the core switches after landing
-                    self._stager.wait()
-                self._keep_read()
-            if plan.model not in self.host_weights:
+            read = self._reads.wait(plan.model) if self._reads is not None else None
+            if read is not None:  # an abandoned stage's read, not ended yet
+                self.host_weights[plan.model] = read
+                self.waited_reads += 1
+            else:
                 self._read(plan.model)
                 self.sync_reads += 1
 
     def _drop_host(self, plan: SwitchPlan) -> None:
         for name in plan.host_drops:
             self.host_weights.pop(name, None)
+            if self._reads is not None:
+                self._reads.drop(name)
 
     def _read(self, name: str) -> None:
         files = self.weight_files
@@ -542,3 +550,13 @@ class EngineRunner:
 def _from_disk(plan: SwitchPlan) -> bool:
     """Whether ``plan`` reads its model's weights from disk first."""
     return any(step.link is Link.DISK_TO_HOST for step in plan.steps)
+
+
+def _after_read(read: Future[bool], cancelled: Callable[[], bool]) -> bool:
+    """A stage's fill: wait on the stage thread for its model's read to end (True: whole),
+    or for the stage to be cancelled (False; the read goes on)."""
+    while not read.done():
+        if cancelled():
+            return False
+        time.sleep(READ_POLL_S)
+    return whole(read)

@@ -13,9 +13,10 @@ steps go on while it runs:
   the scheduler) rather than taking cores from the step;
 * between chunks it checks a cancel flag: :meth:`cancel` returns once no chunk is in flight,
   so the lent blocks can be handed back to the KV pool safely;
-* a stage of a model whose host copy is on disk first reads the model's weight file on the
-  same thread (a ``fill``, in chunks, checking the same flag), so a cold stage costs the
-  step thread nothing either, as the simulator prices it.
+* a stage of a model whose host copy is on disk first waits on the same thread for the
+  model's weight file to be read (a ``fill``, checking the same flag; the read runs on a
+  reader of its own, :class:`~talaria.engine.weight_files.WeightReads`), so a cold stage
+  costs the step thread nothing either, as the simulator prices it.
 
 On CUDA, :class:`StreamCopy` plays the same role with the same interface: the copy is queued
 on a stream of its own (from pinned host memory, so it overlaps the forward's kernels on the

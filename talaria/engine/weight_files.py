@@ -12,16 +12,20 @@ cached pages (``posix_fadvise(DONTNEED)``, as the calibration does), so every re
 from the disk, not the page cache: a cold start here costs what a cold start costs. Where
 the platform cannot drop them, :attr:`WeightFiles.cold_reads` is False and says so.
 
-A read may run on a runner's background stage thread (:class:`~talaria.engine.staging.
-BackgroundCopy`), in chunks, stopping between them when the stage is cancelled. Not
-thread-safe for writes to one model; reads may run concurrently (the counters are locked).
+:class:`WeightReads` runs a runner's stage reads on a thread of its own, in chunks that
+check a stop flag (a read is stopped only when its copy is dropped). Not thread-safe for
+writes to one model; reads may run concurrently (the counters are locked).
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import threading
 from collections.abc import Callable
+from concurrent import futures
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Final
 
@@ -33,6 +37,10 @@ from talaria.errors import ConfigError
 
 READ_CHUNK_BYTES: Final = 16 << 20
 """Bytes read between two checks of a read's stop flag (:meth:`WeightFiles.read_into`)."""
+
+_NICE: Final = 19  # the reading thread's scheduling priority (Linux per-thread nice)
+
+log = logging.getLogger(__name__)
 
 _KEY = "flat"
 _HEADER_LEN = 8  # safetensors: a little-endian u64 header length, the JSON header, the data
@@ -136,6 +144,11 @@ class WeightFiles:
                 self.stopped_reads += got < nbytes
         return True
 
+    def count_stopped(self) -> None:
+        """Count a read stopped before its first byte (dropped while queued)."""
+        with self._lock:
+            self.stopped_reads += 1
+
     @staticmethod
     def _data_offset(p: Path, model: str, nbytes: int) -> int:
         """Where the ``flat`` tensor's bytes start in ``p``, checked against ``nbytes``
@@ -153,3 +166,93 @@ class WeightFiles:
         if p.stat().st_size != begin + nbytes:
             raise ConfigError(f"{p} is {p.stat().st_size} bytes, not a header and {nbytes}")
         return begin
+
+
+class WeightReads:
+    """Reads of weight files into fresh host buffers on a thread of their own (at the
+    lowest scheduling priority, like a stage's copy), one at a time in the order started,
+    each to its end unless dropped; what a runner's stages read from disk.
+
+    A read outlives the stage that started it: the arena counts the model's host copy from
+    the stage's start, so when the stage is abandoned the read goes on, and the copy is
+    there for the next stage or switch. Called from the runner's threads, never
+    concurrently with each other; the reading thread touches only its buffers."""
+
+    def __init__(self, files: WeightFiles) -> None:
+        self.files = files
+        self._pool: ThreadPoolExecutor | None = None  # started at the first read
+        self._reads: dict[str, tuple[Future[bool], torch.Tensor, threading.Event]] = {}
+
+    @property
+    def pending(self) -> frozenset[str]:
+        """Models whose read was started and has not been taken or dropped."""
+        return frozenset(self._reads)
+
+    def start(self, model: str, nbytes: int) -> tuple[torch.Tensor, Future[bool]]:
+        """Queue a read of ``model``'s ``nbytes`` into a fresh buffer; returns the buffer
+        and the read's future (True once the buffer is whole; another thread may wait on
+        it). ``RuntimeError`` if one is pending for it."""
+        if model in self._reads:
+            raise RuntimeError(f"a read of {model} is already pending")
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="weights-read")
+        out = torch.empty(nbytes, dtype=torch.uint8)
+        stop = threading.Event()
+        future = self._pool.submit(self._read, model, out, stop)
+        self._reads[model] = (future, out, stop)
+        return out, future
+
+    def _read(self, model: str, out: torch.Tensor, stop: threading.Event) -> bool:
+        with contextlib.suppress(AttributeError, OSError):  # else at normal priority
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), _NICE)
+        if stop.is_set():
+            self.files.count_stopped()
+            return False
+        return self.files.read_into(model, out, stop.is_set)
+
+    def take_done(self) -> dict[str, torch.Tensor]:
+        """The buffers of the reads that ended whole, forgotten here; reads that failed
+        are forgotten too (logged), their models read again where needed."""
+        taken: dict[str, torch.Tensor] = {}
+        for model, (future, out, _) in list(self._reads.items()):
+            if future.done():
+                del self._reads[model]
+                if self._whole(model, future):
+                    taken[model] = out
+        return taken
+
+    def wait(self, model: str) -> torch.Tensor | None:
+        """Block until ``model``'s read ends and take its buffer (None when it did not end
+        whole, or none is pending)."""
+        read = self._reads.pop(model, None)
+        if read is None:
+            return None
+        future, out, _ = read
+        futures.wait([future])
+        return out if self._whole(model, future) else None
+
+    @staticmethod
+    def _whole(model: str, future: Future[bool]) -> bool:
+        if not whole(future):
+            if not future.cancelled() and future.exception() is not None:
+                log.error("reading the weights of %s failed: %r", model, future.exception())
+            return False
+        return True
+
+    def drop(self, model: str) -> None:
+        """Stop ``model``'s read (between chunks; not started: never) and forget it."""
+        read = self._reads.pop(model, None)
+        if read is not None:
+            future, _, stop = read
+            stop.set()
+            if future.cancel():  # never started
+                self.files.count_stopped()
+
+    def drop_all(self) -> None:
+        for model in list(self._reads):
+            self.drop(model)
+
+
+def whole(read: Future[bool]) -> bool:
+    """Whether an ended read (a :meth:`WeightReads.start` future) filled its buffer."""
+    return not read.cancelled() and read.exception() is None and bool(read.result())

@@ -23,7 +23,7 @@ from talaria.core.instance import InstanceCore
 from talaria.engine.arch import ModelArch
 from talaria.engine.runner import EngineRunner, flatten_weights
 from talaria.engine.staging import BackgroundCopy, StreamCopy
-from talaria.engine.weight_files import READ_CHUNK_BYTES, WeightFiles
+from talaria.engine.weight_files import READ_CHUNK_BYTES, WeightFiles, WeightReads
 from talaria.errors import BadRequest, ConfigError
 from talaria.generation import SamplingParams
 from talaria.memory.weights import SwitchPlan
@@ -462,12 +462,13 @@ def test_cold_models_load_from_their_files_and_host_copies_follow_the_arena(
     assert reads == reads_after
     assert files.bytes_read == sum(core.layout.weights_of(m) for m in read)
     assert core.counters.cold_loads == len(read)
-    assert executor.sync_reads == 0 and files.stopped_reads == 0
-    # each model read where its plan says, a stage's on the stage thread when there is one
-    on = "stage-{}" if background else "MainThread"
-    where = {False: ["B: MainThread", "C: MainThread", "A: MainThread"],
-             True: ["B: MainThread", f"A: {on.format('A')}", "C: MainThread",
-                    f"A: {on.format('A')}", f"C: {on.format('C')}"]}  # fmt: skip
+    assert (executor.sync_reads, executor.waited_reads, files.stopped_reads) == (0, 0, 0)
+    # each model read where its plan says, a stage's on the reader when stages run apart
+    on = "weights-read_0" if background else "MainThread"
+    where = {
+        False: ["B: MainThread", "C: MainThread", "A: MainThread"],
+        True: ["B: MainThread", f"A: {on}", "C: MainThread", f"A: {on}", f"C: {on}"],
+    }
     assert threads == where[staging]
     assert_clean(runner)
 
@@ -513,3 +514,36 @@ def test_a_weight_file_read_stops_between_chunks_when_told(tmp_path: Path) -> No
     assert (files.reads, files.stopped_reads, files.bytes_read) == (0, 1, READ_CHUNK_BYTES)
     assert files.read_into("m", out, lambda: False) and torch.equal(out, flat)
     assert (files.reads, files.stopped_reads) == (1, 1)
+
+
+def test_weight_reads_run_on_a_reader_in_order_and_a_dropped_one_is_not_kept(
+    tmp_path: Path,
+) -> None:
+    files = WeightFiles(tmp_path)
+    flats = {m: torch.randint(0, 256, (3 * READ_CHUNK_BYTES + i,), dtype=torch.uint8)
+             for i, m in enumerate("mnp")}  # fmt: skip
+    for m, flat in flats.items():
+        files.write(m, flat)
+    threads: list[str] = []
+    read_into = files.read_into
+
+    def recorded(model: str, *args: Any) -> bool:
+        threads.append(threading.current_thread().name)
+        return read_into(model, *args)
+
+    files.read_into = recorded  # type: ignore[method-assign,assignment]
+    reads = WeightReads(files)
+    for m in "mn":
+        reads.start(m, flats[m].numel())
+    with pytest.raises(RuntimeError, match="already pending"):
+        reads.start("m", flats["m"].numel())
+    n = reads.wait("n")  # after m's: one reader, reads in order
+    assert n is not None and torch.equal(n, flats["n"])
+    taken = reads.take_done()
+    assert list(taken) == ["m"] and torch.equal(taken["m"], flats["m"])
+    assert reads.pending == frozenset() and threads == ["weights-read_0"] * 2
+    reads.start("p", flats["p"].numel())
+    reads.drop("p")
+    assert reads.pending == frozenset() and reads.wait("p") is None
+    reads._pool.shutdown(wait=True)  # type: ignore[union-attr]
+    assert files.reads + files.stopped_reads == 3  # p's: never started, stopped, or whole
