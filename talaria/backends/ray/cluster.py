@@ -37,6 +37,7 @@ __all__ = [
     "DEFAULT_RESOURCE",
     "LOCAL",
     "RayCluster",
+    "actor_options",
     "attach_all",
     "build_ray_cluster",
     "check_resource",
@@ -181,6 +182,20 @@ def attach_all(
     }
 
 
+def actor_options(name: str, resource: str, cpus: float, gpus: float) -> dict[str, Any]:
+    """How an instance's actor is placed and kept: one unit of ``resource``, its CPUs and
+    GPUs, restarted without limit, steps never retried, a ping answered beside a step."""
+    return {
+        "name": f"talaria-{name}",
+        "num_cpus": cpus,
+        "num_gpus": gpus,
+        "resources": {resource: 1},
+        "max_restarts": -1,
+        "max_task_retries": 0,
+        "max_concurrency": 2,
+    }
+
+
 def check_resource(resource: str, instances: int) -> None:
     """``ConfigError`` unless the Ray cluster offers a unit of ``resource`` per instance."""
     offered = ray.cluster_resources().get(resource, 0)  # type: ignore[no-untyped-call, unused-ignore]
@@ -210,15 +225,7 @@ def _start_workers(
     worker = ray.remote(_RayWorker)
     for spec in instances:
         gpus = spec.n_devices if device.startswith("cuda") else 0
-        actors[spec.name] = worker.options(
-            name=f"talaria-{spec.name}",
-            num_cpus=cpus,
-            num_gpus=gpus,
-            resources={resource: 1},
-            max_restarts=-1,
-            max_task_retries=0,
-            max_concurrency=2,  # a ping answers while a step runs
-        ).remote(
+        actors[spec.name] = worker.options(**actor_options(spec.name, resource, cpus, gpus)).remote(
             spec.name,
             tuple(core.instances[spec.name].models),
             dtype,

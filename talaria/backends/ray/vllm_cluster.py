@@ -25,6 +25,7 @@ from talaria.backends.ray.cluster import (
     LOCAL,
     OnNode,
     RayCluster,
+    actor_options,
     attach_all,
     check_resource,
     close_actors,
@@ -77,15 +78,9 @@ def build_ray_vllm_cluster(
         worker = ray.remote(_RayVllmWorker)
         for i in range(instances):
             name = f"vllm-{i}"
-            actors[name] = worker.options(
-                name=f"talaria-{name}",
-                num_cpus=cpus,
-                num_gpus=gpus,
-                resources={resource: 1},
-                max_restarts=-1,
-                max_task_retries=0,
-                max_concurrency=2,  # a ping answers while a step runs
-            ).remote(name, tuple(models), sleep_mode=sleep_mode, block_size=block_size)
+            actors[name] = worker.options(**actor_options(name, resource, cpus, gpus)).remote(
+                name, tuple(models), sleep_mode=sleep_mode, block_size=block_size
+            )
         facts: list[EngineFacts] = ray.get(
             [a.start.remote() for a in actors.values()], timeout=START_TIMEOUT_S
         )
