@@ -547,3 +547,22 @@ def test_weight_reads_run_on_a_reader_in_order_and_a_dropped_one_is_not_kept(
     assert reads.pending == frozenset() and reads.wait("p") is None
     reads._pool.shutdown(wait=True)  # type: ignore[union-attr]
     assert files.reads + files.stopped_reads == 3  # p's: never started, stopped, or whole
+
+
+def test_a_host_copy_the_arena_drops_is_not_kept_even_while_it_is_read(tmp_path: Path) -> None:
+    """A stage's read still under way when a later plan drops that host copy (the stage was
+    abandoned, the next one needs the room) is stopped and never held: the runner's host
+    copies stay the arena's."""
+    hfs = {"A": llama(16), "B": qwen2(17)}
+    files = on_disk(hfs, tmp_path)
+    executor = make_runner(hfs, device_blocks=40, host_weight_share=0.01, weight_files=files)
+    runner = executor.executor
+    reads = runner._reads
+    assert reads is not None
+    reads.start("B", executor.core.layout.weights_of("B"))
+    assert runner.host_models == {"A", "B"}
+    plan = SwitchPlan("A", (), 0, host_drops=("B",))
+    runner._drop_host(plan)
+    assert runner.host_models == {"A"}
+    runner._take_reads()
+    assert set(runner.host_weights) == {"A"}
