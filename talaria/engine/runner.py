@@ -446,9 +446,12 @@ class EngineRunner:
             stager.cancel()  # a stage the core abandoned for this one
         fill: Fill | None = None
         reads = self._reads
-        if reads is not None and isinstance(stager, BackgroundCopy) and _from_disk(plan):
-            self._drop_host(plan)  # the file is read on the reader, the copies wait for it
-            src, read = reads.start(plan.model, self.layout.weights_of(plan.model))
+        reading = reads is not None and (_from_disk(plan) or plan.model in reads.pending)
+        if reads is not None and reading and isinstance(stager, BackgroundCopy):
+            # the file is read on the reader (or an abandoned stage's read of it goes on),
+            # the copies wait for it on the stage thread
+            self._drop_host(plan)
+            src, read = reads.start_or_join(plan.model, self.layout.weights_of(plan.model))
             fill = functools.partial(_after_read, read)
         else:
             self._host_tier(plan)

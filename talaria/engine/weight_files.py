@@ -194,6 +194,14 @@ class WeightReads:
         it). ``RuntimeError`` if one is pending for it."""
         if model in self._reads:
             raise RuntimeError(f"a read of {model} is already pending")
+        return self.start_or_join(model, nbytes)
+
+    def start_or_join(self, model: str, nbytes: int) -> tuple[torch.Tensor, Future[bool]]:
+        """As :meth:`start`, or the buffer and future of the read of ``model`` already
+        pending (an abandoned stage's, which a new stage of the model waits on)."""
+        pending = self._reads.get(model)
+        if pending is not None:
+            return pending[1], pending[0]
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="weights-read")
         out = torch.empty(nbytes, dtype=torch.uint8)

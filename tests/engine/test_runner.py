@@ -26,7 +26,7 @@ from talaria.engine.staging import BackgroundCopy, StreamCopy
 from talaria.engine.weight_files import READ_CHUNK_BYTES, WeightFiles, WeightReads
 from talaria.errors import BadRequest, ConfigError
 from talaria.generation import SamplingParams
-from talaria.memory.weights import SwitchPlan
+from talaria.memory.weights import CopyStep, SwitchPlan
 from talaria.policy.baselines import POLICIES
 from talaria.runtime.local import LocalInstance
 from talaria.schedule import Request, Schedule
@@ -566,3 +566,28 @@ def test_a_host_copy_the_arena_drops_is_not_kept_even_while_it_is_read(tmp_path:
     assert runner.host_models == {"A"}
     runner._take_reads()
     assert set(runner.host_weights) == {"A"}
+
+
+def test_a_stage_of_a_model_still_being_read_waits_on_the_stage_thread(tmp_path: Path) -> None:
+    """An abandoned stage's read of B goes on; B staged again (the arena counts it on host,
+    so the plan reads nothing) joins that read on the stage thread instead of waiting for
+    it on the step's, and the copy lands."""
+    hfs = {"A": llama(18), "B": qwen2(19)}
+    files = on_disk(hfs, tmp_path)
+    executor = make_runner(hfs, device_blocks=40, host_weight_share=0.01, weight_files=files)
+    runner, layout = executor.executor, executor.core.layout
+    reads = runner._reads
+    assert reads is not None
+    buf, read = reads.start("B", layout.weights_of("B"))
+    assert reads.start_or_join("B", layout.weights_of("B")) == (buf, read)
+    nbytes = 4 * layout.block_bytes
+    plan = SwitchPlan("B", (CopyStep("B", Link.HOST_TO_DEVICE, nbytes),), 1)
+    runner._stage(plan, (0, 1, 2, 3), nbytes)
+    assert runner.waited_reads == 0 and runner.sync_reads == 0 and files.reads <= 1
+    stager = runner._stager
+    assert stager is not None
+    stager.wait()
+    flat_b = flatten_weights("B", runner.archs["B"], hfs["B"].state_dict(), F32)
+    assert torch.equal(runner._block_rows[0:4].flatten()[:nbytes], flat_b[:nbytes])
+    runner._take_reads()
+    assert files.reads == 1 and torch.equal(runner.host_weights["B"], flat_b)
