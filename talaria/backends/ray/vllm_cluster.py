@@ -84,9 +84,14 @@ def build_ray_vllm_cluster(
         facts: list[EngineFacts] = ray.get(
             [a.start.remote() for a in actors.values()], timeout=START_TIMEOUT_S
         )
-        if len(set(facts)) != 1:
-            raise ConfigError(f"the instances' engines differ: {sorted(set(facts), key=str)}")
-        (fact,) = set(facts)
+        # alike where the cores are sized by them (the cores they compute on may differ)
+        shapes = {(f.sleep_mode, f.block_size, f.device_total_bytes) for f in facts}
+        if len(shapes) != 1:
+            raise ConfigError(
+                "the instances' engines differ in (sleep mode, block size, device bytes): "
+                f"{sorted(shapes, key=str)}; run every instance on alike nodes"
+            )
+        fact = facts[0]
         specs = instance_specs(
             models,
             served.archs,
@@ -105,7 +110,7 @@ def build_ray_vllm_cluster(
         raise
     engine = (
         f"vLLM engines of {', '.join(m.name for m in models)} "
-        + ("(sleep mode)" if fact.sleep_mode else f"(resident, cores {fact.cpu_bind})")
+        + ("(sleep mode)" if fact.sleep_mode else "(every engine resident, no sleep mode)")
         + "; the core's KV moves are vLLM's own"
     )
     return RayCluster(
