@@ -62,7 +62,6 @@ class BackgroundCopy:
         self.model: str | None = None
         self.blocks: tuple[int, ...] = ()
         self.copied_bytes = 0
-        self.filled = False  # the last copy's fill ran to the end (kept after a cancel)
         self._thread: threading.Thread | None = None
         self._cancel = threading.Event()
         self._error: BaseException | None = None
@@ -87,7 +86,7 @@ class BackgroundCopy:
         """Copy every ``src`` into its ``dst`` (same byte count, contiguous, CPU) in the
         background, labelled ``model`` into ``blocks``; first, if given, run ``fill`` on the
         copy thread (it writes the sources: a weight file read) with the cancel check, and
-        copy nothing if it returns False. :attr:`filled` says whether it finished. Raises
+        copy nothing if it returns False. Raises
         ``ValueError`` for a run it cannot copy, ``RuntimeError`` if a copy is still
         active."""
         if self.active:
@@ -105,7 +104,6 @@ class BackgroundCopy:
                 raise ValueError("background copy runs must be equal-sized contiguous CPU bytes")
             ptrs.append((dst.data_ptr(), src.data_ptr(), n))
         self.model, self.blocks, self.copied_bytes = model, tuple(blocks), 0
-        self.filled = fill is None
         self._cancel.clear()
         self._error = None
         # keep the tensors alive while the thread reads and writes them
@@ -119,10 +117,8 @@ class BackgroundCopy:
             # not Linux, or not permitted: copy at normal priority
             with contextlib.suppress(AttributeError, OSError):
                 os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), NICE)
-            if fill is not None:
-                if not fill(self._cancel.is_set):
-                    return
-                self.filled = True
+            if fill is not None and not fill(self._cancel.is_set):
+                return
             for dst, src, n in ptrs:
                 for off in range(0, n, CHUNK_BYTES):
                     if self._cancel.is_set():
@@ -173,7 +169,6 @@ class StreamCopy:
         self.model: str | None = None
         self.blocks: tuple[int, ...] = ()
         self.copied_bytes = 0
-        self.filled = False  # as BackgroundCopy's: a fill runs inline here, so always whole
         self._event: torch.cuda.Event | None = None
         self._keep: list[CopyRun] = []
 
@@ -203,7 +198,6 @@ class StreamCopy:
             raise RuntimeError(f"a copy for {self.model} is still active")
         if fill is not None:
             fill(lambda: False)
-        self.filled = True
         for dst, src in runs:
             if (
                 dst.device != self.device
