@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import gc
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
 
@@ -173,12 +174,13 @@ def _run(
             "disk_reads_stopped": files.stopped_reads - stopped,
             "waited_reads": sum(r.waited_reads for r in engines),
             "sync_reads": sum(r.sync_reads for r in engines),
-        }
+        } | _slot_closes(result.counters)
         fidelity, predicted = _predicted(cluster, policy, load.scripts, hardware, measured)
         policies[policy.name] = {
             "measured": measured,
             "predicted": policy_summary(predicted)
-            | {"cold_loads": int(predicted.counters.get("cold_loads", 0))},
+            | {"cold_loads": int(predicted.counters.get("cold_loads", 0))}
+            | _slot_closes(predicted.counters),
             "fidelity": fidelity,
             "step_costs": step_breakdown(steps),  # per step kind: measured vs priced seconds
             "schedules": {"measured": schedule_doc(result), "predicted": schedule_doc(predicted)},
@@ -186,6 +188,11 @@ def _run(
         del cluster
         gc.collect()
     return _document(pool, options, catalog, load, files, calibration, policies, started)
+
+
+def _slot_closes(counters: Mapping[str, int]) -> dict[str, int]:
+    """Slots that started closing, by reason (``slot_closes_<reason>``)."""
+    return {k: int(v) for k, v in counters.items() if k.startswith("slot_closes_")}
 
 
 def _arrivals(pool: LivePool, catalog: PoolCatalog) -> OpenLoad:

@@ -2,8 +2,9 @@
 
 ``InstanceCounters`` is mutated only by the instance core's roles (slot control, admission,
 completion); the KV manager and the reservations policy keep counters of their own.
-``instance_counters`` flattens the three into one mapping (KV counters prefixed ``kv_``) and
-``cluster_counters`` sums it over a cluster's instances: the simulator's and the live
+``instance_counters`` flattens them into one mapping (KV counters prefixed ``kv_``, the slot
+scheduler's closes by reason ``slot_closes_``) and ``cluster_counters`` sums it over a
+cluster's instances: the simulator's and the live
 replay's results and the API's ``stats()`` all read these, so a counter added in one place
 shows in all of them.
 """
@@ -17,6 +18,7 @@ import attrs
 
 from talaria.memory.kv import KVManager
 from talaria.policy.admission import Admission
+from talaria.policy.rounds import RoundScheduler, SlotClose
 
 
 @attrs.define
@@ -47,13 +49,17 @@ class Counted(Protocol):
     @property
     def admission(self) -> Admission: ...
 
+    @property
+    def rounds(self) -> RoundScheduler: ...
+
 
 def instance_counters(inst: Counted) -> dict[str, int]:
-    """One instance's counters: its own, its KV manager's (prefixed ``kv_``) and the
-    reservations it made."""
+    """One instance's counters: its own, its KV manager's (prefixed ``kv_``), the
+    reservations it made and its slots' closes by reason (``slot_closes_<reason>``)."""
     out = {k: int(v) for k, v in attrs.asdict(inst.counters).items()}
     out |= {f"kv_{k}": int(v) for k, v in attrs.asdict(inst.kv.counters).items()}
     out["reservations_made"] = inst.admission.reservations_made
+    out |= {f"slot_closes_{why.value}": inst.rounds.closes[why] for why in SlotClose}
     return out
 
 

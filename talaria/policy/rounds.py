@@ -29,6 +29,8 @@ Mutates only its own slot state. Times are seconds on the caller's clock.
 
 from __future__ import annotations
 
+import enum
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 
 import attrs
@@ -37,12 +39,23 @@ from talaria.config import PolicyConfig, SlotOrder
 from talaria.errors import ConfigError, UnknownModel
 
 
+class SlotClose(enum.Enum):
+    """Why a slot started closing (counted per instance: ``RoundScheduler.closes``)."""
+
+    QUANTUM = "quantum"  # it ran ``slot_max_s`` while another model waited
+    DRAINED = "drained"  # it had stopped admitting and its batch drained
+    IDLE = "idle"  # nothing ran or waited, and none of its sessions was worth lingering for
+    STARVED = "starved"  # another model's oldest call neared ``slot_starvation_s``
+    PREEMPTED = "preempted"  # another model's remaining work was a clear win
+
+
 @attrs.define
 class Slot:
     model: str
     opened_s: float
     admitting: bool = True
-    closing: bool = False  # quantum spent: admit nothing more, drain the batch
+    closing: bool = False  # admit nothing more, drain the batch (``closed_for`` says why)
+    closed_for: SlotClose | None = None
     opening: bool = True  # its first admission pass has not run yet
     starved: str | None = None  # the model this slot closes for: its call neared the bound
 
@@ -80,6 +93,7 @@ class RoundScheduler:
         self.slot: Slot | None = None
         self._last_index = -1
         self.slots_opened = 0
+        self.closes: Counter[SlotClose] = Counter()  # slots that started closing, by reason
 
     @property
     def current(self) -> str | None:
@@ -130,39 +144,48 @@ class RoundScheduler:
 
     def close_if_due(self, now: float, demand: Mapping[str, SlotDemand]) -> bool:
         """Mark the open slot closing if it should stop admitting now (a mutation: the
-        decision sticks until the next slot opens), and return whether it should: True also
-        when no slot is open; False while nobody else needs the device."""
+        decision sticks until the next slot opens, and its reason is counted once in
+        ``closes``), and return whether it should: True also when no slot is open; False
+        while nobody else needs the device."""
         slot = self.slot
         if slot is None:
             return True
+        why = self._close_reason(now, demand, slot)  # still run once closing: it may
+        if why is not None and not slot.closing:  # move ``starved`` to a hungrier model
+            slot.closing, slot.closed_for = True, why
+            self.closes[why] += 1
+        return slot.closing
+
+    def _close_reason(
+        self, now: float, demand: Mapping[str, SlotDemand], slot: Slot
+    ) -> SlotClose | None:
+        """Why the open slot should start closing now, None if it should not. Sets only
+        ``slot.starved``."""
         order = self.policy.slot_order
         if order is SlotOrder.SHORTEST_REMAINING:
-            if self._session_aware_close(now, demand):
-                slot.closing = True
-            return slot.closing
+            return self._session_aware_close(demand, slot)
         if order is not SlotOrder.ROUND_ROBIN and order is not SlotOrder.OLDEST_WAITING:
             raise ConfigError(f"unknown slot order {order!r}")
         mine = demand.get(slot.model, IDLE)
         if not slot.admitting and mine.running == 0 and mine.waiting:
             # the slot stopped admitting and drained: end the round even if no other model
             # waits, so the next one reopens this model for the calls that arrived meanwhile
-            slot.closing = True
-            return True
+            return SlotClose.DRAINED
         others_wait = any(d.waiting for m, d in demand.items() if m != slot.model)
         if not others_wait:
-            return False  # nobody else needs the device: keep the model (no switch cost)
+            return None  # nobody else needs the device: keep the model (no switch cost)
         if now - slot.opened_s >= self.policy.slot_max_s:
-            slot.closing = True
+            return SlotClose.QUANTUM
         if not slot.admitting and mine.running == 0:
-            slot.closing = True
+            return SlotClose.DRAINED
         if (
             slot.admitting
             and mine.running == 0
             and mine.waiting == 0
             and not self._linger(mine, demand)
         ):
-            slot.closing = True
-        return slot.closing
+            return SlotClose.IDLE
+        return None
 
     def _linger(self, mine: SlotDemand, demand: Mapping[str, SlotDemand]) -> bool:
         """Keep an idle slot open for sessions about to return? Only while the wait imposed on
@@ -175,34 +198,35 @@ class RoundScheduler:
         queued = sum(d.waiting for m, d in demand.items() if self.slot and m != self.slot.model)
         return back * queued <= linger * max(1, mine.returning)
 
-    def _session_aware_close(self, now: float, demand: Mapping[str, SlotDemand]) -> bool:
-        """``SHORTEST_REMAINING``'s close rule (see the module docstring). Pure."""
-        slot = self.slot
-        if slot is None:
-            return True
+    def _session_aware_close(
+        self, demand: Mapping[str, SlotDemand], slot: Slot
+    ) -> SlotClose | None:
+        """``SHORTEST_REMAINING``'s close rule (see the module docstring); sets only
+        ``slot.starved``."""
         mine = demand.get(slot.model, IDLE)
         others = {m: d for m, d in demand.items() if m != slot.model and d.waiting}
         if not others:
             # nobody else needs the device: keep the model (no switch cost); without SP,
             # end the drained slot so that it reopens for the calls that arrived meanwhile
-            return not slot.admitting and mine.running == 0 and bool(mine.waiting)
+            drained = not slot.admitting and mine.running == 0 and bool(mine.waiting)
+            return SlotClose.DRAINED if drained else None
         if slot.opening:
             # a fresh slot admits once before it may give way: otherwise two starving models
             # close each other's slots as they open, and nothing is ever served
-            return False
+            return None
         starving = self._starving(others, others, mine.drain_s)
         if starving is not None:
             slot.starved = starving
-            return True
+            return SlotClose.STARVED
         if not slot.admitting and mine.running == 0:
-            return True
+            return SlotClose.DRAINED
         best = min(others.values(), key=lambda d: d.remaining_s + d.switch_s)  # as next_model
         if mine.remaining_s > self.policy.slot_preempt_ratio * (best.remaining_s + best.switch_s):
-            return True
+            return SlotClose.PREEMPTED
         if mine.running or mine.waiting:
-            return False
+            return None
         back = mine.expected_back_s
-        return back is None or back > best.switch_s + mine.reload_s
+        return SlotClose.IDLE if back is None or back > best.switch_s + mine.reload_s else None
 
     def _starving(
         self, models: Iterable[str], demand: Mapping[str, SlotDemand], drain_s: float

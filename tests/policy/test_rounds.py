@@ -6,7 +6,7 @@ import pytest
 
 from talaria.config import PolicyConfig
 from talaria.errors import ConfigError, UnknownModel
-from talaria.policy.rounds import RoundScheduler, SlotDemand
+from talaria.policy.rounds import RoundScheduler, SlotClose, SlotDemand
 from tests.helpers import examples
 
 SP = PolicyConfig(name="sp", slot_max_s=30.0, slot_linger_s=2.0)
@@ -69,6 +69,9 @@ def test_quantum_closes_a_busy_slot_when_others_wait() -> None:
     assert r.close_if_due(40.0, demand)
     assert r.slot is not None and r.slot.closing
     assert not r.may_admit("a")  # closing: drain, admit nothing more
+    assert r.slot.closed_for is SlotClose.QUANTUM
+    assert r.close_if_due(41.0, demand)  # still closing, counted once
+    assert r.closes == {SlotClose.QUANTUM: 1}
 
 
 def test_linger_keeps_an_idle_slot_for_a_session_expected_back() -> None:
@@ -78,6 +81,7 @@ def test_linger_keeps_an_idle_slot_for_a_session_expected_back() -> None:
     assert not r.close_if_due(1.0, soon)  # back within slot_linger_s (2 s)
     late = {"a": SlotDemand(expected_back_s=2.5), "b": WAITING}
     assert r.close_if_due(1.0, late)
+    assert r.closes == {SlotClose.IDLE: 1}
 
 
 def test_idle_slot_with_no_session_expected_closes_when_others_wait() -> None:
@@ -112,6 +116,7 @@ def test_without_sp_a_drained_slot_ends_the_round_for_its_own_late_arrivals() ->
     assert not r.close_if_due(1.0, {"a": SlotDemand(waiting=1, running=1)})
     assert r.close_if_due(1.0, {"a": SlotDemand(waiting=1)})
     assert r.next_model({"a": SlotDemand(waiting=1)}) == "a"
+    assert r.closes == {SlotClose.DRAINED: 1}
 
 
 def test_next_model_is_round_robin_after_the_current_one() -> None:
@@ -259,6 +264,7 @@ def test_session_aware_keeps_the_slot_while_its_sessions_work_or_return_soon() -
     assert not r.close_if_due(501.0, back)  # back in 3 s <= switch away (2) + back (2)
     late = {"a": SlotDemand(expected_back_s=5.0, remaining_s=60.0, reload_s=2.0), "b": other}
     assert r.close_if_due(502.0, late)
+    assert r.closes == {SlotClose.IDLE: 1}
 
 
 def test_session_aware_gives_way_for_a_clear_win_or_a_starving_call() -> None:
@@ -277,6 +283,7 @@ def test_session_aware_gives_way_for_a_clear_win_or_a_starving_call() -> None:
     r.open("a", 0.0)
     r.end_opening_pass()
     assert not r.close_if_due(3.0, {"a": SlotDemand(), "c": SlotDemand()})  # nobody waits
+    assert r.closes == {SlotClose.PREEMPTED: 1, SlotClose.STARVED: 1}
 
 
 def test_session_aware_closes_in_time_for_the_bound_and_serves_the_starved_model() -> None:
@@ -297,6 +304,24 @@ def test_session_aware_closes_in_time_for_the_bound_and_serves_the_starved_model
     assert r.next_model(drained) == "b"  # not c, whose remaining work is least
     r.open("b", 3.0)
     assert r.slot is not None and r.slot.starved is None
+    assert r.closes == {SlotClose.STARVED: 1}
+
+
+def test_a_closing_slot_counts_its_reason_once_and_still_serves_the_hungriest() -> None:
+    """Once closing, a slot's reason sticks and is counted once; the model it closes for
+    still moves to one whose call has waited longer."""
+    r = rounds(SRW)
+    r.open("a", 0.0)
+    r.end_opening_pass()
+    mine = SlotDemand(running=2, remaining_s=10.0, drain_s=4.0)
+    due = SlotDemand(waiting=1, oldest_wait_s=95.0, remaining_s=500.0, switch_s=1.0)
+    assert r.close_if_due(1.0, {"a": mine, "b": due})
+    later = SlotDemand(waiting=1, oldest_wait_s=97.0, remaining_s=500.0, switch_s=1.0)
+    big = SlotDemand(running=2, remaining_s=5000.0, drain_s=4.0)  # now a clear win too
+    assert r.close_if_due(2.0, {"a": big, "b": due, "c": later})
+    assert r.slot is not None and r.slot.starved == "c"
+    assert r.slot.closed_for is SlotClose.STARVED
+    assert r.closes == {SlotClose.STARVED: 1}
 
 
 def test_two_starving_models_take_turns_a_batch_each() -> None:

@@ -166,6 +166,13 @@ def test_every_policy_completes_the_tiny_workload(name: str) -> None:
     assert result.counters["calls_finished"] == 30
     assert result.counters["model_switches"] >= 2  # both models ran on the one region
     assert result.end_s == max(r.finish_s for r in result.calls)
+    # every switch but the instance's first ends a slot that started closing, for a reason
+    closes = sum(v for k, v in result.counters.items() if k.startswith("slot_closes_"))
+    assert (
+        result.counters["model_switches"] - 1
+        <= closes
+        == core.instances["tiny"].rounds.closes.total()
+    )
 
 
 @pytest.mark.parametrize("name", list(POLICIES))
