@@ -78,7 +78,8 @@ class SlotControl:
 
     def maybe_stage(self, demand: Mapping[str, SlotDemand]) -> SwitchPlan | None:
         """Stage the predicted next model into free KV blocks lent for the purpose (all of
-        it if they suffice, else a part), keeping headroom for the open slot's queue."""
+        it if they suffice, else a part), keeping headroom for the open slot's queue. No
+        stage whose read from disk would drop the host copy of a model with work here."""
         arena = self.arena
         if not self.policy.weight_staging or arena.staging_in_progress is not None:
             return None
@@ -92,6 +93,8 @@ class SlotControl:
         nbytes = min(want, blocks * self.kv.block_bytes)
         if nbytes < self.policy.stage_min_share * want:
             return None
+        if any(_has_work(demand.get(m)) for m in arena.plan_stage(nxt, nbytes).host_drops):
+            return None  # a guess is not worth a cold start of a model whose sessions are here
         self.cancel_stage()
         self.stage_blocks = self.kv.lend(blocks)
         plan = arena.start_stage(nxt, nbytes)
@@ -116,3 +119,9 @@ class SlotControl:
         self.arena.cancel_stage()
         self.kv.return_lent()
         self.stage_blocks = ()
+
+
+def _has_work(demand: SlotDemand | None) -> bool:
+    """Calls of the model wait or run here, or its sessions are in a tool gap after a call
+    served here."""
+    return demand is not None and bool(demand.waiting or demand.running or demand.in_gap)

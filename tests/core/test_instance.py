@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable
 
 import attrs
 import pytest
@@ -113,6 +114,14 @@ class Driver:
         inst.check_integrity()
         self.now = round(self.now + 0.1, 6)
         return sched
+
+    def run_until(self, done: Callable[[Schedule], bool]) -> Schedule:
+        """Step until a schedule ``done`` accepts; return it."""
+        for _ in range(200):
+            sched = self.step()
+            if done(sched):
+                return sched
+        raise AssertionError("no such schedule in 200 steps")
 
     def run(self) -> list[Schedule]:
         """Step until the instance has nothing to do now."""
@@ -300,6 +309,46 @@ def test_with_sp_and_round_robin_slots_an_idle_slot_lingers_for_returns() -> Non
     d.run()
     assert b2.finished_s is not None
     assert not b2.sp_admitted and inst.counters.sp_admissions == 1
+
+
+def stage_scenario(ended: str | None = None) -> tuple[Driver, Schedule]:
+    """Four models, host room for three weight copies (A, B and C start there). A1 and B1
+    are served in turn and go into tool gaps (``ended``: that session ends instead); C's
+    slot opens for a long answer, and one of A and B is staged meanwhile (it will be back).
+    Then D1 arrives. Returns the schedule of the step that first sees D1 waiting."""
+    spec = attrs.evolve(instance_spec(TALARIA, 3, 32, 16), name="i0")
+    inst = InstanceCore(spec, [model(m) for m in "ABCD"], TALARIA, FakeEstimator())
+    assert inst.arena.host_weight_bytes == 3281  # three copies of 1000 bytes, not four
+    d = Driver(inst)
+    for session in ("A1", "B1"):
+        d.submit(session, 0, TokenSeq(tokens(8)), out=2)
+        d.run()
+        if session == ended:
+            inst.end_session(SessionKey(DEFAULT_TENANT, session))
+    d.submit("C1", 0, TokenSeq(tokens(8)), out=20)
+    d.run_until(lambda sched: sched.stage is not None)
+    d.submit("D1", 0, TokenSeq(tokens(8)), out=2)
+    sched = d.step()
+    assert sched.step is not None and inst.rounds.current == "C"  # C's slot goes on
+    return d, sched
+
+
+def test_a_stage_never_drops_the_host_copy_of_a_model_whose_session_is_in_a_gap() -> None:
+    """Staging D (predicted next: its call waits) would read it from disk and drop the
+    least recently used host copy, A's, while A1 is in a tool gap here: no stage, and A's
+    copy stays."""
+    d, sched = stage_scenario()
+    assert d.inst.arena.staged_model == "B"
+    assert sched.stage is None and d.inst.arena.on_host("A")
+    assert d.inst.counters.cold_loads == 0
+
+
+def test_a_stage_may_drop_the_host_copy_of_a_model_with_no_work_here() -> None:
+    d, sched = stage_scenario(ended="A1")
+    assert sched.stage is not None and sched.stage.model == "D"
+    assert sched.stage.host_drops == ("A",)
+    assert [s.link for s in sched.stage.steps] == [Link.DISK_TO_HOST, Link.HOST_TO_DEVICE]
+    assert d.inst.counters.cold_loads == 1 and not d.inst.arena.on_host("A")
 
 
 def test_without_sp_a_continuation_waits_for_the_next_round() -> None:
