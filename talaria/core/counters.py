@@ -4,9 +4,8 @@
 completion); the KV manager and the reservations policy keep counters of their own.
 ``instance_counters`` flattens them into one mapping (KV counters prefixed ``kv_``, the slot
 scheduler's closes by reason ``slot_closes_``) and ``cluster_counters`` sums it over a
-cluster's instances: the simulator's and the live
-replay's results and the API's ``stats()`` all read these, so a counter added in one place
-shows in all of them.
+cluster's instances: the simulator's and the live replay's results and the API's
+``stats()`` all read these, so a counter added in one place shows in all of them.
 """
 
 from __future__ import annotations
