@@ -174,7 +174,8 @@ def _run(
             "disk_reads_stopped": files.stopped_reads - stopped,
             "waited_reads": sum(r.waited_reads for r in engines),
             "sync_reads": sum(r.sync_reads for r in engines),
-        } | _slot_closes(result.counters)
+        }
+        measured |= _slot_closes(result.counters)
         fidelity, predicted = _predicted(cluster, policy, load.scripts, hardware, measured)
         policies[policy.name] = {
             "measured": measured,
