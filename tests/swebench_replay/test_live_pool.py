@@ -12,6 +12,7 @@ import pytest
 from talaria.calibration.cache import CalibrationMode
 from talaria.errors import BadRequest
 from talaria.policy.baselines import POLICIES
+from talaria.policy.rounds import SlotClose
 from talaria.swebench_replay.live_pool import LivePool, run_live_pool
 
 MODELS = ("llama-mini-dummy", "qwen2-tiny-dummy", "smollm2-tiny-dummy")
@@ -54,6 +55,11 @@ def test_cold_starts_read_the_weight_files_and_the_run_is_predicted(tmp_path: Pa
     assert predicted["cold_loads"] >= 1
     assert measured["sessions"] == predicted["sessions"] == 2
     assert measured["calls"] == predicted["calls"] == doc["workload"]["calls"]
+    # both sides carry the slots' closes by reason (every switch but each instance's first
+    # ends a closing slot; the exact count is checked in tests/sim/test_simulator.py)
+    for side in (measured, predicted):
+        closes = [side[f"slot_closes_{why.value}"] for why in SlotClose]
+        assert sum(closes) >= side["model_switches"] - len(doc["instances"])
     assert set(run["fidelity"]) >= {"error_sct_p95_s", "measured_sct_p95_s"}
     assert sorted(tmp_path.iterdir()) == [tmp_path / f"{m}.safetensors" for m in sorted(MODELS)]
 
