@@ -24,7 +24,7 @@ from talaria.config import ModelSpec, PolicyConfig
 from talaria.core.calls import CallTable
 from talaria.core.counters import InstanceCounters
 from talaria.memory.kv import KVManager
-from talaria.memory.weights import SwitchPlan, WeightArena
+from talaria.memory.weights import ArenaRefused, SwitchPlan, WeightArena
 from talaria.policy.rounds import RoundScheduler, SlotDemand
 from talaria.schedule import Schedule
 from talaria.types import Link, Residency
@@ -84,7 +84,11 @@ class SlotControl:
         if not self.policy.weight_staging or arena.staging_in_progress is not None:
             return None
         nxt = self.rounds.predict_next(demand)
-        if nxt is None or arena.staged_model == nxt or not arena.can_stage(nxt):
+        if nxt is None or arena.staged_model == nxt:
+            return None
+        try:
+            whole = arena.plan_stage(nxt)  # its host drops are those of any part of it
+        except ArenaRefused:
             return None
         if arena.residency(nxt) in (Residency.ACTIVE, Residency.RESIDENT):
             return None
@@ -93,7 +97,7 @@ class SlotControl:
         nbytes = min(want, blocks * self.kv.block_bytes)
         if nbytes < self.policy.stage_min_share * want:
             return None
-        if any(_has_work(demand.get(m)) for m in arena.plan_stage(nxt, nbytes).host_drops):
+        if any(_has_work(demand.get(m)) for m in whole.host_drops):
             return None  # a guess is not worth a cold start of a model whose sessions are here
         self.cancel_stage()
         self.stage_blocks = self.kv.lend(blocks)
