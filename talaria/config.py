@@ -192,7 +192,7 @@ class SlotOrder(enum.Enum):
     OLDEST_WAITING = "oldest-waiting"  # the model of the oldest waiting call (a serverless,
     # per-request queue: FCFS across models), a quantum each
     SHORTEST_REMAINING = "shortest-remaining"  # Talaria: the model whose sessions have the
-    # least expected remaining work, kept while they return, with a starvation bound
+    # least expected remaining work per session, kept while they return, with a starvation bound
 
 
 class QueueOrder(enum.Enum):
@@ -239,7 +239,8 @@ class PolicyConfig:
     waiting call may wait before its model's slot opens next (default 300 s: half the OpenAI
     client's default 600 s timeout, so a starved call is still answered before a default client
     gives up; infinity: no bound); ``slot_preempt_ratio``, how many times more remaining work
-    the open slot's model must have than a waiting model's before the slot gives way to it (2: a
+    per session the open slot's model must have than a waiting model's (its switch included)
+    before the slot gives way to it (2: a
     switch is only worth it for a clear win, the break-even rule of ski rental); and the switch
     cost itself, which bounds how long an idle slot waits for its sessions' returns (linger
     while the soonest return is expected within a switch away and back).

@@ -277,24 +277,25 @@ class InstanceEstimates:
             return 0.0
         return self.call_cost.of(model)
 
-    def remaining(self, model: str, now: float) -> tuple[float, float, float]:
-        """(expected device seconds ``model``'s sessions still need here, seconds to switch
-        to it, seconds to load it back from host) for the session-aware slot order; zeros for
-        the other orders. A session in a tool gap longer than ``slot_starvation_s`` no longer
-        counts: it is not coming back soon enough to hold a slot."""
+    def remaining(self, model: str, now: float) -> tuple[float, int, float, float]:
+        """(expected device seconds ``model``'s sessions still need here, how many sessions
+        that counts, seconds to switch to it, seconds to load it back from host) for the
+        session-aware slot order; zeros for the other orders. A session in a tool gap longer
+        than ``slot_starvation_s`` no longer counts: it is not coming back soon enough to
+        hold a slot."""
         if self.policy.slot_order is not SlotOrder.SHORTEST_REMAINING:
-            return 0.0, 0.0, 0.0
+            return 0.0, 0, 0.0, 0.0
         left = self.lengths.expected_left
         done = self.calls_done
-        calls = sum(left(done.get(r.call.session, 0)) for r in self.calls.waiting[model])
-        calls += sum(
-            left(done.get(r.call.session, 0))
-            for r in self.calls.running.values()
-            if r.call.model == model
-        )
+        queue = self.calls.waiting[model]
+        calls = sum(left(done.get(r.call.session, 0)) for r in queue)
+        running = [r for r in self.calls.running.values() if r.call.model == model]
+        calls += sum(left(done.get(r.call.session, 0)) for r in running)
         recent = self.gaps.recent_calls_done(model, now - self.policy.slot_starvation_s)
         calls += sum(n * left(d) for d, n in recent.items())
-        return calls * self.call_work.of(model), self.switch_s(model), self._reload_s(model)
+        sessions = len(queue) + len(running) + sum(recent.values())
+        work = calls * self.call_work.of(model)
+        return work, sessions, self.switch_s(model), self._reload_s(model)
 
     def _reload_s(self, model: str) -> float:
         """Seconds to bring ``model`` back once its slot gives way: nothing when every model

@@ -15,9 +15,11 @@ Decisions only, no I/O: the instance core asks, on every scheduling step,
 The order is the policy's ``SlotOrder``: round-robin with a quantum (``round`` and the
 per-request baselines), the model of the oldest waiting call with a quantum (a serverless
 per-request queue), or Talaria's session-aware order (``SHORTEST_REMAINING``): the slot goes
-to the model whose sessions have the least expected remaining work (``SlotDemand.remaining_s``,
-estimated by the instance core from what it can know online), stays open while they keep
-returning (no quantum; an idle slot lingers while the soonest return is expected within a
+to the model whose sessions have the least expected remaining work per session (its
+``SlotDemand.remaining_s``, estimated by the instance core from what it can know online, and
+its switch, over the sessions they serve: Smith's rule, since a slot serves all of its model's
+sessions at once; the whole remaining work would put a popular model last), stays open while
+they keep returning (no quantum; an idle slot lingers while the soonest return is expected within a
 switch away and back), gives way to another model only for a clear win
 (``slot_preempt_ratio``), and never lets a waiting call wait more than ``slot_starvation_s``
 for its slot: the open slot starts closing once a waiting call's wait plus the expected
@@ -71,9 +73,23 @@ class SlotDemand:
     returning: int = 0  # its sessions expected back within the linger window
     in_gap: int = 0  # its sessions in a tool gap after a call served here
     remaining_s: float = 0.0  # expected device seconds its sessions still need (estimate)
+    sessions: int = 0  # the sessions ``remaining_s`` counts
     switch_s: float = 0.0  # seconds to make the model active from its residency now
     reload_s: float = 0.0  # seconds to bring it back from host once switched away
     drain_s: float = 0.0  # expected seconds until its running calls finish (open slot only)
+
+    @property
+    def work_per_session_s(self) -> float:
+        """``remaining_s`` per session it counts."""
+        return self.remaining_s / max(1, self.sessions)
+
+    @property
+    def slot_per_session_s(self) -> float:
+        """The session-aware order's key: device seconds a slot of the model would take (its
+        remaining work and its switch) per session it serves. Smith's rule: a slot serves
+        all of its model's sessions, so the slot that serves the most sessions per second
+        goes first (ordering by the whole remaining work puts a popular model last)."""
+        return (self.remaining_s + self.switch_s) / max(1, self.sessions)
 
 
 IDLE = SlotDemand()  # a model with no work: what a model missing from a demand map means
@@ -220,8 +236,8 @@ class RoundScheduler:
             return SlotClose.STARVED
         if not slot.admitting and mine.running == 0:
             return SlotClose.DRAINED
-        best = min(others.values(), key=lambda d: d.remaining_s + d.switch_s)  # as next_model
-        if mine.remaining_s > self.policy.slot_preempt_ratio * (best.remaining_s + best.switch_s):
+        best = min(others.values(), key=lambda d: d.slot_per_session_s)  # as next_model
+        if mine.work_per_session_s > self.policy.slot_preempt_ratio * best.slot_per_session_s:
             return SlotClose.PREEMPTED
         if mine.running or mine.waiting:
             return None
@@ -267,13 +283,14 @@ class RoundScheduler:
             starving = self._starving(waiting, demand, 0.0)
             if starving is not None:
                 return starving
-            return min(waiting, key=lambda m: demand[m].remaining_s + demand[m].switch_s)
+            return min(waiting, key=lambda m: demand[m].slot_per_session_s)
         raise ConfigError(f"unknown slot order {order!r}")
 
     def predict_next(self, demand: Mapping[str, SlotDemand]) -> str | None:
         """The model most likely to get the next slot: the one ``next_model`` would pick
         among the other models with waiting work, else the next with sessions in a tool gap
-        (they will be back; with ``SHORTEST_REMAINING``, the least remaining work first)."""
+        (they will be back; with ``SHORTEST_REMAINING``, the least remaining work per session
+        first)."""
         current = self.current
         others = {m: d for m, d in demand.items() if m != current}
         pick = self.next_model(others)
@@ -283,7 +300,7 @@ class RoundScheduler:
         if not gapped:
             return None
         if self.policy.slot_order is SlotOrder.SHORTEST_REMAINING:
-            return min(gapped, key=lambda m: demand[m].remaining_s)
+            return min(gapped, key=lambda m: demand[m].work_per_session_s)
         return gapped[0]
 
     def models_ahead(self, model: str) -> tuple[str, ...]:

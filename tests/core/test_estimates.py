@@ -65,5 +65,6 @@ def test_remaining_work_is_priced_by_the_windowed_mean_and_the_drain_by_the_rece
     assert inst.call_cost.of("A") == pytest.approx(served[0] + 0.2 * (served[1] - served[0]))
     d.submit("A1", 1, TokenSeq(tokens(9)), 2)  # A1 back; A2 in its tool gap: both count
     left = inst.lengths.expected_left(1)  # each has made one call
-    remaining_s, _, _ = inst.estimates.remaining("A", d.now)
+    remaining_s, sessions, _, _ = inst.estimates.remaining("A", d.now)
     assert remaining_s == pytest.approx(2 * left * inst.call_work.of("A"))
+    assert sessions == 2  # A1's waiting call and A2's gap

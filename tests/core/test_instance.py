@@ -734,7 +734,7 @@ def test_the_session_aware_order_expects_no_reload_when_every_model_keeps_a_regi
     for inst, reload_s in ((one, WEIGHT_BYTES / 1e9), (two, 0.0)):
         d = Driver(inst)
         d.submit("A1", 0, TokenSeq(tokens(4)), 1)
-        assert inst.estimates.remaining("A", d.now)[2] == reload_s
+        assert inst.estimates.remaining("A", d.now)[3] == reload_s
 
 
 def test_more_weight_regions_than_device_memory_holds_is_a_config_error() -> None:

@@ -253,6 +253,35 @@ def test_session_aware_opens_the_least_remaining_work_first() -> None:
     assert r.next_model(starving) == "a"  # waited the starvation bound: it goes next
 
 
+def test_session_aware_orders_by_work_per_session_smiths_rule() -> None:
+    """A slot serves all of its model's sessions, so the key is the slot's device seconds
+    (remaining work and switch) per session: a popular model with more work in all but
+    less per session goes first, and it may take the device from a model with more."""
+    r = rounds(SRW, ("rare", "popular"))
+    demand = {
+        "popular": SlotDemand(waiting=4, remaining_s=200.0, sessions=10, switch_s=10.0),
+        "rare": SlotDemand(waiting=1, remaining_s=30.0, sessions=1, switch_s=1.0),
+    }
+    assert demand["popular"].slot_per_session_s == 21.0  # (200 + 10) / 10
+    assert demand["rare"].slot_per_session_s == 31.0
+    assert r.next_model(demand) == "popular"  # 21 < 31, though 210 > 31 in all
+    assert r.predict_next(demand) == "popular"
+    gapped = {
+        "popular": SlotDemand(in_gap=10, remaining_s=200.0, sessions=10),
+        "rare": SlotDemand(in_gap=1, remaining_s=30.0, sessions=1),
+    }
+    assert r.predict_next(gapped) == "popular"  # 20 < 30 per session
+    r.open("rare", 0.0)
+    r.end_opening_pass()
+    mine = SlotDemand(running=1, remaining_s=40.0, sessions=1)  # 40 per session, switch paid
+    assert not r.close_if_due(1.0, {"rare": mine, "popular": demand["popular"]})  # 40 < 2 x 21
+    mine = SlotDemand(running=2, remaining_s=90.0, sessions=2)  # 45 per session
+    assert r.close_if_due(2.0, {"rare": mine, "popular": demand["popular"]})  # 45 > 2 x 21
+    assert r.closes == {SlotClose.PREEMPTED: 1}
+    assert SlotDemand().slot_per_session_s == 0.0  # no session counted: divide by one
+    assert SlotDemand(remaining_s=5.0, switch_s=1.0).slot_per_session_s == 6.0
+
+
 def test_session_aware_keeps_the_slot_while_its_sessions_work_or_return_soon() -> None:
     r = rounds(SRW)
     r.open("a", 0.0)
