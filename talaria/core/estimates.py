@@ -289,11 +289,14 @@ class InstanceEstimates:
         done = self.calls_done
         queue = self.calls.waiting[model]
         calls = sum(left(done.get(r.call.session, 0)) for r in queue)
-        running = [r for r in self.calls.running.values() if r.call.model == model]
-        calls += sum(left(done.get(r.call.session, 0)) for r in running)
+        calls += sum(
+            left(done.get(r.call.session, 0))
+            for r in self.calls.running.values()
+            if r.call.model == model
+        )
         recent = self.gaps.recent_calls_done(model, now - self.policy.slot_starvation_s)
         calls += sum(n * left(d) for d, n in recent.items())
-        sessions = len(queue) + len(running) + sum(recent.values())
+        sessions = len(queue) + self.calls.running_of(model) + sum(recent.values())
         work = calls * self.call_work.of(model)
         return work, sessions, self.switch_s(model), self._reload_s(model)
 
