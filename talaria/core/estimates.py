@@ -122,16 +122,22 @@ class InstanceEstimates:
         batch = self.calls.running_of(model) + 1
         match = self.kv.match(model, call.tenant, call.prompt)
         step = self.estimator.decode_step_s(model, batch, batch * call.prompt_tokens)
-        return self._view(model, match, step, served_last)
+        return self._view(model, match, step, served_last, self.held_wait_s(model, now))
 
     def _view(
-        self, model: str, match: PrefixMatch, decode_step_s: float, served_last: bool
+        self,
+        model: str,
+        match: PrefixMatch,
+        decode_step_s: float,
+        served_last: bool,
+        slot_wait_s: float | None = None,
     ) -> InstanceView:
+        """The view with ``slot_wait_s`` (default: ``slot_wait_s(model)``, the lower bound)."""
         est = self.estimator
         return InstanceView(
             name=self.spec.name,
             residency=self.arena.residency(model),
-            slot_wait_s=self.slot_wait_s(model),
+            slot_wait_s=self.slot_wait_s(model) if slot_wait_s is None else slot_wait_s,
             switch_s=self.switch_s(model),
             queue_s=self.calls.queued_tokens(model) / est.prefill_tok_s(model),
             match=match,
@@ -181,6 +187,25 @@ class InstanceEstimates:
             if other != current and self.calls.waiting[other]:
                 wait += self.work_s(other) + self.switch_s(other)
         return wait
+
+    def held_wait_s(self, model: str, now: float) -> float:
+        """``slot_wait_s`` where the slot order holds a slot for its sessions: under the
+        session-aware order the open slot of another model stays open while its sessions
+        keep returning (no quantum), so a call of ``model`` waits for that hold: the open
+        model's remaining work here (``remaining``), at most ``slot_starvation_s`` (the close
+        rule lets no waiting call wait longer), and at least ``slot_wait_s``, which the
+        routing bound uses (it must not exceed this). Other orders: ``slot_wait_s`` (their
+        ``remaining`` is zero).
+
+        It reads the open model's sessions in a tool gap as of ``now``, so the bound's memo
+        cannot key it; it prices no preemption of the open slot (a new call's session has all
+        of its work left, so it rarely has the smaller work per session)."""
+        wait = self.slot_wait_s(model)
+        current = self.rounds.current
+        if current is None or current == model or self.rounds.may_admit(model):
+            return wait
+        hold = min(self.policy.slot_starvation_s, self.remaining(current, now)[0])
+        return max(wait, hold)
 
     def work_s(self, model: str) -> float:
         """Seconds ``model``'s slot is expected to hold the device for its queued and running

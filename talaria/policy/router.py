@@ -4,7 +4,8 @@ For each instance that may serve the call, the expected completion time is
 
     slot_wait + switch + kv_prep + queue + service
 
-* ``slot_wait``: until the model's slot admits on that instance (0 if admitting now);
+* ``slot_wait``: until the model's slot admits on that instance (0 if admitting now; under
+  the session-aware slot order, the hold of another model's open slot);
 * ``switch``: weight switch or staging cost when the model is not active there;
 * ``kv_prep``: restore what is on host (``restore_tokens / restore_tok_s``) plus recompute
   what the session had computed before but is gone there (``recompute_tokens / prefill_tok_s``);
@@ -23,8 +24,9 @@ order until the next (bound, name) is not below the best (estimate, name): ties 
 so a tie is viewed only when its name is earlier; ``route`` ranks the views. Before a
 candidate is viewed its bound is tightened once (``prefill_bound_s``: plus the whole prompt's
 prefill where none of its prefix is cached) and it goes back in line if that moved it: on the
-instances that never saw the session the tightened bound is as good as exact, so a call
-needs a few exact views however many instances serve its model.
+instances that never saw the session and hold no other model's slot the tightened bound is
+as good as exact, so a call needs a few exact views however many instances serve its model
+(the bound leaves out that hold, which reads the sessions in a tool gap at the call's time).
 
 Pure: plain data in, plain data out (``search`` reads its candidates, never mutates them).
 """

@@ -3,10 +3,11 @@ hand-sized instances of ``test_instance``."""
 
 from __future__ import annotations
 
+import attrs
 import pytest
 
 from talaria.policy.baselines import POLICIES
-from talaria.types import DEFAULT_TENANT, SessionKey, TokenSeq
+from talaria.types import DEFAULT_TENANT, Call, SessionKey, TokenSeq
 from tests.core.test_instance import TALARIA, Driver, core, tokens
 
 
@@ -68,3 +69,28 @@ def test_remaining_work_is_priced_by_the_windowed_mean_and_the_drain_by_the_rece
     remaining_s, sessions, _, _ = inst.estimates.remaining("A", d.now)
     assert remaining_s == pytest.approx(2 * left * inst.call_work.of("A"))
     assert sessions == 2  # A1's waiting call and A2's gap
+
+
+def test_the_router_waits_out_the_hold_of_another_models_open_slot() -> None:
+    """Under the session-aware order A's slot stays open while A1 is in its tool gap, so a
+    call of B waits for that hold: A's remaining work here, at most the starvation bound,
+    at least the quantum-based wait the routing bound reads. Other orders keep theirs."""
+    for starvation in (1e9, 0.3):  # the hold in full, then capped by the bound
+        policy = attrs.evolve(TALARIA, slot_starvation_s=starvation)
+        inst = core(policy, models=("A", "B"), device_blocks=40)
+        d = Driver(inst)
+        d.submit("A1", 0, TokenSeq(tokens(6)), 12)
+        d.run()  # A1 answered (1.1 s): A's slot stays open, A1 is in its tool gap
+        est = inst.estimates
+        assert inst.rounds.current == "A" and est.slot_wait_s("B") == 0.0
+        work = inst.lengths.expected_left(1) * inst.call_work.of("A")
+        assert work > 0.3 and est.remaining("A", d.now)[0] == pytest.approx(work)
+        b1 = Call("B1", 0, "B", TokenSeq(tokens(6)), 3, 3)
+        assert est.held_wait_s("B", d.now) == min(starvation, est.remaining("A", d.now)[0])
+        assert est.view(b1, d.now, False).slot_wait_s == est.held_wait_s("B", d.now)
+        assert est.held_wait_s("A", d.now) == 0.0  # A's own slot admits
+    inst = core(POLICIES["talaria-no-slot-order"], models=("A", "B"), device_blocks=40)
+    d = Driver(inst)
+    d.submit("A1", 0, TokenSeq(tokens(6)), 3)
+    d.run()
+    assert inst.estimates.held_wait_s("B", d.now) == inst.estimates.slot_wait_s("B")

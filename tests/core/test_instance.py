@@ -652,8 +652,10 @@ def test_the_routing_bound_never_exceeds_the_exact_estimate(
         assert inst.estimates.bound_s(model, out) <= bound <= exact
         if not inst.kv.holds_prefix(model, call.tenant, prompt):  # the bound counts the prefill
             assert view.match.device_tokens == view.match.host_tokens == 0
-            at_zero = attrs.evolve(
-                view, decode_step_s=inst.estimates.optimistic_view(model).decode_step_s
+            at_zero = attrs.evolve(  # the bound leaves out the hold of another model's slot
+                view,
+                decode_step_s=inst.estimates.optimistic_view(model).decode_step_s,
+                slot_wait_s=inst.estimates.slot_wait_s(model),
             )
             assert bound >= estimate(at_zero, known, out).total_s * (1 - 1e-9)
     cc.check_integrity()
