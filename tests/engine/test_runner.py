@@ -113,13 +113,18 @@ def make_runner(
 
 def run_until_idle(runner: LocalInstance[EngineRunner], now: float, ptr: int) -> float:
     """Step (0.05 s a step) until the runner is idle, the weight region never moving from
-    ``ptr`` (an idle slot may linger a while for its sessions' returns); returns the clock."""
+    ``ptr`` (an idle slot may linger a while for its sessions' returns); returns the clock.
+    A stage copying on its own thread takes real time, not steps: while one is under way
+    the loop lets the thread run (a busy machine could otherwise spend every step first)."""
     for _ in range(2000):
         if runner.idle:
             return now
         runner.step(now)
         assert runner.executor.region.data_ptr() == ptr
         now += 0.05
+        stager = runner.executor._stager
+        if stager is not None and stager.active and not stager.done:
+            time.sleep(0.001)
     raise AssertionError("the runner never went idle")
 
 
