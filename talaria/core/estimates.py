@@ -114,7 +114,8 @@ class InstanceEstimates:
         prefill) and decode steps at zero context; slot wait, switch and queue as they are."""
         batch = self.calls.running_of(model) + 1
         match = PrefixMatch(0, 0, 0, self.kv.tpb(model))
-        return self._view(model, match, self.estimator.decode_step_s(model, batch, 0), False)
+        step = self.estimator.decode_step_s(model, batch, 0)
+        return self._view(model, match, step, False, self.slot_wait_s(model))
 
     def view(self, call: Call, now: float, served_last: bool) -> InstanceView:
         """What the router needs to rank this instance for ``call``."""
@@ -130,14 +131,13 @@ class InstanceEstimates:
         match: PrefixMatch,
         decode_step_s: float,
         served_last: bool,
-        slot_wait_s: float | None = None,
+        slot_wait_s: float,
     ) -> InstanceView:
-        """The view with ``slot_wait_s`` (default: ``slot_wait_s(model)``, the lower bound)."""
         est = self.estimator
         return InstanceView(
             name=self.spec.name,
             residency=self.arena.residency(model),
-            slot_wait_s=self.slot_wait_s(model) if slot_wait_s is None else slot_wait_s,
+            slot_wait_s=slot_wait_s,
             switch_s=self.switch_s(model),
             queue_s=self.calls.queued_tokens(model) / est.prefill_tok_s(model),
             match=match,
@@ -204,7 +204,7 @@ class InstanceEstimates:
         current = self.rounds.current
         if current is None or current == model or self.rounds.may_admit(model):
             return wait
-        hold = min(self.policy.slot_starvation_s, self.remaining(current, now)[0])
+        hold = min(self.policy.slot_starvation_s, self._remaining_work(current, now)[0])
         return max(wait, hold)
 
     def work_s(self, model: str) -> float:
@@ -310,6 +310,13 @@ class InstanceEstimates:
         hold a slot."""
         if self.policy.slot_order is not SlotOrder.SHORTEST_REMAINING:
             return 0.0, 0, 0.0, 0.0
+        return (*self._remaining_work(model, now), self.switch_s(model), self._reload_s(model))
+
+    def _remaining_work(self, model: str, now: float) -> tuple[float, int]:
+        """``remaining``'s first two figures: the work and the sessions it counts (zeros for
+        the orders other than the session-aware one)."""
+        if self.policy.slot_order is not SlotOrder.SHORTEST_REMAINING:
+            return 0.0, 0
         left = self.lengths.expected_left
         done = self.calls_done
         queue = self.calls.waiting[model]
@@ -322,8 +329,7 @@ class InstanceEstimates:
         recent = self.gaps.recent_calls_done(model, now - self.policy.slot_starvation_s)
         calls += sum(n * left(d) for d, n in recent.items())
         sessions = len(queue) + self.calls.running_of(model) + sum(recent.values())
-        work = calls * self.call_work.of(model)
-        return work, sessions, self.switch_s(model), self._reload_s(model)
+        return calls * self.call_work.of(model), sessions
 
     def _reload_s(self, model: str) -> float:
         """Seconds to bring ``model`` back once its slot gives way: nothing when every model
