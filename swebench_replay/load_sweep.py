@@ -8,10 +8,12 @@ arrivals at every rate, closer together as the rate grows) and reports, per poin
 * SCT p50 / p95 and TTFT p95 (seconds);
 * cold starts per hour: switches and stages that read a model's weights from disk
   (``cold_loads``), per hour of the run (first arrival to last session end);
-* device-seconds per session: the seconds instances were held by a switch, a step or KV
-  moves, times their devices (``device_busy_ms``); beside it the provisioned
-  device-seconds (every device of the pool for the whole run: this slice has no scale to
-  zero, so that is what the pool costs);
+* device-seconds per session: the seconds instances were busy with a switch, a step or KV
+  moves, times their devices (``device_busy_ms``); the seconds they were *held*
+  (provisioned: from an instance's first work, or the work that woke it, until it scaled to
+  zero after its keep-alive, :mod:`talaria.policy.keep_alive`, or the run's last work;
+  ``device_held_ms``), what a serverless pool pays for; and every device of the pool for the
+  whole run (a pool that never scales to zero and never leaves an instance unused);
 * goodput: sessions per hour of the run that finished within the SLO, ``slo_factor`` (2)
   times the session's *isolated* time: the same session, arriving alone on an idle pool of
   one server (two instances: every instance of an idle pool is alike, and a lone session
@@ -73,6 +75,7 @@ INTERVAL_METRICS: Final = (
     "goodput_sessions_per_h",
     "slo_met_share",
     "device_busy_s_per_session",
+    "device_held_s_per_session",
 )
 
 
@@ -278,6 +281,8 @@ def _seed_metrics(
         "cold_starts": float(p.counters.get("cold_loads", 0)),
         "cold_starts_per_h": p.counters.get("cold_loads", 0) / hours,
         "device_busy_s_per_session": p.counters.get("device_busy_ms", 0) / 1000 / n,
+        "device_held_s_per_session": p.counters.get("device_held_ms", 0) / 1000 / n,
+        "scale_to_zero_per_h": p.counters.get("scale_to_zero", 0) / hours,
         "device_provisioned_s_per_session": setting.devices * p.end_s / n,
         "goodput_sessions_per_h": met / hours,
         "slo_met_share": met / n,

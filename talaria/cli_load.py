@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import shlex
 import sys
 import time
@@ -15,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import attrs
 from rich.console import Console
 from rich.progress import Progress, TaskID
 from rich.table import Table
@@ -68,6 +70,13 @@ def add_load_parser(sub: Any) -> None:
     p.add_argument("--tune-seeds", default="0,1,2", help="tune seeds (default 0,1,2)")
     p.add_argument("--tune-rate", type=float, default=None, help="default: the middle rate")
     p.add_argument("--no-tune", action="store_true", help="every policy at its defaults")
+    p.add_argument(
+        "--keep-alive",
+        type=float,
+        default=math.inf,
+        help="seconds an idle instance stays provisioned before it scales to zero, for every "
+        "policy (a reservation holds it longer); default inf: never",
+    )
     p.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
     p.add_argument("--trace", type=Path, default=None, help="traces (default: bundled)")
     p.add_argument("--out", type=Path, default=Path("runs/load"), help="output folder")
@@ -91,7 +100,9 @@ def cmd_load(args: argparse.Namespace, console: Console) -> int:
     setting = ls.LoadSetting(
         catalog, args.instances, args.sessions, parse_pattern(args.pattern), args.trace
     )
-    policies = parse_policies(args.policies)
+    policies = [
+        attrs.evolve(p, keep_alive_s=args.keep_alive) for p in parse_policies(args.policies)
+    ]
     rates = ls.check_rates(_floats(args.rates, "--rates"))
     seeds, tune_seeds = _ints(args.seeds, "--seeds"), _ints(args.tune_seeds, "--tune-seeds")
     tune_rate = None if args.no_tune else (args.tune_rate or rates[len(rates) // 2])
@@ -119,6 +130,7 @@ def cmd_load(args: argparse.Namespace, console: Console) -> int:
             "weight_bytes": catalog.weight_bytes,
             "pool_device_memory_bytes": device_memory_bytes(cluster),
         },
+        "keep_alive_s": args.keep_alive if math.isfinite(args.keep_alive) else None,
         "workload": {
             "pattern": setting.pattern.describe(),
             "sessions_per_rate": args.sessions,
@@ -152,7 +164,8 @@ def table(doc: dict[str, Any]) -> Table:
         "SCT p95",
         "TTFT p95",
         "cold/h",
-        "dev-s/sess",
+        "busy dev-s",
+        "held dev-s",
         "goodput/h",
         "in SLO",
         "p95 / first's",
@@ -170,6 +183,7 @@ def table(doc: dict[str, Any]) -> Table:
                 f"{pt['ttft_p95_s']:.1f}",
                 f"{pt['cold_starts_per_h']:.0f}",
                 f"{pt['device_busy_s_per_session']:.0f}",
+                f"{pt.get('device_held_s_per_session', float('nan')):.0f}",
                 f"{pt['goodput_sessions_per_h']:.1f}",
                 f"{pt['slo_met_share']:.0%}",
                 _ratio(pt),

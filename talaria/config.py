@@ -8,6 +8,7 @@ docstrings: bytes, tokens, seconds.
 from __future__ import annotations
 
 import enum
+import math
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -244,6 +245,12 @@ class PolicyConfig:
     switch is only worth it for a clear win, the break-even rule of ski rental); and the switch
     cost itself, which bounds how long an idle slot waits for its sessions' returns (linger
     while the soonest return is expected within a switch away and back).
+
+    ``keep_alive_s`` is how long an instance with no call to serve stays provisioned before it
+    scales to zero (its devices are given back: the weights leave the device, its KV is
+    demoted to the host tier, and the next call there pays a load from host or disk). A
+    reservation keeps it provisioned until the reservation ends (``talaria.policy.keep_alive``).
+    Infinity (the default): instances never scale to zero.
     """
 
     name: str = attrs.field(validator=valid.name)
@@ -265,6 +272,7 @@ class PolicyConfig:
     continuum_ttl: bool = False  # TTL pins sized per call by Continuum's rule, not kv_pin_ttl_s
     slot_starvation_s: float = attrs.field(default=300.0, validator=valid.positive_or_infinite)
     slot_preempt_ratio: float = attrs.field(default=2.0, validator=valid.positive)
+    keep_alive_s: float = attrs.field(default=math.inf, validator=valid.non_negative_or_infinite)
     max_batch_tokens: int = attrs.field(default=8192, validator=valid.positive_int)
     max_running: int = attrs.field(default=256, validator=valid.positive_int)
     cache_affinity_load_cap: float = attrs.field(default=2.0, validator=valid.positive)

@@ -20,6 +20,7 @@ __all__ = [
     "is_number",
     "name",
     "non_negative",
+    "non_negative_or_infinite",
     "optional_positive",
     "optional_positive_int",
     "positive",
@@ -73,6 +74,14 @@ def positive_or_infinite(inst: object, attr: attrs.Attribute[Any], value: object
     """A positive number, where infinity means "no bound" (NaN rejected)."""
     if value != math.inf:
         positive(inst, attr, value)
+
+
+def non_negative_or_infinite(inst: object, attr: attrs.Attribute[Any], value: object) -> None:
+    """Zero or a positive number, where infinity means "never" (NaN rejected)."""
+    if value != math.inf and not (is_number(value) and value >= 0):
+        raise ConfigError(
+            f"{_field(inst, attr)} must be zero, a positive number or inf, got {value!r}"
+        )
 
 
 def non_negative(inst: object, attr: attrs.Attribute[Any], value: object) -> None:

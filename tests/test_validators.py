@@ -20,6 +20,7 @@ class _Knobs:
     share: float = attrs.field(default=1.0, validator=valid.fraction)
     count: int = attrs.field(default=1, validator=valid.positive_int)
     bound: float = attrs.field(default=1.0, validator=valid.positive_or_infinite)
+    timer: float = attrs.field(default=0.0, validator=valid.non_negative_or_infinite)
     cap: float | None = attrs.field(default=None, validator=valid.optional_positive)
     name: str = attrs.field(default="a", validator=valid.name)
 
@@ -39,6 +40,7 @@ def test_each_number_check_accepts_exactly_its_domain(x: float) -> None:
     assert _accepts(wait=x) == (finite and x >= 0)
     assert _accepts(share=x) == (finite and 0 < x <= 1)
     assert _accepts(bound=x) == (x == math.inf or (finite and x > 0))
+    assert _accepts(timer=x) == (x == math.inf or (finite and x >= 0))
     assert _accepts(cap=x) == (finite and x > 0)
 
 
@@ -49,7 +51,16 @@ def test_positive_int_accepts_exactly_the_positive_integers(n: int) -> None:
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("rate", True), ("count", True), ("count", 2.0), ("rate", "1"), ("name", " a"), ("name", "")],
+    [
+        ("rate", True),
+        ("timer", True),
+        ("timer", "inf"),
+        ("count", True),
+        ("count", 2.0),
+        ("rate", "1"),
+        ("name", " a"),
+        ("name", ""),
+    ],
 )
 def test_bools_strings_and_floats_where_an_int_belongs_are_refused(
     field: str, value: object

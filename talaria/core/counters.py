@@ -34,6 +34,7 @@ class InstanceCounters:
     calls_failed: int = 0
     policy_faults: int = 0  # sessions whose gap reasoning raised (isolated, see InstanceCore)
     cold_loads: int = 0  # switches and stages that read a model's weights from disk
+    scale_to_zero: int = 0  # times the instance gave its devices back (keep-alive ran out)
 
 
 class Counted(Protocol):

@@ -26,6 +26,9 @@ with known tokens):
   open); a ``StepPlan`` lists prefill chunks and decodes; a stage of the next model's weights
   may be started. KV block moves planned by admission ride with the step.
 * ``complete_step(plan, now, repeat)`` advances tokens, finishes calls, offers reservations.
+* Keep-alive: a driver that gives idle instances' devices back asks ``release_at`` when an
+  instance idle since some time scales to zero, and at that time, if ``can_scale_to_zero``,
+  calls ``scale_to_zero`` and runs the KV demotions it returns (``talaria.policy.keep_alive``).
 
 Not thread-safe: one task drives it.
 """
@@ -47,10 +50,11 @@ from talaria.core.estimates import InstanceEstimates
 from talaria.core.slots import SlotControl
 from talaria.core.tool_gaps import GapTable, ToolGap
 from talaria.cost.estimator import Estimator
-from talaria.errors import ConfigError, ContextTooLong, UnknownModel
+from talaria.errors import ConfigError, ContextTooLong, TalariaError, UnknownModel
 from talaria.executor import Layout
 from talaria.memory.kv import CallKey, KVManager, MovePlan
 from talaria.memory.weights import WeightArena
+from talaria.policy import keep_alive
 from talaria.policy.admission import Admission
 from talaria.policy.gaps import GapModel
 from talaria.policy.remaining import COST_WINDOW, PRIOR_OUTPUT_TOKENS, CallCost, SessionLengths
@@ -58,11 +62,18 @@ from talaria.policy.rounds import RoundScheduler
 from talaria.schedule import Executed, Request, Schedule, StepPlan
 from talaria.types import Call, SessionKey
 
-__all__ = ["InstanceCore", "KvDrift"]
+__all__ = ["InstanceBusy", "InstanceCore", "KvDrift"]
 
 log = logging.getLogger(__name__)
 
 KV_DRIFT_KEPT = 65_536  # the most recent engine-reported cache hits kept beside the estimates
+
+
+class InstanceBusy(TalariaError, RuntimeError):
+    """A scale to zero while a call or a reservation holds the instance (a caller skipped
+    ``can_scale_to_zero``)."""
+
+    code = "instance_busy"
 
 
 @attrs.frozen
@@ -438,6 +449,36 @@ class InstanceCore:
     def stage_done(self, model: str) -> None:
         """The executor finished staging ``model``'s weights."""
         self.slots.stage_done(model)
+
+    # ------------------------------------------------------------------ keep-alive
+    @property
+    def released(self) -> bool:
+        """Whether the instance scaled to zero and no call has woken it since."""
+        return self.slots.released
+
+    def release_at(self, idle_since_s: float, now: float) -> float:
+        """When this instance, idle since ``idle_since_s``, scales to zero (the keep-alive
+        policy, :mod:`talaria.policy.keep_alive`); infinity: not while things stand. Ends
+        the reservations due by ``now`` first (mutates them, as ``schedule`` does)."""
+        self.admitter.expire(now)
+        return keep_alive.release_at(self.policy, idle_since_s, self.admission.held.values())
+
+    def can_scale_to_zero(self) -> bool:
+        """No call waits or runs here, no reservation holds it, no pin holds a block."""
+        return self.idle and not self.admission.held and self.slots.can_scale_to_zero()
+
+    def scale_to_zero(self) -> MovePlan:
+        """Give the devices back (``SlotControl.scale_to_zero``): returns the KV demotions
+        to run first. Raises ``InstanceBusy`` (nothing changed) where ``can_scale_to_zero``
+        is False. The next call placed here switches its model in from host or disk."""
+        if not self.can_scale_to_zero():
+            raise InstanceBusy(
+                f"instance {self.spec.name} cannot scale to zero: "
+                f"{len(self.calls.running)} calls running, "
+                f"{sum(map(len, self.calls.waiting.values()))} waiting, "
+                f"{len(self.admission.held)} reservations held"
+            )
+        return self.slots.scale_to_zero().demoted
 
     def _build_step(self, moves: tuple[MovePlan, ...]) -> StepPlan | None:
         model = self.rounds.current

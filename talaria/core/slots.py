@@ -24,6 +24,7 @@ from talaria.config import ModelSpec, PolicyConfig
 from talaria.core.calls import CallTable
 from talaria.core.counters import InstanceCounters
 from talaria.memory.kv import KVManager
+from talaria.memory.kv.types import EvictionResult, KVHeld
 from talaria.memory.weights import ArenaRefused, SwitchPlan, WeightArena
 from talaria.policy.rounds import RoundScheduler, SlotDemand
 from talaria.schedule import Schedule
@@ -44,6 +45,8 @@ class SlotControl:
     release_reservations: Callable[[str | None], None]
     # device blocks lent to the current stage
     stage_blocks: tuple[int, ...] = attrs.field(default=(), init=False)
+    # the instance scaled to zero (``scale_to_zero``) and no switch has woken it since
+    released: bool = attrs.field(default=False, init=False)
 
     def switch_to(self, model: str) -> Schedule:
         """Make ``model`` active: the open slot ends and the arena commits the switch (a
@@ -58,6 +61,7 @@ class SlotControl:
         self.release_reservations(self.rounds.current)
         plan = arena.switch(model)
         self.rounds.end_slot()
+        self.released = False
         self.counters.model_switches += 1
         self.counters.staged_switches += staged
         self.counters.weight_bytes_moved += plan.total_bytes
@@ -81,8 +85,8 @@ class SlotControl:
         it if they suffice, else a part), keeping headroom for the open slot's queue. No
         stage whose read from disk would drop the host copy of a model with work here."""
         arena = self.arena
-        if not self.policy.weight_staging or arena.staging_in_progress is not None:
-            return None
+        if self.released or not self.policy.weight_staging or arena.staging_in_progress is not None:
+            return None  # a scaled-to-zero instance has no device to stage into
         nxt = self.rounds.predict_next(demand)
         if nxt is None or arena.staged_model == nxt:
             return None
@@ -117,6 +121,28 @@ class SlotControl:
             )
         headroom = math.ceil(self.policy.stage_headroom * self.kv.device_blocks)
         return max(0, self.kv.device_free - queued - headroom)
+
+    def can_scale_to_zero(self) -> bool:
+        """Whether no call and no pin holds a device block (a stage's loan may: it is
+        abandoned)."""
+        kv = self.kv
+        return kv.device_free + kv.device_evictable + kv.lent_blocks == kv.device_blocks
+
+    def scale_to_zero(self) -> EvictionResult:
+        """Give the devices back: the stage is abandoned, the KV demoted to the host tier
+        (``KVManager.vacate``: the returned moves run before the devices go), the open slot
+        ends and the weights leave the device (``WeightArena.vacate``). The instance core
+        checks that no call and no reservation holds the instance first. Raises ``KVHeld``
+        (nothing changed) where ``can_scale_to_zero`` is False."""
+        if not self.can_scale_to_zero():
+            raise KVHeld("a call or a pin holds device blocks: the instance is not idle")
+        self.cancel_stage()
+        evicted = self.kv.vacate()
+        self.rounds.end_slot()
+        self.arena.vacate()
+        self.released = True
+        self.counters.scale_to_zero += 1
+        return evicted
 
     def cancel_stage(self) -> None:
         """Abandon staging and give its lent blocks back to the KV pool."""

@@ -392,6 +392,19 @@ class WeightArena:
         self._active = None
         self._changes += 1
 
+    def vacate(self) -> tuple[str, ...]:
+        """Give the device back (the instance scales to zero): every region and the staging
+        area empty, no model active. Host copies stay (host memory is the server's), so a
+        model that has one becomes HOST and one without becomes COLD. Copies nothing (weights
+        are read-only). Returns the models that were in a region, in region order."""
+        left = tuple(m for m in self._regions if m is not None)
+        self._regions = [None] * self.n_regions
+        self._region_of.clear()
+        self._active = None
+        self._staged, self._stage_ready, self._staged_bytes = None, False, 0
+        self._changes += 1
+        return left
+
     def start_stage(self, model: str, nbytes: int | None = None) -> SwitchPlan:
         """Start copying ``nbytes`` of ``model`` (default all) into borrowed device memory;
         commits and returns ``plan_stage``.

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import enum
 import heapq
+import math
 from collections.abc import Callable, Mapping, Sequence
 
 import attrs
@@ -68,6 +69,7 @@ class _Ev(enum.IntEnum):
     STAGE_DONE = 1
     ARRIVE = 2
     WAKE = 3
+    RELEASE = 4  # an idle instance's keep-alive may have run out
 
 
 @attrs.frozen
@@ -139,6 +141,12 @@ class SlotLog:
             self._done.append(attrs.evolve(prev, until_s=now))
         self._open[instance] = SlotRecord(instance, model, now, now, now)
 
+    def released(self, instance: str, now: float) -> None:
+        """The instance scaled to zero: its stretch ends now."""
+        prev = self._open.pop(instance, None)
+        if prev is not None:
+            self._done.append(attrs.evolve(prev, until_s=max(now, prev.open_s)))
+
     def opened(self, instance: str, model: str, now: float) -> None:
         cur = self._open.get(instance)
         if cur is not None and cur.model == model:
@@ -146,9 +154,11 @@ class SlotLog:
 
     def records(self, end_s: float) -> tuple[SlotRecord, ...]:
         """Every stretch in the order the switches began, the open ones closed at
-        ``end_s`` (never before their slot opened)."""
+        ``end_s``, none past it (a scale to zero after the run's last work), none before
+        its slot opened."""
+        done = [attrs.evolve(r, until_s=max(min(r.until_s, end_s), r.open_s)) for r in self._done]
         tail = [attrs.evolve(r, until_s=max(end_s, r.open_s)) for r in self._open.values()]
-        return tuple(sorted(self._done + tail, key=lambda r: (r.switch_s, r.instance)))
+        return tuple(sorted(done + tail, key=lambda r: (r.switch_s, r.instance)))
 
 
 @attrs.frozen
@@ -213,6 +223,7 @@ class _Busy:
     repeat: int = 1
     version: int = 0  # its READY event's; an earlier READY of the instance is stale
     stretch: _Stretch | None = None
+    releasing: bool = False  # the KV demotions of a scale to zero (not work of the run)
 
 
 @attrs.frozen
@@ -257,6 +268,14 @@ class _Run:
         self.stages: dict[str, _StageCopy] = {}
         self.stage_versions = 0
         self.device_busy_s = 0.0  # device-seconds instances were held (serial time x devices)
+        # provisioned stretches of each instance (keep-alive): since its first work or the
+        # work that woke it, until it scaled to zero; clipped to the run at the end
+        self.held_since: dict[str, float | None] = {name: None for name in core.instances}
+        self.held: list[tuple[float, float, int]] = []  # (start, stop, devices)
+        self.demoting: list[tuple[float, float, int]] = []  # scale-to-zero KV demotions
+        self.idle_since: dict[str, float | None] = {name: None for name in core.instances}
+        self.release_pending: set[str] = set()
+        self.end_s = 0.0  # the last event of the run's work (keep-alive's tail excluded)
         self.stretched: dict[str, None] = {}  # instances in a cuttable stretch, in start order
         self.versions = 0
 
@@ -284,31 +303,39 @@ class _Run:
             events += 1
             if events > MAX_EVENTS:
                 raise SimulationError(f"more than {MAX_EVENTS} events: a scheduling livelock")
-            self._dispatch(_Ev(kind), name, idx, on_call_done)
+            if self._dispatch(_Ev(kind), name, idx, on_call_done):
+                self.end_s = t
             if self.stretched and (kind == _Ev.ARRIVE or kind == _Ev.READY):
                 self._cut_changed()
         return self._result(scripts, policy)
 
     def _dispatch(
         self, kind: _Ev, name: str, idx: int, on_call_done: Callable[[int], None] | None
-    ) -> None:
+    ) -> bool:
+        """Handle one event; whether it is part of the run's work (a keep-alive's release
+        after the last session is not)."""
         if kind is _Ev.ARRIVE:
             self._arrive(idx)
         elif kind is _Ev.READY:
             busy = self.busy[name]
             if busy is not None and busy.version == idx:
                 self._ready(name, on_call_done)
+                return not busy.releasing
         elif kind is _Ev.STAGE_DONE:
             stage = self.stages.get(name)
             if stage is None or stage.version != idx:
-                return  # superseded: the stage was re-timed, replaced or abandoned
+                return True  # superseded: the stage was re-timed, replaced or abandoned
             del self.stages[name]
             if self.core.instances[name].arena.staging_in_progress == stage.model:
                 self.core.instances[name].stage_done(stage.model)
             self._kick(name)
+        elif kind is _Ev.RELEASE:
+            self._release(name)
+            return False
         else:
             self.polling.discard(name)
             self._kick(name)
+        return True
 
     # ------------------------------------------------------------------ sessions
     def _arrive(self, sidx: int) -> None:
@@ -366,6 +393,9 @@ class _Run:
         serial *= co_run
         if sched.switch is not None or step is not None or cost.kv_s > 0:
             self.device_busy_s += serial * inst.spec.n_devices
+            self.idle_since[name] = None
+            if self.held_since[name] is None:
+                self.held_since[name] = self.now
         if sched.switch is not None:
             self.slot_log.switch(name, sched.switch.model, self.now)
             self._hold(name, _Busy(sched), serial)
@@ -378,9 +408,51 @@ class _Run:
             self._hold(name, busy, serial)
         elif cost.kv_s > 0:
             self._hold(name, _Busy(), serial)
-        elif self._has_work(inst) and name not in self.polling and not sched.waiting_for_stage:
-            self.polling.add(name)
-            self.push(self.now + IDLE_POLL_S, _Ev.WAKE, name)
+        elif self._has_work(inst):
+            if name not in self.polling and not sched.waiting_for_stage:
+                self.polling.add(name)
+                self.push(self.now + IDLE_POLL_S, _Ev.WAKE, name)
+        elif self.held_since[name] is not None:
+            self._keep_alive(name, inst)
+
+    # ------------------------------------------------------------------ keep-alive
+    def _keep_alive(self, name: str, inst: InstanceCore) -> None:
+        """The provisioned instance has nothing to serve: arm its release (once)."""
+        since = self.idle_since[name]
+        if since is None:
+            since = self.idle_since[name] = self.now
+        if name in self.release_pending:
+            return
+        at = inst.release_at(since, self.now)
+        if at < math.inf:
+            self.release_pending.add(name)
+            self.push(max(at, self.now), _Ev.RELEASE, name)
+
+    def _release(self, name: str) -> None:
+        """A keep-alive may have run out: scale the instance to zero if it still has nothing
+        to serve and its policy says so now (else re-arm for the time it says)."""
+        self.release_pending.discard(name)
+        inst = self.core.instances[name]
+        since, start = self.idle_since[name], self.held_since[name]
+        if self.busy[name] is not None or since is None or start is None or not inst.idle:
+            return  # it found work: the next time it runs out of work re-arms the release
+        at = inst.release_at(since, self.now)
+        if at > self.now:
+            self._keep_alive(name, inst)
+            return
+        if not inst.can_scale_to_zero():
+            return
+        plan = inst.scale_to_zero()
+        self.stages.pop(name, None)  # the stage was abandoned with the device
+        self.slot_log.released(name, self.now)
+        serial = moves_s(inst.estimator, [plan])
+        self.kv_moved += plan.nbytes
+        devices = inst.spec.n_devices
+        self.demoting.append((self.now, self.now + serial, devices))
+        self.held.append((start, self.now + serial, devices))
+        self.held_since[name] = self.idle_since[name] = None
+        if serial > 0:
+            self._hold(name, _Busy(releasing=True), serial)
 
     def _hold(self, name: str, busy: _Busy, serial_s: float) -> None:
         """The instance is busy with ``busy`` for ``serial_s`` seconds from now."""
@@ -594,14 +666,32 @@ class _Run:
             tuple(self.records),
             sessions,
             self._counters(),
-            self.now,
-            self.slot_log.records(self.now),
+            self.end_s,
+            self.slot_log.records(self.end_s),
         )
 
     def _counters(self) -> dict[str, int]:
         out = cluster_counters(self.core.instances.values(), self.kv_moved)
-        out["device_busy_ms"] = round(self.device_busy_s * 1000)
+        busy = self.device_busy_s + self._within_run(self.demoting)
+        out["device_busy_ms"] = round(busy * 1000)
+        out["device_held_ms"] = round(self._device_held_s() * 1000)
         return out
+
+    def _device_held_s(self) -> float:
+        """Device-seconds the instances were provisioned within the run (until its last
+        work): from each one's first work, or the work that woke it, to its scale to zero."""
+        still = [
+            (start, self.end_s, self.core.instances[name].spec.n_devices)
+            for name, start in self.held_since.items()
+            if start is not None
+        ]
+        return self._within_run(self.held + still)
+
+    def _within_run(self, spans: Sequence[tuple[float, float, int]]) -> float:
+        """Device-seconds of ``(start, stop, devices)`` spans up to the run's last work (a
+        scale to zero after it is outside the run, for every policy alike)."""
+        end = self.end_s
+        return sum(max(0.0, min(stop, end) - start) * devices for start, stop, devices in spans)
 
 
 def record_of(req: Request, instance: str) -> CallRecord:

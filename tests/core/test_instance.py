@@ -17,12 +17,12 @@ import pytest
 
 from talaria.config import ClusterConfig, InstanceSpec, ModelSpec, PolicyConfig
 from talaria.core.cluster import ClusterCore
-from talaria.core.instance import InstanceCore
+from talaria.core.instance import InstanceBusy, InstanceCore
 from talaria.errors import ConfigError, ContextTooLong, UnknownModel, UnknownSession
 from talaria.memory.kv import SessionKV
 from talaria.policy.baselines import POLICIES
 from talaria.schedule import Request, Schedule
-from talaria.types import DEFAULT_TENANT, Call, EventKind, Link, SessionKey, TokenSeq
+from talaria.types import DEFAULT_TENANT, Call, EventKind, Link, Residency, SessionKey, TokenSeq
 from tests.helpers import RoundNumberEstimator as FakeEstimator
 from tests.helpers import examples, tiny_spec
 
@@ -745,3 +745,83 @@ def test_more_weight_regions_than_device_memory_holds_is_a_config_error() -> Non
         ClusterConfig([model("A"), model("B")], [spec])
     with pytest.raises(ConfigError, match="weight_regions"):
         attrs.evolve(spec, weight_regions=0)
+
+
+# ---------------------------------------------------------------------------- keep-alive
+
+
+def test_keep_alive_outlasts_reservations_then_the_instance_gives_its_device_back() -> None:
+    policy = attrs.evolve(
+        TALARIA, keep_alive_s=5.0, reservation_horizon_s=10.0, reservation_max_hold_s=120.0
+    )
+    inst = core(policy, device_blocks=10, host_blocks=16)
+    d = Driver(inst)
+    s1 = finish_first_call(d, "s1", 16, 4)  # 20 tokens of KV: 5 blocks, reserved
+    assert s1.finished_s is not None
+    idle_since = s1.finished_s
+    deadline = inst.admission.held[S1].deadline_s
+    assert deadline == idle_since + 120.0  # the hold, longer than the keep-alive
+    assert inst.release_at(idle_since, idle_since) == deadline
+    d.now = deadline - 0.1
+    assert inst.release_at(idle_since, d.now) == deadline
+    assert not inst.can_scale_to_zero()
+    before = (inst.arena.residency("A"), inst.kv.session_kv(S1), dict(inst.admission.held))
+    with pytest.raises(InstanceBusy):
+        inst.scale_to_zero()
+    assert (inst.arena.residency("A"), inst.kv.session_kv(S1), dict(inst.admission.held)) == (
+        before
+    )
+
+    d.now = deadline  # the reservation ends: the keep-alive (5 s) ran out long ago
+    assert inst.release_at(idle_since, d.now) == idle_since + 5.0
+    assert inst.can_scale_to_zero()
+    plan = inst.scale_to_zero()
+    assert plan.link is Link.DEVICE_TO_HOST and len(plan) == 5
+    assert inst.released and inst.counters.scale_to_zero == 1
+    assert inst.arena.residency("A") is Residency.HOST and inst.rounds.slot is None
+    assert inst.kv.session_kv(S1) == SessionKV(0, 20, 20)  # on host, restorable
+    assert inst.kv.device_free == inst.kv.device_blocks
+    sched = d.step()
+    assert sched.idle and sched.stage is None  # nothing is staged into a device it gave back
+    inst.check_integrity()
+
+    again = d.submit("s1", 1, next_prompt(s1, 4), out=4, known=20)
+    sched = d.step()
+    assert sched.switch is not None and sched.switch.bytes_by_link == {Link.HOST_TO_DEVICE: 1000}
+    assert not inst.released
+    d.run()
+    assert (again.reused_tokens, again.restored_tokens, again.recomputed_tokens) == (0, 20, 0)
+
+
+@pytest.mark.parametrize(
+    ("keep_alive_s", "expected"), [(0.0, 3.0), (7.5, 10.5), (math.inf, math.inf)]
+)
+def test_a_per_request_policy_keeps_an_idle_instance_for_its_timer_alone(
+    keep_alive_s: float, expected: float
+) -> None:
+    inst = core(attrs.evolve(POLICIES["serverless"], keep_alive_s=keep_alive_s))
+    d = Driver(inst)
+    finish_first_call(d, "s1", 16, 4)
+    assert not inst.admission.held
+    assert inst.release_at(3.0, 3.0) == expected
+    assert inst.can_scale_to_zero()
+
+
+def test_an_instance_that_gave_its_device_back_stages_nothing_until_a_call_wakes_it() -> None:
+    policy = attrs.evolve(TALARIA, keep_alive_s=0.0, soft_reservations=False)
+    inst = InstanceCore(
+        instance_spec(policy, 2, 32, 16), [model(m) for m in "AB"], policy, FakeEstimator()
+    )
+    d = Driver(inst)
+    for session in ("A1", "B1"):
+        d.submit(session, 0, TokenSeq(tokens(8)), out=2)
+        d.run()
+    assert inst.arena.staged_model == "A"  # staged while B's slot ran: A1 is in a tool gap
+    inst.scale_to_zero()
+    assert inst.arena.staged_model is None and inst.arena.active_model is None
+    for _ in range(3):
+        assert d.step().stage is None
+    assert inst.arena.staging_in_progress is None and inst.kv.lent_blocks == 0
+    d.submit("B1", 1, TokenSeq(tokens(8)), out=2)
+    d.run()
+    assert not inst.released and inst.arena.residency("B") is Residency.ACTIVE

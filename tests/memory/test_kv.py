@@ -24,6 +24,7 @@ from hypothesis.stateful import (
 from talaria.config import Eviction
 from talaria.errors import BadRequest, OutOfBlocks
 from talaria.memory.kv import KVManager, PrefixMatch, SessionKV
+from talaria.memory.kv.types import KVHeld
 from talaria.types import Link, TokenSeq
 from tests.helpers import examples
 
@@ -509,6 +510,46 @@ def test_lent_blocks_are_neither_free_nor_evictable_until_returned() -> None:
     kv.check_integrity()
 
 
+def test_vacate_demotes_every_device_block_and_refuses_while_one_is_held() -> None:
+    kv = make(device=8, host=6)
+    history_a, _ = run_call(kv, "a", 0, seq(16), extra=0, now=1.0)  # device 0-3
+    kv.allocate(("b", 0), "m", "t", seq(8, start=1000), 0, now=2.0)  # device 4, 5: running
+    kv.lend(1)
+    assert not kv.can_vacate()
+    before = snapshot(kv)
+    with pytest.raises(KVHeld):
+        kv.vacate()
+    assert snapshot(kv) == before
+    kv.finish(("b", 0), seq(8, start=1000), now=2.0)
+    assert not kv.can_vacate()  # the loan still holds block 6
+    assert kv.return_lent() == 1
+    kv.pin("a")
+    assert not kv.can_vacate()  # a pin holds a's blocks
+    kv.unpin("a")
+    assert kv.can_vacate()
+    # six host blocks for six device blocks, nothing dropped: in eviction order, the least
+    # recent session (a) first, each tail first
+    result = kv.vacate()
+    assert result.demoted.link is Link.DEVICE_TO_HOST
+    assert result.demoted.moves == ((3, 0), (2, 1), (1, 2), (0, 3), (5, 4), (4, 5))
+    assert result.dropped_blocks == 0
+    assert (kv.device_free, kv.device_evictable, kv.host_free) == (8, 0, 0)
+    assert kv.session_kv("a") == SessionKV(0, 16, 16)
+    assert cached(kv, "m", "t", history_a) == PrefixMatch(16, 0, 16, 4)
+    assert kv.vacate().demoted.moves == ()  # an empty device: nothing to do
+    kv.check_integrity()
+
+
+def test_vacate_drops_what_host_cannot_hold_and_charges_the_sessions() -> None:
+    kv = make(device=8, host=2)
+    run_call(kv, "a", 0, seq(16), extra=0, now=1.0)
+    result = kv.vacate()
+    assert (len(result.demoted.moves), result.dropped_blocks) == (2, 2)
+    assert kv.session_kv("a") == SessionKV(0, 8, 16)  # the prefix stays, the tail is gone
+    assert kv.dropped_tokens("a") == 8
+    kv.check_integrity()
+
+
 def test_set_priority_of_unknown_session_is_ignored() -> None:
     kv = make()
     before = snapshot(kv)
@@ -822,6 +863,23 @@ class KVMachine(RuleBasedStateMachine):
         lent, free = self.kv.lent_blocks, self.kv.device_free
         assert self.kv.return_lent() == lent
         assert self.kv.device_free == free + lent and self.kv.lent_blocks == 0
+
+    @rule()
+    def vacate(self) -> None:
+        kv = self.kv
+        if not kv.can_vacate():
+            before = snapshot(kv)
+            with pytest.raises(KVHeld):
+                kv.vacate()
+            assert snapshot(kv) == before
+            return
+        evictable, host_free = kv.device_evictable, kv.host_free
+        result = kv.vacate()
+        assert kv.device_free == kv.device_blocks and kv.device_evictable == 0
+        assert len(result.demoted.moves) + result.dropped_blocks >= evictable
+        assert len(result.demoted.moves) <= evictable
+        if evictable <= host_free:
+            assert result.dropped_blocks == 0 and len(result.demoted.moves) == evictable
 
     @rule(s=session_names)
     def end_session(self, s: str) -> None:

@@ -118,6 +118,27 @@ def test_switch_sequence_keeps_previous_active_resident() -> None:
     w.check_integrity()
 
 
+def test_vacate_empties_the_device_and_keeps_the_host_copies() -> None:
+    w = arena(n_regions=1, host_weight_bytes=200, initially_on_host=("a", "b"))
+    w.switch("a")
+    w.switch("b")  # a leaves the region, keeps its host copy
+    w.start_stage("a")  # a stage in progress goes with the device too
+    assert w.vacate() == ("b",)
+    assert (w.active_model, w.staged_model, w.staging_in_progress, w.staged_bytes) == (
+        None,
+        None,
+        None,
+        0,
+    )
+    assert [w.residency(m) for m in "abc"] == [Residency.HOST, Residency.HOST, Residency.COLD]
+    assert w.plan_switch("b").steps == (CopyStep("b", H2D, 60),)  # back from host only
+    w.switch("c")  # from disk: its host copy drops b's (least recently used)
+    assert w.vacate() == ("c",)
+    assert [w.residency(m) for m in "abc"] == [Residency.HOST, Residency.COLD, Residency.HOST]
+    assert w.vacate() == ()
+    w.check_integrity()
+
+
 def test_region_eviction_is_lru_not_load_order() -> None:
     w = arena(n_regions=2)
     w.switch("a")
@@ -397,6 +418,16 @@ class ArenaMachine(RuleBasedStateMachine):
     def deactivate(self) -> None:
         self.arena.deactivate()
         assert self.arena.active_model is None
+
+    @rule()
+    def vacate(self) -> None:
+        w = self.arena
+        host = {m: w.on_host(m) for m in w.models}
+        placed = tuple(m for m in w.models if w.region_of(m) is not None)
+        assert sorted(w.vacate()) == sorted(placed)
+        for m in w.models:
+            assert w.on_host(m) == host[m]
+            assert w.residency(m) is (Residency.HOST if host[m] else Residency.COLD)
 
     @invariant()
     def consistent(self) -> None:

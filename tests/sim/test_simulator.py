@@ -426,3 +426,48 @@ def test_a_pool_decides_in_stretches_as_stepping_one_step_at_a_time(
             pytest.approx(admitted, abs=1e-9),
             pytest.approx(finished, abs=1e-9),
         )
+
+
+# ---------------------------------------------------------------------------- keep-alive
+
+
+def one_session(hint_s: float | None = None) -> list[SessionScript]:
+    """Three calls of one session with 5 s tools between them."""
+    return [script("s0", "A", 0.0, 3, first=64, growth=16, out=8, tool_s=5.0, hint_s=hint_s)]
+
+
+def test_a_keep_alive_timer_gives_the_device_back_between_calls_and_pays_reloads() -> None:
+    timer = attrs.evolve(POLICIES["serverless"], keep_alive_s=1.0)
+    result, core = simulate(TINY, timer, TINY_ESTIMATORS, one_session())
+    check_conservation(result, core, one_session())
+    kept, _ = simulate(TINY, POLICIES["serverless"], TINY_ESTIMATORS, one_session())
+    c = result.counters
+    # each 5 s tool outlasts the 1 s timer: the instance scales to zero after every call,
+    # and every call after the first switches its weights in again and restores its KV
+    assert (c["scale_to_zero"], c["model_switches"]) == (3, 3)
+    assert [r.reused_tokens for r in result.calls] == [0, 0, 0]
+    assert [r.restored_tokens for r in result.calls] == [0, 72, 96]
+    assert [r.reused_tokens for r in kept.calls] == [0, 72, 96]
+    # held: each call's time plus the timer after the first two (the third's release comes
+    # after the run's last work); demotions of a few blocks take under a microsecond here
+    latencies = sum(r.latency_s for r in result.calls)
+    assert c["device_held_ms"] == round(1000 * (latencies + 2 * 1.0))
+    assert kept.counters["device_held_ms"] == round(1000 * kept.end_s)  # never released
+    assert kept.counters["scale_to_zero"] == 0
+    assert [s.until_s for s in result.slots] == pytest.approx(
+        [result.calls[0].finish_s + 1.0, result.calls[1].finish_s + 1.0, result.end_s], abs=1e-6
+    )
+    assert result.end_s == result.calls[-1].finish_s
+
+
+def test_a_reservation_keeps_the_instance_through_the_gap_its_session_comes_back_from() -> None:
+    """Talaria with no timer at all (0 s) holds the instance while the hinted session is
+    expected back, so its KV stays on device; it gives the device back once the session
+    ended and nothing else is reserved."""
+    policy = attrs.evolve(POLICIES["talaria"], keep_alive_s=0.0)
+    result, core = simulate(TINY, policy, TINY_ESTIMATORS, one_session(hint_s=5.0))
+    check_conservation(result, core, one_session(hint_s=5.0))
+    c = result.counters
+    assert (c["scale_to_zero"], c["model_switches"], c["reservations_made"]) == (1, 1, 3)
+    assert [r.reused_tokens for r in result.calls] == [0, 72, 96]
+    assert c["device_held_ms"] == round(1000 * result.end_s)

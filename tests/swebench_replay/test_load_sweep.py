@@ -39,6 +39,7 @@ def _point(rate: float, p95s: list[float]) -> dict[str, object]:
             "goodput_sessions_per_h": 10.0,
             "slo_met_share": 1.0,
             "device_busy_s_per_session": 5.0,
+            "device_held_s_per_session": 7.0,
         }
         for p in p95s
     ]
@@ -126,6 +127,8 @@ def test_load_command_end_to_end(tmp_path: Path) -> None:
         "--rates",
         "0.01,0.2",
         "--no-tune",
+        "--keep-alive",
+        "0",
     ]
     argv += ["--policies", "talaria,least-loaded", "--out", str(out)]
     assert main(argv) == 0
@@ -137,9 +140,13 @@ def test_load_command_end_to_end(tmp_path: Path) -> None:
         for p in entry["points"]:
             assert p["sessions"] == 1 and p["sct_p95_s"] >= p["sct_p50_s"] > 0
             assert 0 <= p["slo_met_share"] <= 1 and p["device_busy_s_per_session"] > 0
-            assert p["device_provisioned_s_per_session"] >= p["device_busy_s_per_session"]
+            assert p["device_provisioned_s_per_session"] >= p["device_held_s_per_session"]
+            assert p["device_held_s_per_session"] >= p["device_busy_s_per_session"]
             assert p["intervals"]["sct_p95_s"]["value"] == p["sct_p95_s"]
     assert doc["isolated_s"] and all(v > 0 for v in doc["isolated_s"].values())
+    # no timer: least-loaded gives an instance back in every tool gap
+    assert doc["keep_alive_s"] == 0.0
+    assert all(p["scale_to_zero_per_h"] > 0 for p in doc["policies"]["least-loaded"]["points"])
 
 
 @pytest.mark.parametrize(

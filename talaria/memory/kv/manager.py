@@ -24,6 +24,7 @@ from talaria.memory.kv.types import (
     CallKey,
     EvictionResult,
     KVCounters,
+    KVHeld,
     KVIntegrityError,
     MovePlan,
     PrefixMatch,
@@ -412,6 +413,28 @@ class KVManager:
     def return_lent(self) -> int:
         """Take back every lent block; returns how many."""
         return self._pool.return_lent()
+
+    def can_vacate(self) -> bool:
+        """Whether ``vacate`` may run: no call allocated, no pin, no loan (every device block
+        is free or evictable)."""
+        pool = self._pool
+        return (
+            not self._calls
+            and not pool.lent
+            and pool.device_free + pool.device_evictable == (pool.device_blocks)
+        )
+
+    def vacate(self) -> EvictionResult:
+        """Empty the device tier (the instance scales to zero): every cached device block is
+        demoted to host, least valuable first, and dropped where host is short (as eviction
+        does), so sessions keep what host holds. Raises ``KVHeld`` (state unchanged) where
+        ``can_vacate`` would say no."""
+        if not self.can_vacate():
+            raise KVHeld(
+                f"{len(self._calls)} calls, {len(self._pool.lent)} lent blocks and pins hold "
+                f"device blocks: {self.device_blocks - self.device_available} held"
+            )
+        return self._make_room(self.device_evictable)
 
     def end_session(self, session: SessionKey) -> bool:
         """Forget the session's table; its blocks become orphans (evicted first).

@@ -19,6 +19,13 @@ class KVIntegrityError(TalariaError, RuntimeError):
     """The block accounting broke an invariant (a bug, never bad input)."""
 
 
+class KVHeld(TalariaError, RuntimeError):
+    """``vacate`` while a call, a pin or a loan still holds device blocks (a caller skipped
+    ``can_vacate``)."""
+
+    code = "kv_held"
+
+
 def expect_invariant(ok: bool, what: str) -> None:
     """Raise ``KVIntegrityError(what)`` unless ``ok`` (the integrity checks' one test)."""
     if not ok:

@@ -1,0 +1,200 @@
+"""What keep-alive costs and saves on the serverless pool of ``talaria load``, in the simulator.
+
+An instance with nothing to serve stays provisioned for ``keep_alive_s`` seconds, then
+scales to zero (``talaria.policy.keep_alive``): its devices go back, its weights leave the
+device and its KV is demoted to the host tier; the next call there loads its model again
+from host or disk. A per-request policy has only that timer. Talaria also keeps an instance
+while it holds a soft reservation (a session it expects back soon); ``talaria-no-reserve``
+is talaria without reservations, so the difference between the two is what the
+reservations add to keep-alive.
+
+For each policy, keep-alive and rate, the test part's arrivals of each seed run on the pool
+(the same arrivals as ``talaria load``'s); the table and the plot set device-seconds *held*
+per session (what a serverless pool pays for) against SCT p50 / p95. The policies' latency
+knobs come from a ``talaria load`` result tuned on the tune part (``--tuned``; tuned there
+with instances never scaling to zero); ``talaria-no-reserve`` takes talaria's knobs where
+the result has none of its own. Keep-alive is not tuned: the curve is the result.
+
+    python benchmarks/keep_alive.py --jobs 2 --out docs/results/keep-alive
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+from rich.console import Console
+from rich.table import Table
+
+from talaria.errors import BadRequest
+from talaria.policy.baselines import POLICIES
+from talaria.policy.knobs import with_knobs
+from talaria.sim.pool_catalog import pool_catalog
+from talaria.swebench_replay import load_sweep as ls
+from talaria.swebench_replay.split import Part
+
+DEFAULT_TUNED = Path("docs/results/load-sweep-hold/load.json")
+KEYS = (
+    "sct_p50_s",
+    "sct_p95_s",
+    "device_held_s_per_session",
+    "device_busy_s_per_session",
+    "scale_to_zero_per_h",
+    "cold_starts_per_h",
+    "slo_met_share",
+)
+
+
+def tuned_knobs(
+    path: Path, names: Sequence[str], setting: ls.LoadSetting
+) -> dict[str, dict[str, float]]:
+    """Each policy's knobs from a tuned ``talaria load`` result for the same pool and
+    points (talaria's for ``talaria-no-reserve`` where it has none); ``BadRequest`` if it
+    was not tuned on the tune part or ran another setting."""
+    doc = json.loads(path.read_text())
+    tuning = doc.get("tuning", {})
+    if not tuning.get("tuned") or tuning.get("part") != Part.TUNE.value:
+        raise BadRequest(f"{path} was not tuned on the tune part: run talaria load first")
+    ran = (doc["instances"], doc["workload"]["sessions_per_rate"])
+    if ran != (setting.n_instances, setting.sessions):
+        raise BadRequest(
+            f"{path} was tuned on {ran[0]} instances and {ran[1]} sessions a point; "
+            "pass the same --instances and --sessions"
+        )
+    found = tuning["policies"]
+    out = {}
+    for name in names:
+        source = name if name in found else "talaria" if name == "talaria-no-reserve" else None
+        if source is None or source not in found:
+            raise BadRequest(f"{path} has no tuned knobs for {name!r}")
+        out[name] = dict(found[source]["knobs"])
+    return out
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    names = [n.strip() for n in args.policies.split(",") if n.strip()]
+    unknown = [n for n in names if n not in POLICIES]
+    if unknown:
+        raise BadRequest(f"unknown policies {unknown}; known: {sorted(POLICIES)}")
+    keep = [float(x) for x in args.keep_alive.split(",")]
+    rates = ls.check_rates([float(x) for x in args.rates.split(",")])
+    seeds = [int(x) for x in args.seeds.split(",")]
+    setting = ls.LoadSetting(pool_catalog(), args.instances, args.sessions)
+    knobs = tuned_knobs(args.tuned, names, setting)
+    started = time.monotonic()
+    isolated = ls.isolated_times(setting, seeds, rates[0], args.jobs)
+    plan = [(n, k, r) for n in names for k in keep for r in rates]
+    jobs = [
+        ls.Job(setting, attrs.evolve(with_knobs(POLICIES[n], knobs[n]), keep_alive_s=k), *rs)
+        for n, k, r in plan
+        for rs in ((Part.TEST, r, s) for s in seeds)
+    ]
+    played = iter(ls.execute_all(ls.play, jobs, args.jobs))
+    points = []
+    for n, k, r in plan:
+        entry = ls.point_metrics([next(played) for _ in seeds], isolated, setting)
+        points.append(
+            {
+                "policy": n,
+                "keep_alive_s": k if math.isfinite(k) else None,
+                "rate_per_s": r,
+                **{key: entry[key] for key in KEYS},
+                "per_seed": [{key: m[key] for key in KEYS} for m in entry["per_seed"]],
+            }
+        )
+    return {
+        "command": "python benchmarks/keep_alive.py " + " ".join(sys.argv[1:]),
+        "substrate": "sim",
+        "instances": args.instances,
+        "sessions_per_point": args.sessions,
+        "seeds": seeds,
+        "part": Part.TEST.value,
+        "knobs": knobs,
+        "tuned_from": str(args.tuned),
+        "points": points,
+        "wall_s": time.monotonic() - started,
+    }
+
+
+def table(doc: dict[str, Any]) -> Table:
+    t = Table(title=f"keep-alive: {doc['instances']} instances, seeds {doc['seeds']}")
+    cols = ("policy", "rate/s", "keep-alive s", "SCT p50", "SCT p95", "held dev-s")
+    for col in (*cols, "busy dev-s", "to zero/h", "cold/h", "in SLO"):
+        t.add_column(col, justify="left" if col == "policy" else "right")
+    for p in doc["points"]:
+        ka = p["keep_alive_s"]
+        t.add_row(
+            p["policy"],
+            f"{p['rate_per_s']:g}",
+            "inf" if ka is None else f"{ka:g}",
+            f"{p['sct_p50_s']:.0f}",
+            f"{p['sct_p95_s']:.0f}",
+            f"{p['device_held_s_per_session']:.0f}",
+            f"{p['device_busy_s_per_session']:.0f}",
+            f"{p['scale_to_zero_per_h']:.0f}",
+            f"{p['cold_starts_per_h']:.0f}",
+            f"{p['slo_met_share']:.0%}",
+        )
+    return t
+
+
+def plot(doc: dict[str, Any], path: Path) -> None:
+    """Held device-seconds per session against SCT p95, a panel per rate, a line per
+    policy through its keep-alive values (labelled)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rates = sorted({p["rate_per_s"] for p in doc["points"]})
+    fig, axes = plt.subplots(1, len(rates), figsize=(6 * len(rates), 4.5), squeeze=False)
+    for ax, rate in zip(axes[0], rates, strict=True):
+        for name in dict.fromkeys(p["policy"] for p in doc["points"]):
+            pts = [p for p in doc["points"] if p["policy"] == name and p["rate_per_s"] == rate]
+            xs = [p["device_held_s_per_session"] for p in pts]
+            ys = [p["sct_p95_s"] for p in pts]
+            ax.plot(xs, ys, marker="o", label=name)
+            for p, x, y in zip(pts, xs, ys, strict=True):
+                ka = p["keep_alive_s"]
+                ax.annotate("inf" if ka is None else f"{ka:g}", (x, y), fontsize=7)
+        ax.set_xlabel("device-seconds held per session")
+        ax.set_ylabel("SCT p95 (s)")
+        ax.set_title(f"{doc['instances']} instances, {rate:g} sessions/s (labels: keep-alive s)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--instances", type=int, default=8)
+    p.add_argument("--sessions", type=int, default=40, help="arrivals per point")
+    p.add_argument("--rates", default="0.05,0.5")
+    p.add_argument("--seeds", default="0,1,2", help="test seeds")
+    p.add_argument("--keep-alive", default="0,10,60,300,inf", help="seconds, a list")
+    p.add_argument("--policies", default="talaria,talaria-no-reserve,serverless")
+    p.add_argument("--tuned", type=Path, default=DEFAULT_TUNED, help="a tuned load.json")
+    p.add_argument("--jobs", type=int, default=1)
+    p.add_argument("--out", type=Path, default=Path("runs/keep-alive"))
+    args = p.parse_args()
+    console = Console(width=150)
+    doc = run(args)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "keep_alive.json").write_text(json.dumps(doc, indent=1) + "\n")
+    plot(doc, args.out / "keep_alive.png")
+    console.print(table(doc))
+    console.print(f"wrote {args.out} in {doc['wall_s']:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
