@@ -143,7 +143,10 @@ def hf_model(config: Any, seed: int) -> Any:
 
 
 def tiny_cluster(
-    device_bytes: int = 2 * MB, instances: int = 1, policy: str = "talaria"
+    device_bytes: int = 2 * MB,
+    instances: int = 1,
+    policy: str = "talaria",
+    keep_alive_s: float = math.inf,
 ) -> EmbeddedCluster:
     """Two tiny random-weight models (Llama, Qwen2) on ``instances`` CPU instances whose
     device budget holds one model's weights and a small KV pool."""
@@ -169,7 +172,9 @@ def tiny_cluster(
         )
         for i in range(instances)
     ]
-    pol = attrs.evolve(POLICIES[policy], slot_max_s=0.5, slot_linger_s=0.05)
+    pol = attrs.evolve(
+        POLICIES[policy], slot_max_s=0.5, slot_linger_s=0.05, keep_alive_s=keep_alive_s
+    )
     return cluster_from_loaded(specs, loaded, pol, torch.float32)
 
 

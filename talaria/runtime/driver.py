@@ -33,6 +33,7 @@ class Driver:
     limiter: anyio.CapacityLimiter = attrs.field(factory=lambda: anyio.CapacityLimiter(1))
     idle: bool = False  # waiting for work (``wait``): a placement plans its next schedule
     planned: Schedule | None = None  # planned at a placement, to run next
+    idle_since: float | None = None  # when its instance last ran out of calls (keep-alive)
 
     async def wait(self, timeout: float) -> None:
         """Wait for ``wake`` (work, an event, a placement) or ``timeout`` seconds."""

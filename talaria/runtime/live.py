@@ -25,6 +25,12 @@ Sessions: a session starts with its first call; ``event(..., END)`` ends it and 
 completion time. Sessions whose clients never send ``end`` expire after ``session_idle_s``
 without a call. A call whose session has one in flight waits for it (calls of one session
 are sequential, as an agent's are).
+
+Keep-alive: an instance with no call asks its core when it scales to zero
+(``InstanceCore.release_at``, the policy's ``keep_alive_s``; never by default); then its KV
+is demoted to host for real and the next call there switches its model in again, as in the
+simulator. The engine keeps its preallocated device memory: on this machine giving it back
+is bookkeeping, the reload and the restore are real.
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream
 
 from talaria.clock import Clock, WallClock
 from talaria.core.cluster import ClusterCore
+from talaria.core.instance import InstanceCore
 from talaria.errors import (
     BadRequest,
     CallFailed,
@@ -486,11 +493,34 @@ class LiveCluster:
                 continue
             self._committed(name, sched, done)
             if sched.empty:
-                await d.wait(IDLE_WAIT_S if inst.idle else IDLE_POLL_S)
+                wait = self._keep_alive(d, inst) if inst.idle else IDLE_POLL_S
+                if wait > 0:
+                    await d.wait(wait)
                 continue
-            d.failures = 0
+            d.failures, d.idle_since = 0, None
             self._timed(name, d, sched, started, elapsed, loop_cpu)
             await anyio.lowlevel.checkpoint()
+
+    def _keep_alive(self, d: Driver, inst: InstanceCore) -> float:
+        """The instance has no call: once its keep-alive runs out (``release_at``) it
+        scales to zero, and its KV demotions run as the next schedule. Returns how long to
+        wait before looking again (0: the demotions are planned)."""
+        now = self.clock.now()
+        if inst.released:
+            return IDLE_WAIT_S
+        if d.idle_since is None:
+            d.idle_since = now
+        at = inst.release_at(d.idle_since, now)
+        if at > now:
+            return min(IDLE_WAIT_S, at - now)
+        if not inst.can_scale_to_zero() or d.planned is not None:
+            return IDLE_WAIT_S
+        demotions = inst.scale_to_zero()
+        d.idle_since = None
+        if not len(demotions):
+            return IDLE_WAIT_S
+        d.planned = Schedule(kv_moves=(demotions,))
+        return 0.0
 
     def _work(self, name: str, sched: Schedule) -> Work:
         """``sched`` as the executor takes it: where it sits, its calls' records, and the

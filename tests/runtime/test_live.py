@@ -535,3 +535,26 @@ async def test_a_call_placed_on_an_idle_instance_is_planned_before_the_next_is_r
             assert isinstance(events[-1], Finished)
         live.check_integrity()
     assert placed == expected
+
+
+async def test_an_idle_instance_scales_to_zero_and_the_next_call_reloads_for_real() -> None:
+    """No timer and no reservations (``serverless``): once its call is answered the instance
+    gives its device back, its KV demoted to host; the session's next call switches the
+    model in again and restores its prefix from host, and answers as a fresh cluster does."""
+    c = tiny_cluster(policy="serverless", keep_alive_s=0.0)
+    inst = c.core.instances["cpu-0"]
+    first = prompt_for(3, n=48)
+    async with live_of(c) as live:
+        ids, _ = await run_call(live, "s", "llama-tiny", first)
+        with anyio.fail_after(10):
+            while not inst.released:
+                await anyio.sleep(0.01)
+        assert inst.counters.scale_to_zero == 1 and inst.arena.active_model is None
+        assert inst.kv.session_kv(sk("s")).device_tokens == 0
+        assert inst.kv.session_kv(sk("s")).host_tokens >= 32
+        second = first.extend(ids).extend([5, 6, 7])
+        ids2, fin = await run_call(live, "s", "llama-tiny", second)
+        assert not inst.released and inst.counters.model_switches == 2
+        assert fin.cached_tokens >= 32  # restored from host, not recomputed
+        live.check_integrity()
+    assert await alone("llama-tiny", second) == ids2
