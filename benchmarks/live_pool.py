@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import shlex
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
+import attrs
 from rich.console import Console
 from rich.table import Table
 
@@ -33,6 +36,7 @@ ROWS = (
     ("TTFT p95 s", "ttft_p95_s"),
     ("cold loads", "cold_loads"),
     ("model switches", "model_switches"),
+    ("scale to zero", "scale_to_zero"),
 )
 
 
@@ -43,13 +47,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rate", type=float, default=0.1, help="arrivals per second (default 0.1)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--policies", default="talaria,serverless")
+    p.add_argument(
+        "--keep-alive",
+        type=float,
+        default=math.inf,
+        help="seconds an idle instance stays provisioned before it scales to zero (default: never)",
+    )
     p.add_argument("--calibration", default="auto", choices=[m.value for m in CalibrationMode])
     p.add_argument("--disk", type=Path, default=None, help="weight files (default: a temp dir)")
     p.add_argument("--out", type=Path, default=Path("runs/live-pool"))
     args = p.parse_args(argv)
     console = Console()
     pool = LivePool(
-        parse_policies(args.policies),
+        tuple(attrs.evolve(p, keep_alive_s=args.keep_alive) for p in parse_policies(args.policies)),
         instances=args.instances,
         sessions=args.sessions,
         rate_per_s=args.rate,
@@ -67,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def table(doc: dict) -> Table:
+def table(doc: dict[str, Any]) -> Table:
     t = Table(title="live pool: measured / simulated (error)")
     t.add_column("figure")
     for name in doc["policies"]:

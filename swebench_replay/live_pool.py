@@ -167,6 +167,7 @@ def _run(
         hooks.done(policy.name, result)
         measured = policy_summary(result) | {
             "cold_loads": int(result.counters.get("cold_loads", 0)),
+            "scale_to_zero": int(result.counters.get("scale_to_zero", 0)),
             "disk_reads": files.reads - reads,
             "disk_bytes_read": files.bytes_read - read_bytes,
             # reads stopped (their copy dropped), switches that waited on a stage's read, and
@@ -180,7 +181,10 @@ def _run(
         policies[policy.name] = {
             "measured": measured,
             "predicted": policy_summary(predicted)
-            | {"cold_loads": int(predicted.counters.get("cold_loads", 0))}
+            | {
+                "cold_loads": int(predicted.counters.get("cold_loads", 0)),
+                "scale_to_zero": int(predicted.counters.get("scale_to_zero", 0)),
+            }
             | _slot_closes(predicted.counters),
             "fidelity": fidelity,
             "step_costs": step_breakdown(steps),  # per step kind: measured vs priced seconds
