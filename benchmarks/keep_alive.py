@@ -25,14 +25,16 @@ import json
 import math
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import attrs
 from rich.console import Console
+from rich.progress import Progress, TaskID
 from rich.table import Table
 
+from talaria.cli_compare import progress_bar
 from talaria.errors import BadRequest
 from talaria.policy.baselines import POLICIES
 from talaria.policy.knobs import with_knobs
@@ -78,7 +80,7 @@ def tuned_knobs(
     return out
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
+def run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
     names = [n.strip() for n in args.policies.split(",") if n.strip()]
     unknown = [n for n in names if n not in POLICIES]
     if unknown:
@@ -88,15 +90,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     seeds = [int(x) for x in args.seeds.split(",")]
     setting = ls.LoadSetting(pool_catalog(), args.instances, args.sessions)
     knobs = tuned_knobs(args.tuned, names, setting)
-    started = time.monotonic()
-    isolated = ls.isolated_times(setting, seeds, rates[0], args.jobs)
     plan = [(n, k, r) for n in names for k in keep for r in rates]
+
     jobs = [
         ls.Job(setting, attrs.evolve(with_knobs(POLICIES[n], knobs[n]), keep_alive_s=k), *rs)
         for n, k, r in plan
         for rs in ((Part.TEST, r, s) for s in seeds)
     ]
-    played = iter(ls.execute_all(ls.play, jobs, args.jobs))
+    started = time.monotonic()
+    with progress_bar(console) as bar:
+        task = bar.add_task("isolated times", total=None)
+        isolated = ls.isolated_times(setting, seeds, rates[0], args.jobs, _tell(bar, task))
+        task = bar.add_task("policies x keep-alive x rates", total=None)
+        played_all = ls.execute_all(ls.play, jobs, args.jobs, _tell(bar, task))
+    played = iter(played_all)
     points = []
     for n, k, r in plan:
         entry = ls.point_metrics([next(played) for _ in seeds], isolated, setting)
@@ -121,6 +128,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "points": points,
         "wall_s": time.monotonic() - started,
     }
+
+
+def _tell(bar: Progress, task: TaskID) -> Callable[[int, int], None]:
+    def tell(done: int, total: int) -> None:
+        bar.update(task, completed=done, total=total)
+
+    return tell
 
 
 def table(doc: dict[str, Any]) -> Table:
@@ -187,7 +201,7 @@ def main() -> int:
     p.add_argument("--out", type=Path, default=Path("runs/keep-alive"))
     args = p.parse_args()
     console = Console(width=150)
-    doc = run(args)
+    doc = run(args, console)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "keep_alive.json").write_text(json.dumps(doc, indent=1) + "\n")
     plot(doc, args.out / "keep_alive.png")
