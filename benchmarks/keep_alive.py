@@ -170,11 +170,13 @@ def plot(doc: dict[str, Any], path: Path) -> None:
     rates = sorted({p["rate_per_s"] for p in doc["points"]})
     fig, axes = plt.subplots(1, len(rates), figsize=(6 * len(rates), 4.5), squeeze=False)
     for ax, rate in zip(axes[0], rates, strict=True):
-        for name in dict.fromkeys(p["policy"] for p in doc["points"]):
+        names = list(dict.fromkeys(p["policy"] for p in doc["points"]))
+        for i, name in enumerate(names):  # the first policy on top, each its own marker
             pts = [p for p in doc["points"] if p["policy"] == name and p["rate_per_s"] == rate]
             xs = [p["device_held_s_per_session"] for p in pts]
             ys = [p["sct_p95_s"] for p in pts]
-            ax.plot(xs, ys, marker="o", label=name)
+            marker, style = "os^vD"[i % 5], ("-", "--", ":")[i % 3]
+            ax.plot(xs, ys, marker=marker, ls=style, label=name, zorder=len(names) - i)
             for p, x, y in zip(pts, xs, ys, strict=True):
                 ka = p["keep_alive_s"]
                 ax.annotate("inf" if ka is None else f"{ka:g}", (x, y), fontsize=7)
