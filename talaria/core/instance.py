@@ -460,6 +460,8 @@ class InstanceCore:
         """When this instance, idle since ``idle_since_s``, scales to zero (the keep-alive
         policy, :mod:`talaria.policy.keep_alive`); infinity: not while things stand. Ends
         the reservations due by ``now`` first (mutates them, as ``schedule`` does)."""
+        if self.policy.keep_alive_s == math.inf:
+            return math.inf  # never: nothing to look at
         self.admitter.expire(now)
         return keep_alive.release_at(self.policy, idle_since_s, self.admission.held.values())
 
