@@ -4,10 +4,11 @@ Serverless pools give an idle instance's devices back after a keep-alive timer, 
 next call there pays a cold start: its model's weights come back from host memory or disk
 and its sessions' KV from the host tier. The timer trades provisioned device-seconds against
 those cold starts. Per-request schedulers know only the timer (``keep_alive_s`` after the
-instance's last work; Continuum's TTL pins, ``ttl-pin``, are reservations too). A session-aware policy also knows which sessions are about to come
-back: a soft reservation (``talaria.policy.admission``) is its bet that a session returns
-within the horizon, so an instance holding one stays provisioned until the reservation ends
-(the session came back, its hold ran out, or its return became unlikely).
+instance's last work; Continuum's TTL pins, ``ttl-pin``, are reservations too). A
+session-aware policy also knows which sessions are about to come back: a soft reservation
+(``talaria.policy.admission``) is its bet that a session returns within the horizon, so an
+instance holding one stays provisioned until the reservation ends (the session came back,
+its hold ran out, or its return became unlikely).
 
 Pure policy: no clock, no state; the instance core asks, the driver (simulator, live loop)
 keeps the time.
