@@ -601,8 +601,8 @@ class InstanceCore:
         """The memory managers' invariants, and this core's own derived state recomputed
         from its tables: per-model running counts and queued prompt tokens, the load, the gap
         index, the memoized estimates, and reservations against KV pins (a held reservation
-        pins its session; a pinned session holds a reservation). Raises RuntimeError naming
-        what disagrees."""
+        pins its session; a pinned session holds a reservation), and an instance scaled to
+        zero holding nothing on the device. Raises RuntimeError naming what disagrees."""
         self.kv.check_integrity()
         self.arena.check_integrity()
         problems = self.calls.problems() + self.tool_gaps.problems()
@@ -614,5 +614,11 @@ class InstanceCore:
                 f"pinned without a reservation: {sorted(pinned - held)}; "
                 f"reserved but not pinned: {sorted(held - pinned)}"
             )
+        if self.released and (
+            self.kv.device_free != self.kv.device_blocks
+            or any(self.arena.region_of(m) is not None for m in self.models)
+            or self.rounds.slot is not None
+        ):
+            problems.append("scaled to zero, yet a model, a slot or a KV block is on the device")
         if problems:
             raise RuntimeError(f"instance {self.spec.name}: " + "; ".join(problems))

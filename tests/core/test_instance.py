@@ -822,6 +822,10 @@ def test_an_instance_that_gave_its_device_back_stages_nothing_until_a_call_wakes
     for _ in range(3):
         assert d.step().stage is None
     assert inst.arena.staging_in_progress is None and inst.kv.lent_blocks == 0
+    inst.arena.switch("A")  # weights on a device given back: the integrity check names it
+    with pytest.raises(RuntimeError, match="scaled to zero"):
+        inst.check_integrity()
+    inst.arena.vacate()
     d.submit("B1", 1, TokenSeq(tokens(8)), out=2)
     d.run()
     assert not inst.released and inst.arena.residency("B") is Residency.ACTIVE
