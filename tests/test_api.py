@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -153,6 +154,12 @@ def test_every_tuned_knob_reads_from_toml_enum_knobs_by_their_text(tmp_path: Pat
         Eviction.LRU,
     )
     assert (policy.slot_starvation_s, policy.slot_preempt_ratio) == (1000.0, 16.0)
+    assert policy.keep_alive_s == math.inf  # instances never scale to zero unless asked
+    path.write_text("[policy]\nkeep_alive_s = 30.0\n")
+    assert TalariaConfig.from_toml(path).policy_config().keep_alive_s == 30.0
+    path.write_text("[policy]\nkeep_alive_s = -1\n")
+    with pytest.raises(ConfigError, match="keep_alive_s must be zero, a positive number or inf"):
+        TalariaConfig.from_toml(path)
     path.write_text('[policy]\nslot_order = "fastest"\n')
     with pytest.raises(ConfigError, match="slot_order must be one of 'round-robin'"):
         TalariaConfig.from_toml(path)
