@@ -13,9 +13,11 @@ For each policy, keep-alive and rate, the test part's arrivals of each seed run 
 per session (what a serverless pool pays for) against SCT p50 / p95. The policies' latency
 knobs come from a ``talaria load`` result tuned on the tune part (``--tuned``; tuned there
 with instances never scaling to zero); ``talaria-no-reserve`` takes talaria's knobs where
-the result has none of its own. Keep-alive is not tuned: the curve is the result.
+the result has none of its own. Keep-alive is not tuned: the curve is the result. A second
+table sets chosen pairs against each other, paired over seeds.
 
     python benchmarks/keep_alive.py --jobs 2 --out docs/results/keep-alive
+    python benchmarks/keep_alive.py --report docs/results/keep-alive/keep_alive.json
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from talaria.policy.knobs import with_knobs
 from talaria.sim.pool_catalog import pool_catalog
 from talaria.swebench_replay import load_sweep as ls
 from talaria.swebench_replay.split import Part
+from talaria.swebench_replay.stats import ratio_interval
 
 DEFAULT_TUNED = Path("docs/results/load-sweep-hold/load.json")
 KEYS = (
@@ -130,6 +133,44 @@ def run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
     }
 
 
+# (policy, keep-alive) pairs set against each other: None is "never"
+PAIRS = (
+    (("talaria", 0.0), ("talaria", None)),
+    (("serverless", 10.0), ("serverless", None)),
+    (("talaria", 0.0), ("talaria-no-reserve", 0.0)),
+    (("talaria", 0.0), ("serverless", 10.0)),
+)
+
+
+def paired(doc: dict[str, Any]) -> Table:
+    """Paired ratios over the seeds (geometric mean and 95% interval of the per-seed ratio,
+    ``ratio_interval``) of held device-seconds and SCT p95, for the ``PAIRS`` the run has."""
+    pts = {(p["policy"], p["keep_alive_s"], p["rate_per_s"]): p for p in doc["points"]}
+    rates = sorted({p["rate_per_s"] for p in doc["points"]})
+    t = Table(title="paired over seeds: first / second (95% interval)")
+    for col in ("first", "second", "rate/s", "held dev-s", "SCT p95"):
+        t.add_column(col, justify="right" if col in ("rate/s",) else "left")
+
+    def cell(a: dict[str, Any], b: dict[str, Any], key: str) -> str:
+        x, y = [s[key] for s in a["per_seed"]], [s[key] for s in b["per_seed"]]
+        if len(x) < 2:
+            return f"{x[0] / y[0]:.2f}"
+        iv = ratio_interval(x, y)
+        return f"{iv.value:.2f} [{iv.low:.2f}, {iv.high:.2f}]"
+
+    def name(side: tuple[str, float | None]) -> str:
+        return f"{side[0]}, " + ("never" if side[1] is None else f"{side[1]:g} s")
+
+    for first, second in PAIRS:
+        for r in rates:
+            a, b = pts.get((*first, r)), pts.get((*second, r))
+            if a is None or b is None:
+                continue
+            held = cell(a, b, "device_held_s_per_session")
+            t.add_row(name(first), name(second), f"{r:g}", held, cell(a, b, "sct_p95_s"))
+    return t
+
+
 def _tell(bar: Progress, task: TaskID) -> Callable[[int, int], None]:
     def tell(done: int, total: int) -> None:
         bar.update(task, completed=done, total=total)
@@ -201,13 +242,22 @@ def main() -> int:
     p.add_argument("--tuned", type=Path, default=DEFAULT_TUNED, help="a tuned load.json")
     p.add_argument("--jobs", type=int, default=1)
     p.add_argument("--out", type=Path, default=Path("runs/keep-alive"))
+    p.add_argument(
+        "--report", type=Path, default=None, help="print the tables of a keep_alive.json, no run"
+    )
     args = p.parse_args()
     console = Console(width=150)
+    if args.report is not None:
+        doc = json.loads(args.report.read_text())
+        console.print(table(doc))
+        console.print(paired(doc))
+        return 0
     doc = run(args, console)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "keep_alive.json").write_text(json.dumps(doc, indent=1) + "\n")
     plot(doc, args.out / "keep_alive.png")
     console.print(table(doc))
+    console.print(paired(doc))
     console.print(f"wrote {args.out} in {doc['wall_s']:.0f} s")
     return 0
 
