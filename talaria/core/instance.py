@@ -466,8 +466,14 @@ class InstanceCore:
         return keep_alive.release_at(self.policy, idle_since_s, self.admission.held.values())
 
     def can_scale_to_zero(self) -> bool:
-        """No call waits or runs here, no reservation holds it, no pin holds a block."""
-        return self.idle and not self.admission.held and self.slots.can_scale_to_zero()
+        """Not at zero already, no call waits or runs here, no reservation holds it, no pin
+        holds a block."""
+        return (
+            not self.released
+            and self.idle
+            and not self.admission.held
+            and self.slots.can_scale_to_zero()
+        )
 
     def scale_to_zero(self) -> MovePlan:
         """Give the devices back (``SlotControl.scale_to_zero``): returns the KV demotions

@@ -274,7 +274,10 @@ class _Run:
         self.held: list[tuple[float, float, int]] = []  # (start, stop, devices)
         self.demoting: list[tuple[float, float, int]] = []  # scale-to-zero KV demotions
         self.idle_since: dict[str, float | None] = {name: None for name in core.instances}
-        self.release_pending: set[str] = set()
+        # per idle provisioned instance: when its RELEASE is due and that event's version
+        self.release_due: dict[str, tuple[float, int]] = {}
+        self.release_versions = 0
+        self.released_stages: set[tuple[str, int]] = set()  # (instance, STAGE_DONE version)
         self.end_s = 0.0  # the last event of the run's work (keep-alive's tail excluded)
         self.stretched: dict[str, None] = {}  # instances in a cuttable stretch, in start order
         self.versions = 0
@@ -323,6 +326,9 @@ class _Run:
                 return not busy.releasing
         elif kind is _Ev.STAGE_DONE:
             stage = self.stages.get(name)
+            if (name, idx) in self.released_stages:
+                self.released_stages.discard((name, idx))
+                return False  # abandoned by a scale to zero: not work of the run
             if stage is None or stage.version != idx:
                 return True  # superseded: the stage was re-timed, replaced or abandoned
             del self.stages[name]
@@ -330,7 +336,10 @@ class _Run:
                 self.core.instances[name].stage_done(stage.model)
             self._kick(name)
         elif kind is _Ev.RELEASE:
-            self._release(name)
+            due = self.release_due.get(name)
+            if due is not None and due[1] == idx:
+                del self.release_due[name]
+                self._release(name)
             return False
         else:
             self.polling.discard(name)
@@ -344,6 +353,8 @@ class _Run:
         call = srun.script.call(srun.next_call, self.now)
         inst, _req, _ = self.core.place(call, sc.output_tokens, sc.history, self.now)
         self._kick(inst.spec.name)
+        if self.release_due:
+            self._recheck_releases()
 
     def _call_done(self, req: Request) -> None:
         sidx = self._session_index(req.call.session_id)
@@ -361,6 +372,8 @@ class _Run:
         else:
             srun.end_s = self.now
             self.core.event(srun.script.key, EventKind.END, None, self.now)
+            if self.release_due:
+                self._recheck_releases()
 
     def _session_index(self, session_id: str) -> int:
         return self.session_index[session_id]
@@ -417,21 +430,30 @@ class _Run:
 
     # ------------------------------------------------------------------ keep-alive
     def _keep_alive(self, name: str, inst: InstanceCore) -> None:
-        """The provisioned instance has nothing to serve: arm its release (once)."""
+        """The provisioned instance has nothing to serve: arm its release for when its
+        policy says, or bring an armed one forward (a reservation here ended early)."""
+        if inst.policy.keep_alive_s == math.inf:
+            return  # never scales to zero
         since = self.idle_since[name]
         if since is None:
             since = self.idle_since[name] = self.now
-        if name in self.release_pending:
-            return
-        at = inst.release_at(since, self.now)
-        if at < math.inf:
-            self.release_pending.add(name)
-            self.push(max(at, self.now), _Ev.RELEASE, name)
+        at = max(inst.release_at(since, self.now), self.now)
+        due = self.release_due.get(name)
+        if at < math.inf and (due is None or at < due[0]):
+            self.release_versions += 1
+            self.release_due[name] = (at, self.release_versions)
+            self.push(at, _Ev.RELEASE, name, self.release_versions)
+
+    def _recheck_releases(self) -> None:
+        """A call was placed or a session ended: reservations elsewhere may have ended with
+        it (the session moved on or left), so an idle instance may be released sooner."""
+        for name in list(self.release_due):
+            if self.busy[name] is None and self.idle_since[name] is not None:
+                self._keep_alive(name, self.core.instances[name])
 
     def _release(self, name: str) -> None:
         """A keep-alive may have run out: scale the instance to zero if it still has nothing
         to serve and its policy says so now (else re-arm for the time it says)."""
-        self.release_pending.discard(name)
         inst = self.core.instances[name]
         since, start = self.idle_since[name], self.held_since[name]
         if self.busy[name] is not None or since is None or start is None or not inst.idle:
@@ -441,9 +463,11 @@ class _Run:
             self._keep_alive(name, inst)
             return
         if not inst.can_scale_to_zero():
-            return
+            raise SimulationError(f"instance {name} is idle and unreserved, yet holds KV blocks")
         plan = inst.scale_to_zero()
-        self.stages.pop(name, None)  # the stage was abandoned with the device
+        stage = self.stages.pop(name, None)  # abandoned with the device
+        if stage is not None:
+            self.released_stages.add((name, stage.version))
         self.slot_log.released(name, self.now)
         serial = moves_s(inst.estimator, [plan])
         self.kv_moved += plan.nbytes

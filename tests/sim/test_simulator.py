@@ -471,3 +471,21 @@ def test_a_reservation_keeps_the_instance_through_the_gap_its_session_comes_back
     assert (c["scale_to_zero"], c["model_switches"], c["reservations_made"]) == (1, 1, 3)
     assert [r.reused_tokens for r in result.calls] == [0, 72, 96]
     assert c["device_held_ms"] == round(1000 * result.end_s)
+
+
+def test_a_reservation_that_ends_early_brings_the_release_forward() -> None:
+    """The session's reservation after its first call holds the instance; its second call
+    ends the session, so nothing is reserved any more: with no timer the instance is given
+    back then, not when that first reservation would have run out (its 60 s hold)."""
+    policy = attrs.evolve(POLICIES["talaria"], keep_alive_s=0.0, reservation_horizon_s=10.0)
+    scripts = [
+        script("s0", "A", 0.0, 2, first=64, growth=16, out=8, tool_s=5.0, hint_s=5.0),
+        script("s1", "A", 200.0, 1, first=64, growth=16, out=8, tool_s=5.0),
+    ]
+    result, core = simulate(TINY, policy, TINY_ESTIMATORS, scripts)
+    check_conservation(result, core, scripts)
+    first = next(r for r in result.sessions if r.session_id == "s0")
+    late = next(r for r in result.calls if r.session_id == "s1")
+    # held through s0 (its gap reserved), given back as it ends, woken by s1 at 200 s
+    assert result.counters["scale_to_zero"] == 2
+    assert result.counters["device_held_ms"] == round(1000 * (first.end_s + late.latency_s))
