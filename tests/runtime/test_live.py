@@ -554,7 +554,8 @@ async def test_an_idle_instance_scales_to_zero_and_the_next_call_reloads_for_rea
         assert inst.kv.session_kv(sk("s")).host_tokens >= 32
         second = first.extend(ids).extend([5, 6, 7])
         ids2, fin = await run_call(live, "s", "llama-tiny", second)
-        assert not inst.released and inst.counters.model_switches == 2
+        # woken by the call (it may scale to zero again at once after it: no timer)
+        assert inst.counters.model_switches == 2 and inst.counters.scale_to_zero >= 1
         assert fin.cached_tokens >= 32  # restored from host, not recomputed
         live.check_integrity()
     assert await alone("llama-tiny", second) == ids2
