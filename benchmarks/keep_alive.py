@@ -14,7 +14,9 @@ per session (what a serverless pool pays for) against SCT p50 / p95. The policie
 knobs come from a ``talaria load`` result tuned on the tune part (``--tuned``; tuned there
 with instances never scaling to zero); ``talaria-no-reserve`` takes talaria's knobs where
 the result has none of its own. Keep-alive is not tuned: the curve is the result. A second
-table sets chosen pairs against each other, paired over seeds.
+table sets chosen pairs against each other, paired over seeds. ``--provision S`` makes a
+woken instance wait ``S`` seconds for its devices before its switch (the simulator's
+keep-alive is otherwise a lower bound on what scaling to zero costs in latency).
 
     python benchmarks/keep_alive.py --jobs 2 --out docs/results/keep-alive
     python benchmarks/keep_alive.py --report docs/results/keep-alive/keep_alive.json
@@ -91,7 +93,9 @@ def run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
     keep = [float(x) for x in args.keep_alive.split(",")]
     rates = ls.check_rates([float(x) for x in args.rates.split(",")])
     seeds = [int(x) for x in args.seeds.split(",")]
-    setting = ls.LoadSetting(pool_catalog(), args.instances, args.sessions)
+    setting = ls.LoadSetting(
+        pool_catalog(), args.instances, args.sessions, provision_s=args.provision
+    )
     knobs = tuned_knobs(args.tuned, names, setting)
     plan = [(n, k, r) for n in names for k in keep for r in rates]
 
@@ -124,6 +128,7 @@ def run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
         "substrate": "sim",
         "instances": args.instances,
         "sessions_per_point": args.sessions,
+        "provision_s": args.provision,
         "seeds": seeds,
         "part": Part.TEST.value,
         "knobs": knobs,
@@ -179,7 +184,9 @@ def _tell(bar: Progress, task: TaskID) -> Callable[[int, int], None]:
 
 
 def table(doc: dict[str, Any]) -> Table:
-    t = Table(title=f"keep-alive: {doc['instances']} instances, seeds {doc['seeds']}")
+    wake = doc.get("provision_s") or 0
+    title = f"keep-alive: {doc['instances']} instances, seeds {doc['seeds']}"
+    t = Table(title=title + (f", {wake:g} s to provision" if wake else ""))
     cols = ("policy", "rate/s", "keep-alive s", "SCT p50", "SCT p95", "held dev-s")
     for col in (*cols, "busy dev-s", "to zero/h", "cold/h", "in SLO"):
         t.add_column(col, justify="left" if col == "policy" else "right")
@@ -239,6 +246,13 @@ def main() -> int:
     p.add_argument("--seeds", default="0,1,2", help="test seeds")
     p.add_argument("--keep-alive", default="0,10,60,300,inf", help="seconds, a list")
     p.add_argument("--policies", default="talaria,talaria-no-reserve,serverless")
+    p.add_argument(
+        "--provision",
+        type=float,
+        default=0.0,
+        help="seconds an instance at zero waits for its devices when work wakes it (a "
+        "process or container start, a device allocation); default 0: at once",
+    )
     p.add_argument("--tuned", type=Path, default=DEFAULT_TUNED, help="a tuned load.json")
     p.add_argument("--jobs", type=int, default=1)
     p.add_argument("--out", type=Path, default=Path("runs/keep-alive"))

@@ -34,6 +34,7 @@ Simulations are independent jobs (:func:`execute_all`, in worker processes when 
 
 from __future__ import annotations
 
+import math
 import multiprocessing
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -44,8 +45,10 @@ from typing import Any, Final
 import attrs
 import numpy as np
 
+from talaria import validators as valid
 from talaria.config import ClusterConfig, PolicyConfig
 from talaria.cost import cluster_estimators
+from talaria.cost.hardware import HardwareProfile, profile
 from talaria.errors import BadRequest, ConfigError
 from talaria.policy.baselines import TALARIA
 from talaria.policy.knobs import best, grid, knobs_of, with_knobs
@@ -91,6 +94,8 @@ class LoadSetting:
     gap_scale: float = 1.0
     hints: bool = True
     slo_factor: float = SLO_FACTOR
+    # seconds an instance that scaled to zero waits for its devices when work wakes it
+    provision_s: float = 0.0
 
     def __attrs_post_init__(self) -> None:
         if isinstance(self.sessions, bool) or not isinstance(self.sessions, int):
@@ -99,11 +104,27 @@ class LoadSetting:
             raise BadRequest(f"a load point needs at least one session, got {self.sessions}")
         if not (isinstance(self.slo_factor, (int, float)) and self.slo_factor >= 1):
             raise BadRequest(f"slo_factor must be a number >= 1, got {self.slo_factor!r}")
+        if not (valid.is_number(self.provision_s) and 0 <= self.provision_s < math.inf):
+            raise BadRequest(f"provision_s must be a finite number >= 0, got {self.provision_s!r}")
         pool_cluster(self.catalog, self.n_instances)  # ConfigError: a model fits no instance
 
     def cluster(self, alone: bool = False) -> ClusterConfig:
         """The pool; ``alone``: one server of it (where isolated times are taken)."""
         return pool_cluster(self.catalog, INSTANCES_PER_SERVER if alone else self.n_instances)
+
+    def hardware(self) -> dict[str, HardwareProfile]:
+        """The pool's hardware profiles where they differ from the shipped ones: with a
+        ``provision_s`` delay (a platform's, swept by the caller, not measured here)."""
+        if self.provision_s == 0:
+            return {}
+        out = {}
+        for name in {i.hardware for i in self.cluster().instances}:
+            shipped = profile(name)
+            why = f"provision_s: {self.provision_s:g} s set by the load sweep (a swept delay)"
+            out[name] = attrs.evolve(
+                shipped, provision_s=self.provision_s, sources=(*shipped.sources, why)
+            )
+        return out
 
     @property
     def devices(self) -> int:
@@ -154,7 +175,8 @@ def play(job: Job) -> Played:
     """Simulate ``job`` (deterministic)."""
     load = open_load(job.setting, job.part, job.rate_per_s, job.seed)
     cluster = job.setting.cluster()
-    sim = Simulator(cluster, job.policy, cluster_estimators(cluster), learner=GapPredictor.default)
+    estimators = cluster_estimators(cluster, job.setting.hardware())
+    sim = Simulator(cluster, job.policy, estimators, learner=GapPredictor.default)
     result = sim.run(load.scripts)
     by = load.by_session
     return Played(

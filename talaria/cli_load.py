@@ -77,6 +77,13 @@ def add_load_parser(sub: Any) -> None:
         help="seconds an idle instance stays provisioned before it scales to zero, for every "
         "policy (a reservation holds it longer); default inf: never",
     )
+    p.add_argument(
+        "--provision",
+        type=float,
+        default=0.0,
+        help="seconds an instance that scaled to zero waits for its devices when work wakes "
+        "it (a process or container start, a device allocation); default 0: at once",
+    )
     p.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
     p.add_argument("--trace", type=Path, default=None, help="traces (default: bundled)")
     p.add_argument("--out", type=Path, default=Path("runs/load"), help="output folder")
@@ -98,7 +105,12 @@ def cmd_load(args: argparse.Namespace, console: Console) -> int:
     started = time.monotonic()
     catalog = pool_catalog(args.models, args.zipf)
     setting = ls.LoadSetting(
-        catalog, args.instances, args.sessions, parse_pattern(args.pattern), args.trace
+        catalog,
+        args.instances,
+        args.sessions,
+        parse_pattern(args.pattern),
+        args.trace,
+        provision_s=args.provision,
     )
     policies = [
         attrs.evolve(p, keep_alive_s=args.keep_alive) for p in parse_policies(args.policies)
@@ -131,6 +143,7 @@ def cmd_load(args: argparse.Namespace, console: Console) -> int:
             "pool_device_memory_bytes": device_memory_bytes(cluster),
         },
         "keep_alive_s": args.keep_alive if math.isfinite(args.keep_alive) else None,
+        "provision_s": args.provision,
         "workload": {
             "pattern": setting.pattern.describe(),
             "sessions_per_rate": args.sessions,

@@ -51,6 +51,9 @@ class RoundNumberEstimator:
     def co_run_slowdown(self) -> None:
         return None
 
+    def provision_s(self) -> float:
+        return 0.0
+
 
 def tiny_spec(name: str, weight_bytes: int = 1000, max_context: int = 131072) -> ModelSpec:
     """``weight_bytes`` of weights (one byte per parameter) and 32 bytes of KV per token."""

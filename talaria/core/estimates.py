@@ -61,6 +61,7 @@ class InstanceEstimates:
     call_work: CallCost  # windowed mean of the same: priced remaining work
     calls_done: Mapping[SessionKey, int]  # each session's calls answered here (read only)
     on_fault: FaultHandler  # isolates a session whose gap reasoning raised in ``demand``
+    released: Callable[[], bool]  # the instance is at zero: a switch waits for devices first
     _switch_memo: tuple[int, dict[str, float]] = attrs.field(init=False, factory=lambda: (-1, {}))
     _bound_memo: tuple[_BoundKey | None, dict[str, tuple[float, float, float]]] = attrs.field(
         init=False, factory=lambda: (None, {})
@@ -163,6 +164,11 @@ class InstanceEstimates:
         arena, est = self.arena, self.estimator
         if arena.active_model == model:
             return 0.0
+        wake = est.provision_s() if self.released() else 0.0
+        return wake + self._copy_s(model)
+
+    def _copy_s(self, model: str) -> float:
+        arena, est = self.arena, self.estimator
         if arena.staging_in_progress == model:
             return est.copy_s(self.models[model].weight_bytes, Link.DEVICE_TO_DEVICE)
         if arena.can_switch(model):

@@ -152,6 +152,7 @@ class InstanceCore:
             call_work=self.call_work,
             calls_done=self._calls_done,
             on_fault=self._session_fault,
+            released=lambda: self.slots.released,
         )
         self.slots = SlotControl(
             policy=self.policy,
@@ -162,6 +163,7 @@ class InstanceCore:
             calls=self.calls,
             counters=self.counters,
             release_reservations=self._release_reservations,
+            provision_s=self.estimator.provision_s(),
         )
         self.admitter = Admitter(
             policy=self.policy,

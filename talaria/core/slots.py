@@ -43,6 +43,8 @@ class SlotControl:
     calls: CallTable
     counters: InstanceCounters
     release_reservations: Callable[[str | None], None]
+    # seconds a switch that wakes the instance from zero waits for its devices
+    provision_s: float = 0.0
     # device blocks lent to the current stage
     stage_blocks: tuple[int, ...] = attrs.field(default=(), init=False)
     # the instance scaled to zero (``scale_to_zero``) and no switch has woken it since
@@ -51,7 +53,8 @@ class SlotControl:
     def switch_to(self, model: str) -> Schedule:
         """Make ``model`` active: the open slot ends and the arena commits the switch (a
         staged copy is used, any other stage is abandoned); the returned schedule carries
-        the copy plan. While ``model`` is still being staged, the schedule says to wait."""
+        the copy plan (after ``provision_s`` where the switch wakes the instance from zero).
+        While ``model`` is still being staged, the schedule says to wait."""
         arena = self.arena
         if arena.staging_in_progress == model:
             return Schedule(waiting_for_stage=True)
@@ -60,6 +63,8 @@ class SlotControl:
             self.cancel_stage()
         self.release_reservations(self.rounds.current)
         plan = arena.switch(model)
+        if self.released and self.provision_s > 0:
+            plan = attrs.evolve(plan, provision_s=self.provision_s)
         self.rounds.end_slot()
         self.released = False
         self.counters.model_switches += 1

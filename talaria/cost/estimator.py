@@ -45,6 +45,11 @@ class Estimator(Protocol):
         """How a weight stage contends with the steps beside it; None: it does not."""
         ...
 
+    def provision_s(self) -> float:
+        """Seconds to get the instance's devices back after it scaled to zero, before a
+        switch can copy (0: at once)."""
+        ...
+
     def co_run_slowdown(self) -> float | None:
         """How many times longer this instance's work takes while another instance of the
         same hardware on its server works; None: instances do not slow each other."""
@@ -107,6 +112,9 @@ class CostModelEstimator:
 
     def co_run_slowdown(self) -> float | None:
         return self.cost.hw.co_run_slowdown
+
+    def provision_s(self) -> float:
+        return self.cost.hw.provision_s or 0.0
 
     def decode_step_s(self, model: str, batch: int, context_tokens: int) -> float:
         """One decode step (memoized with the context rounded up to 1,024 tokens: this is a

@@ -74,6 +74,7 @@ OPTIONAL_FIELDS: Final = (
     "stage_share_beside_steps",
     "step_prices",
     "co_run_slowdown",
+    "provision_s",
 )
 """Numbers a profile may leave None; cited in ``sources`` when set."""
 
@@ -118,6 +119,10 @@ class HardwareProfile:
     ``co_run_slowdown`` (>= 1) is how many times longer an instance's work takes while
     another instance of this profile on the same server works (CPU instances share the
     machine's cores' memory bandwidth and caches); None: instances do not slow each other.
+    ``provision_s`` is how long an instance that scaled to zero waits for its devices when
+    work wakes it (a process or container start, a device allocation), before its switch
+    copies anything; None: at once (the shipped profiles: the delay belongs to the
+    platform, not the server, and a run that models one sets it, cited).
     """
 
     name: str = attrs.field(validator=valid.name)
@@ -153,6 +158,7 @@ class HardwareProfile:
     )
     step_prices: StepPrices | None = None
     co_run_slowdown: float | None = attrs.field(default=None, validator=valid.optional_positive)
+    provision_s: float | None = attrs.field(default=None, validator=valid.optional_positive)
 
     def __attrs_post_init__(self) -> None:
         if not isinstance(self.description, str):

@@ -28,8 +28,9 @@ def moves_s(est: Estimator, moves: Iterable[MovePlan]) -> float:
 
 
 def plan_copy_s(est: Estimator, plan: SwitchPlan) -> float:
-    """Seconds to run a weight switch or stage plan's copies one after another."""
-    return sum(est.copy_s(s.nbytes, s.link) for s in plan.steps)
+    """Seconds to run a weight switch or stage plan: its wait for devices (a switch that
+    wakes an instance at zero), then its copies one after another."""
+    return plan.provision_s + sum(est.copy_s(s.nbytes, s.link) for s in plan.steps)
 
 
 def step_s(est: Estimator, step: StepPlan, repeat: int = 1) -> float:

@@ -32,6 +32,7 @@ from typing import Final
 
 import attrs
 
+from talaria import validators as valid
 from talaria.config import ModelSpec
 from talaria.errors import BadRequest, ConfigError, TalariaError, UnknownModel
 from talaria.types import Link, Residency
@@ -67,6 +68,9 @@ class SwitchPlan:
     (the region's owner, or the previous occupant of the staging area) and ``evicted_to`` its
     residency afterwards (HOST or COLD; nothing is copied back). ``host_drops`` are the host
     copies evicted, least recently used first, to make room for a copy loaded from disk.
+    ``provision_s`` is how long the switch waits for its devices before the first copy: a
+    switch that wakes an instance that scaled to zero (the slot control sets it; the arena's
+    plans have 0).
     """
 
     model: str
@@ -75,6 +79,7 @@ class SwitchPlan:
     evicts: str | None = None
     evicted_to: Residency | None = None
     host_drops: tuple[str, ...] = ()
+    provision_s: float = attrs.field(default=0.0, validator=valid.non_negative)
 
     @property
     def total_bytes(self) -> int:

@@ -403,9 +403,12 @@ class _Run:
         if sched.switch is None and (step is not None or cost.kv_s > 0):
             serial = self._beside_stage(name, inst, cost.kv_s, cost.step_s, moves)
         co_run = self._co_run(name, inst)
-        serial *= co_run
+        # a switch that wakes the instance from zero waits for its devices first: held
+        # (from now), not busy, and not slowed by another instance's work
+        wait = sched.switch.provision_s if sched.switch is not None else 0.0
+        serial = (serial - wait) * co_run + wait
         if sched.switch is not None or step is not None or cost.kv_s > 0:
-            self.device_busy_s += serial * inst.spec.n_devices
+            self.device_busy_s += (serial - wait) * inst.spec.n_devices
             self.idle_since[name] = None
             if self.held_since[name] is None:
                 self.held_since[name] = self.now

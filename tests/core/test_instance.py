@@ -807,6 +807,37 @@ def test_a_per_request_policy_keeps_an_idle_instance_for_its_timer_alone(
     assert inst.can_scale_to_zero()
 
 
+class SlowWake(FakeEstimator):
+    """``FakeEstimator`` on a platform that takes 2 s to give an instance its devices back."""
+
+    def provision_s(self) -> float:
+        return 2.0
+
+
+def test_the_switch_that_wakes_an_instance_waits_for_its_devices_and_the_router_knows() -> None:
+    policy = attrs.evolve(TALARIA, keep_alive_s=0.0, soft_reservations=False)
+    inst = InstanceCore(
+        instance_spec(policy, 2, 32, 16), [model(m) for m in "AB"], policy, SlowWake()
+    )
+    d = Driver(inst)
+    d.submit("A1", 0, TokenSeq(tokens(8)), out=2)
+    first = d.step()
+    assert first.switch is not None and first.switch.provision_s == 0.0  # never at zero
+    d.run()
+    load_s = inst.estimates.switch_s("B")  # from host: no wait while provisioned
+    inst.scale_to_zero()
+    assert inst.estimates.switch_s("A") == pytest.approx(2.0 + load_s)
+    assert inst.estimates.switch_s("B") == pytest.approx(2.0 + load_s)
+    d.submit("B1", 0, TokenSeq(tokens(8)), out=2)
+    woken = d.step()
+    assert woken.switch is not None and woken.switch.provision_s == 2.0
+    d.run()
+    assert inst.estimates.switch_s("A") == pytest.approx(load_s)  # provisioned again
+    d.submit("A1", 1, TokenSeq(tokens(8)), out=2)
+    again = d.step()
+    assert again.switch is not None and again.switch.provision_s == 0.0
+
+
 def test_an_instance_that_gave_its_device_back_stages_nothing_until_a_call_wakes_it() -> None:
     policy = attrs.evolve(TALARIA, keep_alive_s=0.0, soft_reservations=False)
     inst = InstanceCore(

@@ -111,6 +111,9 @@ def test_profile_requires_a_source_for_every_number() -> None:
         make_hw(sources=sources)
     with pytest.raises(ConfigError, match="non-empty"):
         make_hw(sources=(*sources, "disk_Bps: x", "  "))
+    with pytest.raises(ConfigError, match="provision_s"):  # optional, cited where set
+        make_hw(provision_s=30.0)
+    assert make_hw(provision_s=30.0, sources=(*sources, "disk_Bps: x", "provision_s: y"))
 
 
 def test_profiles_mapping_is_read_only_and_lookup_names_known_profiles() -> None:

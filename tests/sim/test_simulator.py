@@ -460,6 +460,30 @@ def test_a_keep_alive_timer_gives_the_device_back_between_calls_and_pays_reloads
     assert result.end_s == result.calls[-1].finish_s
 
 
+class SlowWake(FakeEstimator):
+    """Round-number costs on a platform that takes 2 s to give an instance its devices back."""
+
+    def provision_s(self) -> float:
+        return 2.0
+
+
+def test_a_woken_instance_waits_for_its_devices_held_not_busy() -> None:
+    timer = attrs.evolve(POLICIES["serverless"], keep_alive_s=1.0)
+    fast, _ = simulate(TINY, timer, TINY_ESTIMATORS, one_session())
+    slow, core = simulate(TINY, timer, {"tiny": SlowWake()}, one_session())
+    check_conservation(slow, core, one_session())
+    # the first call's instance was never at zero; the other two wake it: 2 s more each
+    assert [r.latency_s for r in slow.calls] == pytest.approx(
+        [r.latency_s + wait for r, wait in zip(fast.calls, (0.0, 2.0, 2.0), strict=True)]
+    )
+    assert [r.ttft_s for r in slow.calls] == pytest.approx(
+        [r.ttft_s + wait for r, wait in zip(fast.calls, (0.0, 2.0, 2.0), strict=True)]
+    )
+    assert slow.counters["scale_to_zero"] == fast.counters["scale_to_zero"] == 3
+    assert slow.counters["device_held_ms"] == fast.counters["device_held_ms"] + 4000
+    assert slow.counters["device_busy_ms"] == fast.counters["device_busy_ms"]
+
+
 def test_a_reservation_keeps_the_instance_through_the_gap_its_session_comes_back_from() -> None:
     """Talaria with no timer at all (0 s) holds the instance while the hinted session is
     expected back, so its KV stays on device; it gives the device back once the session

@@ -86,6 +86,15 @@ def test_bad_settings_are_refused() -> None:
         LoadSetting(pool_catalog(12), 2, sessions=0)
     with pytest.raises(ConfigError):
         LoadSetting(pool_catalog(12), 3)
+    for bad in (-1.0, float("inf"), float("nan"), "5"):
+        with pytest.raises(BadRequest, match="provision_s"):
+            LoadSetting(pool_catalog(12), 2, provision_s=bad)  # type: ignore[arg-type]
+
+
+def test_a_provisioning_delay_reaches_the_pool_profile_with_its_source() -> None:
+    assert LoadSetting(pool_catalog(12), 2).hardware() == {}
+    (hw,) = LoadSetting(pool_catalog(12), 2, provision_s=30.0).hardware().values()
+    assert hw.provision_s == 30.0 and hw.source_of("provision_s")
 
 
 def test_each_result_is_reported_in_order_as_it_comes_in() -> None:
@@ -129,6 +138,8 @@ def test_load_command_end_to_end(tmp_path: Path) -> None:
         "--no-tune",
         "--keep-alive",
         "0",
+        "--provision",
+        "30",
     ]
     argv += ["--policies", "talaria,least-loaded", "--out", str(out)]
     assert main(argv) == 0
@@ -145,12 +156,13 @@ def test_load_command_end_to_end(tmp_path: Path) -> None:
             assert p["intervals"]["sct_p95_s"]["value"] == p["sct_p95_s"]
     assert doc["isolated_s"] and all(v > 0 for v in doc["isolated_s"].values())
     # no timer: least-loaded gives an instance back in every tool gap
-    assert doc["keep_alive_s"] == 0.0
+    assert doc["keep_alive_s"] == 0.0 and doc["provision_s"] == 30.0
     assert all(p["scale_to_zero_per_h"] > 0 for p in doc["policies"]["least-loaded"]["points"])
 
 
 @pytest.mark.parametrize(
-    ("flag", "value"), [("--rates", "0"), ("--rates", "-0.1"), ("--pattern", "weibull")]
+    ("flag", "value"),
+    [("--rates", "0"), ("--rates", "-0.1"), ("--pattern", "weibull"), ("--provision", "-1")],
 )
 def test_load_command_refuses_bad_input(tmp_path: Path, flag: str, value: str) -> None:
     argv = [
