@@ -17,6 +17,7 @@ import pytest
 
 from talaria.config import ClusterConfig, InstanceSpec, ModelSpec, PolicyConfig
 from talaria.core.cluster import ClusterCore
+from talaria.core.instance import InstanceCore
 from talaria.cost import cluster_estimators, pricing
 from talaria.cost.estimator import Estimator
 from talaria.cost.pricing import Price
@@ -29,7 +30,7 @@ from talaria.sim.pool_catalog import pool_catalog
 from talaria.sim.simulator import SimResult, Simulator, _Run
 from talaria.swebench_replay.load_sweep import LoadSetting, open_load
 from talaria.swebench_replay.split import Part
-from talaria.types import ScriptedCall, SessionScript, TokenSeq
+from talaria.types import Call, ScriptedCall, SessionScript, TokenSeq
 from tests.helpers import RoundNumberEstimator as FakeEstimator
 from tests.helpers import tiny_spec
 
@@ -513,3 +514,32 @@ def test_a_reservation_that_ends_early_brings_the_release_forward() -> None:
     # held through s0 (its gap reserved), given back as it ends, woken by s1 at 200 s
     assert result.counters["scale_to_zero"] == 2
     assert result.counters["device_held_ms"] == round(1000 * (first.end_s + late.latency_s))
+
+
+def test_a_session_that_moves_away_ends_its_reservation_and_brings_the_release_forward(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """s0's first call runs on ``tiny``, which then holds its reservation (a 60 s hold);
+    its second call is routed to ``tiny2`` (the router is offered nothing else). With no
+    timer, ``tiny`` is given back as the call moves, not when the hold would run out."""
+    twin = attrs.evolve(TINY.instances[0], name="tiny2")
+    two = attrs.evolve(TINY, instances=(*TINY.instances, twin))
+    estimators = {"tiny": FakeEstimator(), "tiny2": FakeEstimator()}
+    policy = attrs.evolve(POLICIES["talaria"], keep_alive_s=0.0, reservation_horizon_s=10.0)
+    scripts = [script("s0", "A", 0.0, 2, first=64, growth=16, out=8, tool_s=5.0, hint_s=5.0)]
+    offered = ClusterCore._candidates
+
+    def away(self: ClusterCore, call: Call, target_output: int) -> list[InstanceCore]:
+        home = "tiny" if call.index == 0 else "tiny2"
+        return [i for i in offered(self, call, target_output) if i.spec.name == home]
+
+    monkeypatch.setattr(ClusterCore, "_candidates", away)
+    result, core = simulate(two, policy, estimators, scripts)
+    check_conservation(result, core, scripts)
+    first, second = result.calls
+    assert (first.instance, second.instance) == ("tiny", "tiny2")
+    assert result.counters["reservations_made"] >= 1
+    assert result.counters["scale_to_zero"] == 2
+    # tiny is held from its first work until the call moves (its first call's end plus the
+    # 5 s tool), tiny2 from then to the end of the run: no instance idles between them
+    assert result.counters["device_held_ms"] == round(1000 * result.end_s)
