@@ -455,7 +455,8 @@ class InstanceCore:
     # ------------------------------------------------------------------ keep-alive
     @property
     def released(self) -> bool:
-        """Whether the instance scaled to zero and no call has woken it since."""
+        """Whether the instance holds no devices and no call has woken it since: it scaled
+        to zero, or its pool scales to zero (a finite keep-alive) and it was never used."""
         return self.slots.released
 
     def release_at(self, idle_since_s: float, now: float) -> float:

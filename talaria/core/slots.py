@@ -47,8 +47,13 @@ class SlotControl:
     provision_s: float = 0.0
     # device blocks lent to the current stage
     stage_blocks: tuple[int, ...] = attrs.field(default=(), init=False)
-    # the instance scaled to zero (``scale_to_zero``) and no switch has woken it since
-    released: bool = attrs.field(default=False, init=False)
+    # the instance holds no devices and no switch has woken it since: it scaled to zero
+    # (``scale_to_zero``), or it belongs to a pool that scales to zero (a finite keep-alive)
+    # and has not been used yet, so its first switch waits for its devices too
+    released: bool = attrs.field(
+        default=attrs.Factory(lambda self: self.policy.keep_alive_s < math.inf, takes_self=True),
+        init=False,
+    )
 
     def switch_to(self, model: str) -> Schedule:
         """Make ``model`` active: the open slot ends and the arena commits the switch (a

@@ -820,9 +820,11 @@ def test_the_switch_that_wakes_an_instance_waits_for_its_devices_and_the_router_
         instance_spec(policy, 2, 32, 16), [model(m) for m in "AB"], policy, SlowWake()
     )
     d = Driver(inst)
+    assert inst.released  # a pool that scales to zero starts there: no devices held yet
+    assert inst.estimates.switch_s("A") == pytest.approx(2.0 + 1000 / 1e9)
     d.submit("A1", 0, TokenSeq(tokens(8)), out=2)
     first = d.step()
-    assert first.switch is not None and first.switch.provision_s == 0.0  # never at zero
+    assert first.switch is not None and first.switch.provision_s == 2.0
     d.run()
     load_s = inst.estimates.switch_s("B")  # from host: no wait while provisioned
     inst.scale_to_zero()
@@ -836,6 +838,11 @@ def test_the_switch_that_wakes_an_instance_waits_for_its_devices_and_the_router_
     d.submit("A1", 1, TokenSeq(tokens(8)), out=2)
     again = d.step()
     assert again.switch is not None and again.switch.provision_s == 0.0
+    never = InstanceCore(
+        instance_spec(TALARIA, 2, 32, 16), [model(m) for m in "AB"], TALARIA, SlowWake()
+    )
+    assert not never.released  # a pool that never scales to zero starts provisioned
+    assert never.estimates.switch_s("A") == pytest.approx(1000 / 1e9)
 
 
 def test_an_instance_that_gave_its_device_back_stages_nothing_until_a_call_wakes_it() -> None:
