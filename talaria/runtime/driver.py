@@ -34,7 +34,6 @@ class Driver:
     idle: bool = False  # waiting for work (``wait``): a placement plans its next schedule
     planned: Schedule | None = None  # planned at a placement, to run next
     idle_since: float | None = None  # when its instance last ran out of calls (keep-alive)
-    held: bool = False  # it did work since it started or last scaled to zero (keep-alive)
 
     async def wait(self, timeout: float) -> None:
         """Wait for ``wake`` (work, an event, a placement) or ``timeout`` seconds."""

@@ -497,7 +497,7 @@ class LiveCluster:
                 if wait > 0:
                     await d.wait(wait)
                 continue
-            d.failures, d.idle_since, d.held = 0, None, True
+            d.failures, d.idle_since = 0, None
             self._timed(name, d, sched, started, elapsed, loop_cpu)
             await anyio.lowlevel.checkpoint()
 
@@ -506,7 +506,7 @@ class LiveCluster:
         scales to zero, and its KV demotions run as the next schedule. Returns how long to
         wait before looking again (0: the demotions are planned)."""
         now = self.clock.now()
-        if inst.released or not d.held:  # at zero, or never woken: nothing to give back
+        if inst.released:  # at zero (a pool that scales to zero starts there): nothing to give
             return IDLE_WAIT_S
         if d.idle_since is None:
             d.idle_since = now
@@ -516,7 +516,7 @@ class LiveCluster:
         if not inst.can_scale_to_zero() or d.planned is not None:
             return IDLE_WAIT_S
         demotions = inst.scale_to_zero()
-        d.idle_since, d.held = None, False
+        d.idle_since = None
         if not len(demotions):
             return IDLE_WAIT_S
         d.planned = Schedule(kv_moves=(demotions,))
