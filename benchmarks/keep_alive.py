@@ -20,6 +20,7 @@ keep-alive is otherwise a lower bound on what scaling to zero costs in latency).
 
     python benchmarks/keep_alive.py --jobs 2 --out docs/results/keep-alive
     python benchmarks/keep_alive.py --report docs/results/keep-alive/keep_alive.json
+    python benchmarks/keep_alive.py --report after.json --against before.json
 """
 
 from __future__ import annotations
@@ -176,6 +177,33 @@ def paired(doc: dict[str, Any]) -> Table:
     return t
 
 
+def against(doc: dict[str, Any], base: dict[str, Any]) -> Table:
+    """This run's points against the same points (policy, keep-alive, rate) of ``base``
+    (another run on the same seeds: before and after a change), paired over seeds."""
+    if (doc["instances"], doc["seeds"]) != (base["instances"], base["seeds"]):
+        raise BadRequest("--against needs a run on the same instances and seeds")
+    pts = {(p["policy"], p["keep_alive_s"], p["rate_per_s"]): p for p in base["points"]}
+    t = Table(title="this run / the other run, paired over seeds (95% interval)")
+    cols = ("policy", "rate/s", "keep-alive s", "SCT p50", "SCT p95", "held dev-s")
+    for col in cols:
+        t.add_column(col, justify="left" if col == "policy" else "right")
+    for a in doc["points"]:
+        b = pts.get((a["policy"], a["keep_alive_s"], a["rate_per_s"]))
+        if b is None:
+            continue
+        cells = []
+        for key in ("sct_p50_s", "sct_p95_s", "device_held_s_per_session"):
+            x, y = [s[key] for s in a["per_seed"]], [s[key] for s in b["per_seed"]]
+            if len(x) < 2:
+                cells.append(f"{x[0] / y[0]:.2f}")
+                continue
+            iv = ratio_interval(x, y)
+            cells.append(f"{iv.value:.2f} [{iv.low:.2f}, {iv.high:.2f}]")
+        ka = a["keep_alive_s"]
+        t.add_row(a["policy"], f"{a['rate_per_s']:g}", "inf" if ka is None else f"{ka:g}", *cells)
+    return t
+
+
 def _tell(bar: Progress, task: TaskID) -> Callable[[int, int], None]:
     def tell(done: int, total: int) -> None:
         bar.update(task, completed=done, total=total)
@@ -259,12 +287,20 @@ def main() -> int:
     p.add_argument(
         "--report", type=Path, default=None, help="print the tables of a keep_alive.json, no run"
     )
+    p.add_argument(
+        "--against",
+        type=Path,
+        default=None,
+        help="with --report: set its points against another keep_alive.json's (before/after)",
+    )
     args = p.parse_args()
     console = Console(width=150)
     if args.report is not None:
         doc = json.loads(args.report.read_text())
         console.print(table(doc))
         console.print(paired(doc))
+        if args.against is not None:
+            console.print(against(doc, json.loads(args.against.read_text())))
         return 0
     doc = run(args, console)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -250,7 +250,11 @@ class PolicyConfig:
     scales to zero (its devices are given back: the weights leave the device, its KV is
     demoted to the host tier, and the next call there pays a load from host or disk). A
     reservation keeps it provisioned until the reservation ends (``talaria.policy.keep_alive``).
-    Infinity (the default): instances never scale to zero.
+    Infinity (the default): instances never scale to zero. ``wake_shared``: the router
+    charges a call that would wake an instance at zero only its share of the wait for the
+    devices, the wait over the session's expected calls left (the session keeps the instance;
+    ``talaria.policy.router``); off, each call is charged the whole wait, as a per-request
+    router sees it.
     """
 
     name: str = attrs.field(validator=valid.name)
@@ -273,6 +277,7 @@ class PolicyConfig:
     slot_starvation_s: float = attrs.field(default=300.0, validator=valid.positive_or_infinite)
     slot_preempt_ratio: float = attrs.field(default=2.0, validator=valid.positive)
     keep_alive_s: float = attrs.field(default=math.inf, validator=valid.non_negative_or_infinite)
+    wake_shared: bool = True
     max_batch_tokens: int = attrs.field(default=8192, validator=valid.positive_int)
     max_running: int = attrs.field(default=256, validator=valid.positive_int)
     cache_affinity_load_cap: float = attrs.field(default=2.0, validator=valid.positive)

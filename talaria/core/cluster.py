@@ -18,6 +18,7 @@ from talaria.core.instance import InstanceCore
 from talaria.cost.estimator import Estimator
 from talaria.errors import ContextTooLong, Overloaded, UnknownSession
 from talaria.policy.gaps import GapModel
+from talaria.policy.remaining import SessionLengths
 from talaria.policy.router import Decision, search
 from talaria.schedule import Request
 from talaria.types import Call, EventKind, SessionKey, TokenSeq
@@ -89,6 +90,9 @@ class ClusterCore:
             for spec in cluster.instances
         }
         self.sessions: dict[SessionKey, Session] = {}
+        # calls per ended session, all models: a session's expected calls left, over which
+        # the router shares the wake of an instance at zero (``PolicyConfig.wake_shared``)
+        self.lengths = SessionLengths()
         self.decisions = 0
         self._hosts = {
             m.name: [self.instances[i.name] for i in cluster.instances_for(m.name)]
@@ -168,6 +172,7 @@ class ClusterCore:
             last_instance=info.last_instance,
             known_tokens=info.known_tokens,
             expected_output=info.last_output,
+            calls_left=self.lengths.expected_left(info.calls),
         )
 
     def on_finished(self, req: Request) -> None:
@@ -266,6 +271,7 @@ class ClusterCore:
             inst.tool_ended(session, now)
         elif kind is EventKind.END:
             info.ended = True
+            self.lengths.observe(info.calls)
             if inst is not None:
                 inst.end_session(session)
 

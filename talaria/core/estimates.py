@@ -37,6 +37,7 @@ from talaria.types import Call, Link, SessionKey
 
 FaultHandler = Callable[[SessionKey, Exception], None]
 _BoundKey = tuple[int, int, tuple[object, ...]]
+_BoundTerms = tuple[float, float, float, float]
 # Relative slack of a bound that adds the estimate's terms in its own order: far above the
 # rounding of a sum of a few non-negative floats (about 1e-15), far below any real difference.
 _BOUND_SLACK = 1e-12
@@ -63,7 +64,7 @@ class InstanceEstimates:
     on_fault: FaultHandler  # isolates a session whose gap reasoning raised in ``demand``
     released: Callable[[], bool]  # the instance is at zero: a switch waits for devices first
     _switch_memo: tuple[int, dict[str, float]] = attrs.field(init=False, factory=lambda: (-1, {}))
-    _bound_memo: tuple[_BoundKey | None, dict[str, tuple[float, float, float]]] = attrs.field(
+    _bound_memo: tuple[_BoundKey | None, dict[str, _BoundTerms]] = attrs.field(
         init=False, factory=lambda: (None, {})
     )
 
@@ -73,25 +74,29 @@ class InstanceEstimates:
         """The instance's name."""
         return self.spec.name
 
-    def bound_s(self, model: str, expected_output: int) -> float:
-        """A lower bound of the router's estimate for any call of ``model`` here: the
-        estimate of the optimistic view (``optimistic_view``), so it cannot exceed the exact
-        one."""
+    def bound_s(self, model: str, expected_output: int, calls_left: float = 1.0) -> float:
+        """A lower bound of the router's charge (``Estimate.charge_s(calls_left)``) for any
+        call of ``model`` here: the charge of the optimistic view (``optimistic_view``), so
+        it cannot exceed the exact one. Where a wake is shared the sum is taken a relative
+        ``_BOUND_SLACK`` low (the exact charge subtracts the shared part in another order)."""
         terms = self._terms(model)
-        return terms[0] + expected_output * terms[1]
+        bound = terms[0] + expected_output * terms[1]
+        if terms[3] == 0.0 or calls_left <= 1.0:
+            return bound
+        return (bound - terms[3] * (1.0 - 1.0 / calls_left)) * (1.0 - _BOUND_SLACK)
 
-    def prefill_bound_s(self, call: Call, expected_output: int) -> float:
+    def prefill_bound_s(self, call: Call, expected_output: int, calls_left: float = 1.0) -> float:
         """A tighter lower bound for ``call`` itself: ``bound_s`` plus the prefill of the
         whole prompt when no block of its prefix has KV here (device or host), so that its
         exact view's match is empty too; ``bound_s`` where some is cached. The sum is taken a
         relative ``_BOUND_SLACK`` low, so that float rounding (the exact estimate adds the
         same non-negative terms in another order) cannot put it above the exact estimate."""
-        bound = self.bound_s(call.model, expected_output)
+        bound = self.bound_s(call.model, expected_output, calls_left)
         if self.kv.holds_prefix(call.model, call.tenant, call.prompt):
             return bound
         return (bound + call.prompt_tokens / self._terms(call.model)[2]) * (1.0 - _BOUND_SLACK)
 
-    def _terms(self, model: str) -> tuple[float, float, float]:
+    def _terms(self, model: str) -> _BoundTerms:
         """The bound's terms for ``model``, memoized on the tables they read."""
         key: _BoundKey = (self.calls.changes, self.arena.changes, self.rounds.state)
         memo_key, memo = self._bound_memo
@@ -103,11 +108,12 @@ class InstanceEstimates:
             terms = memo[model] = self._bound_terms(model)
         return terms
 
-    def _bound_terms(self, model: str) -> tuple[float, float, float]:
+    def _bound_terms(self, model: str) -> _BoundTerms:
         """The bound is affine in the answer length and, where nothing is cached, in the
-        prompt length: (its value at zero, its slope per answer token, the prefill rate)."""
+        prompt length: (its value at zero, its slope per answer token, the prefill rate, the
+        wake within the value)."""
         view = self.optimistic_view(model)
-        return estimate(view, 0, 0).total_s, view.decode_step_s, view.prefill_tok_s
+        return estimate(view, 0, 0).total_s, view.decode_step_s, view.prefill_tok_s, view.wake_s
 
     def optimistic_view(self, model: str) -> InstanceView:
         """The view of a call of ``model`` that no real call can beat here: nothing to
@@ -147,6 +153,7 @@ class InstanceEstimates:
             decode_step_s=decode_step_s,
             load_tokens=self.calls.load_tokens,
             served_last=served_last,
+            wake_s=self.wake_s(model),
         )
 
     def switch_s(self, model: str) -> float:
@@ -161,11 +168,15 @@ class InstanceEstimates:
         return value
 
     def _switch_s(self, model: str) -> float:
-        arena, est = self.arena, self.estimator
-        if arena.active_model == model:
+        if self.arena.active_model == model:
             return 0.0
-        wake = est.provision_s() if self.released() else 0.0
-        return wake + self._copy_s(model)
+        return self.wake_s(model) + self._copy_s(model)
+
+    def wake_s(self, model: str) -> float:
+        """Of ``switch_s(model)``: the wait for this instance's devices when it is at zero."""
+        if self.arena.active_model == model or not self.released():
+            return 0.0
+        return self.estimator.provision_s()
 
     def _copy_s(self, model: str) -> float:
         arena, est = self.arena, self.estimator

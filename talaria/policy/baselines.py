@@ -71,6 +71,7 @@ _PER_REQUEST = {
     "soft_reservations": False,
     "eviction": Eviction.LRU,
     "slot_linger_s": 0.0,
+    "wake_shared": False,
 }
 
 

@@ -6,7 +6,8 @@ For each instance that may serve the call, the expected completion time is
 
 * ``slot_wait``: until the model's slot admits on that instance (0 if admitting now; under
   the session-aware slot order, the hold of another model's open slot);
-* ``switch``: weight switch or staging cost when the model is not active there;
+* ``switch``: weight switch or staging cost when the model is not active there (on an
+  instance at zero, after its devices are provisioned: ``wake``);
 * ``kv_prep``: restore what is on host (``restore_tokens / restore_tok_s``) plus recompute
   what the session had computed before but is gone there (``recompute_tokens / prefill_tok_s``);
 * ``queue``: work queued ahead of the call for that model;
@@ -14,8 +15,14 @@ For each instance that may serve the call, the expected completion time is
   decode step time.
 
 Model residency, KV locality and instance pressure all land in that one number; the
-breakdown is returned so decisions can be explained and tested. The baselines rank
-differently (``Routing``) but report the same breakdown.
+breakdown is returned so decisions can be explained and tested. One part of it is paid once
+for the rest of the session rather than per call: the wake of an instance at zero (its
+devices provisioned) buys an instance the session keeps, while a slot wait or a shared
+model's switch recurs on its later calls. So ``EXPECTED_COMPLETION`` ranks by the call's
+*charge* (``Estimate.charge_s``): the estimate with the wake shared over the session's
+expected calls left (``calls_left``, learned from ended sessions), where the policy says so
+(``PolicyConfig.wake_shared``); the estimate itself stays the call's expected completion.
+The baselines rank differently (``Routing``) but report the same breakdown.
 
 ``search`` is where a call's instance is chosen: with expected-completion routing it ranks
 the candidates by a lower bound of their estimate (each candidate's estimate of an optimistic
@@ -61,6 +68,7 @@ class InstanceView:
     decode_step_s: float
     load_tokens: int = 0  # tokens queued and running (the load-only view)
     served_last: bool = False  # this instance served the session's previous call
+    wake_s: float = 0.0  # of switch_s: the wait for the devices of an instance at zero
 
 
 @attrs.frozen
@@ -75,10 +83,18 @@ class Estimate:
     restore_tokens: int
     recompute_tokens: int
     new_tokens: int
+    wake_s: float = 0.0  # of switch_s: provisioning an instance at zero
 
     @property
     def total_s(self) -> float:
         return self.slot_wait_s + self.switch_s + self.kv_prep_s + self.queue_s + self.service_s
+
+    def charge_s(self, calls_left: float) -> float:
+        """``total_s`` with the wake shared over ``calls_left`` calls (>= 1; this one
+        included): what the call is charged when the session keeps the woken instance."""
+        if self.wake_s == 0.0 or calls_left <= 1.0:
+            return self.total_s
+        return self.total_s - self.wake_s * (1.0 - 1.0 / calls_left)
 
 
 @attrs.frozen
@@ -115,6 +131,7 @@ def estimate(view: InstanceView, known_tokens: int, expected_output: int) -> Est
         m.host_tokens,
         recompute,
         new,
+        view.wake_s,
     )
 
 
@@ -125,10 +142,12 @@ def route(
     expected_output: int,
     load_cap: float = 2.0,
     load_abs_tokens: int = 8192,
+    calls_left: float = 1.0,
 ) -> Decision:
     """Pick an instance. Ties break by name so decisions are deterministic.
 
-    ``EXPECTED_COMPLETION`` takes the minimum estimate; ``LEAST_LOADED`` the fewest tokens
+    ``EXPECTED_COMPLETION`` takes the minimum charge (the estimate with a wake shared over
+    ``calls_left`` calls; 1: the estimate); ``LEAST_LOADED`` the fewest tokens
     queued and running; ``STICKY`` the instance that served the session last, else least
     loaded; ``CACHE_AFFINITY`` the longest device prefix unless that instance's load exceeds
     ``load_cap`` times the lightest load *and* the lightest load by ``load_abs_tokens``
@@ -145,7 +164,7 @@ def route(
         return min(views, key=lambda v: (v.load_tokens, v.name)).name
 
     if routing is Routing.EXPECTED_COMPLETION:
-        chosen = min(ests, key=lambda e: (e.total_s, e.instance)).instance
+        chosen = min(ests, key=lambda e: (e.charge_s(calls_left), e.instance)).instance
     elif routing is Routing.LEAST_LOADED:
         chosen = least_loaded()
     elif routing is Routing.STICKY:
@@ -176,12 +195,13 @@ class Candidate(Protocol):
     @property
     def name(self) -> str: ...
 
-    def bound_s(self, model: str, expected_output: int) -> float:
-        """At most the estimate of any call of ``model`` with that answer length here."""
+    def bound_s(self, model: str, expected_output: int, calls_left: float = 1.0) -> float:
+        """At most the charge (``Estimate.charge_s(calls_left)``) of any call of ``model``
+        with that answer length here."""
         ...
 
-    def prefill_bound_s(self, call: Call, expected_output: int) -> float:
-        """At most the estimate of ``call`` with that answer length here, at least
+    def prefill_bound_s(self, call: Call, expected_output: int, calls_left: float = 1.0) -> float:
+        """At most the charge of ``call`` with that answer length here, at least
         ``bound_s`` (cheap, not free: it may look up the call's prefix)."""
         ...
 
@@ -197,14 +217,17 @@ def search(
     last_instance: str | None,
     known_tokens: int,
     expected_output: int,
+    calls_left: float = 1.0,
 ) -> Decision:
     """Choose the instance for ``call`` among ``candidates`` (every one can hold it).
 
     ``last_instance`` served the session last; ``known_tokens`` is the session's history the
     last instance computed; ``expected_output`` the answer length expected (the session's
-    last). With ``EXPECTED_COMPLETION`` only the candidates whose bound beats the best exact
-    estimate so far get an exact view (see the module docstring); the decision is the same as
-    ranking them all. The baselines rank every candidate's view.
+    last); ``calls_left`` the session's expected calls left, this one included (a wake is
+    shared over them where ``policy.wake_shared``). With ``EXPECTED_COMPLETION`` only the
+    candidates whose bound beats the best exact charge so far get an exact view (see the
+    module docstring); the decision is the same as ranking them all. The baselines rank every
+    candidate's view.
     """
     if policy.routing is not Routing.EXPECTED_COMPLETION:
         views = [c.view(call, now, c.name == last_instance) for c in candidates]
@@ -216,10 +239,12 @@ def search(
             policy.cache_affinity_load_cap,
             policy.cache_affinity_abs_tokens,
         )
-    # ``route`` takes the least (estimate, name); a candidate can beat the best so far only
-    # if its (bound, name) is below the best's (estimate, name): pop in that order, stop there
+    # ``route`` takes the least (charge, name); a candidate can beat the best so far only
+    # if its (bound, name) is below the best's (charge, name): pop in that order, stop there
+    left = calls_left if policy.wake_shared else 1.0
     bounds = [
-        (c.bound_s(call.model, expected_output), c.name, i, False) for i, c in enumerate(candidates)
+        (c.bound_s(call.model, expected_output, left), c.name, i, False)
+        for i, c in enumerate(candidates)
     ]
     heapq.heapify(bounds)
     exact: list[InstanceView] = []
@@ -228,11 +253,12 @@ def search(
         bound, name, i, tightened = heapq.heappop(bounds)
         cand = candidates[i]
         if not tightened:
-            tight = cand.prefill_bound_s(call, expected_output)
+            tight = cand.prefill_bound_s(call, expected_output, left)
             if tight > bound:  # back in line at the tighter bound
                 heapq.heappush(bounds, (tight, name, i, True))
                 continue
         view = cand.view(call, now, cand.name == last_instance)
         exact.append(view)
-        best = min(best, (estimate(view, known_tokens, expected_output).total_s, view.name))
-    return route(exact, policy.routing, known_tokens, expected_output)
+        charge = estimate(view, known_tokens, expected_output).charge_s(left)
+        best = min(best, (charge, view.name))
+    return route(exact, policy.routing, known_tokens, expected_output, calls_left=left)

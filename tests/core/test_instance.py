@@ -621,14 +621,22 @@ from talaria.policy.router import estimate  # noqa: E402
     probe=st.tuples(st.sampled_from("AB"), st.integers(1, 24), st.integers(1, 40)),
     known=st.integers(0, 30),
     reuse=st.booleans(),
+    left=st.sampled_from([1.0, 11.0]) | st.floats(1.0, 1e4),
+    wake=st.booleans(),
 )
 def test_the_routing_bound_never_exceeds_the_exact_estimate(
-    calls: list[tuple[str, int, int, int]], probe: tuple[str, int, int], known: int, reuse: bool
+    calls: list[tuple[str, int, int, int]],
+    probe: tuple[str, int, int],
+    known: int,
+    reuse: bool,
+    left: float,
+    wake: bool,
 ) -> None:
     """Whatever the instances hold (queued, running, finished and cached sessions), the
-    optimistic view's estimate is at most the exact estimate of any call: the pruning search
-    can never skip the best instance."""
-    cc = cluster_core()
+    optimistic view's charge is at most the exact charge of any call (the estimate with a
+    wake shared over ``left`` calls, on a pool whose instances start at zero where ``wake``):
+    the pruning search can never skip the best instance."""
+    cc = wake_pool(attrs.evolve(TALARIA, keep_alive_s=0.0)) if wake else cluster_core()
     prompts = []
     for i, (m, n, out, steps) in enumerate(calls):
         prompt = TokenSeq(tokens(4 * n))  # whole blocks: a finished prompt is cached in full
@@ -647,9 +655,9 @@ def test_the_routing_bound_never_exceeds_the_exact_estimate(
     call = Call("probe", 0, model, prompt, out)
     for inst in cc.instances.values():
         view = inst.estimates.view(call, 9.0, False)
-        exact = estimate(view, known, out).total_s
-        bound = inst.estimates.prefill_bound_s(call, out)
-        assert inst.estimates.bound_s(model, out) <= bound <= exact
+        exact = estimate(view, known, out).charge_s(left)
+        bound = inst.estimates.prefill_bound_s(call, out, left)
+        assert inst.estimates.bound_s(model, out, left) <= bound <= exact
         if not inst.kv.holds_prefix(model, call.tenant, prompt):  # the bound counts the prefill
             assert view.match.device_tokens == view.match.host_tokens == 0
             at_zero = attrs.evolve(  # the bound leaves out the hold of another model's slot
@@ -657,7 +665,7 @@ def test_the_routing_bound_never_exceeds_the_exact_estimate(
                 decode_step_s=inst.estimates.optimistic_view(model).decode_step_s,
                 slot_wait_s=inst.estimates.slot_wait_s(model),
             )
-            assert bound >= estimate(at_zero, known, out).total_s * (1 - 1e-9)
+            assert bound >= estimate(at_zero, known, out).charge_s(left) * (1 - 1e-9)
     cc.check_integrity()
 
 
@@ -867,3 +875,63 @@ def test_an_instance_that_gave_its_device_back_stages_nothing_until_a_call_wakes
     d.submit("B1", 1, TokenSeq(tokens(8)), out=2)
     d.run()
     assert not inst.released and inst.arena.residency("B") is Residency.ACTIVE
+
+
+class WakeIn5(FakeEstimator):
+    """``FakeEstimator`` on a platform that takes 5 s to give an instance its devices."""
+
+    def provision_s(self) -> float:
+        return 5.0
+
+
+def wake_pool(policy: PolicyConfig) -> ClusterCore:
+    """Two instances that scale to zero (both start there), models A and B, 5 s to wake."""
+    specs = [instance_spec(policy, 2, 32, 16, name=f"i{k}") for k in range(2)]
+    config = ClusterConfig(models=(model("A"), model("B")), instances=specs)
+    return ClusterCore(config, policy, {s.name: WakeIn5() for s in specs})
+
+
+def run_a_on_i0(cc: ClusterCore) -> None:
+    """Wake i0 for a call of A and admit it: A's slot is open there, its call running."""
+    inst, _, _ = cc.place(Call("a", 0, "A", TokenSeq(tokens(8)), 50), 50, None, 0.0)
+    assert inst.spec.name == "i0"
+    sched = inst.schedule(0.0)
+    assert sched.switch is not None and sched.switch.provision_s == 5.0
+    inst.switch_done("A", 5.0)
+    assert inst.schedule(5.0).step is not None
+
+
+def test_the_cluster_learns_calls_per_session_from_the_sessions_that_end() -> None:
+    cc = wake_pool(attrs.evolve(TALARIA, keep_alive_s=0.0))
+    for i in range(3):
+        cc.place(Call("s", i, "A", TokenSeq(tokens(4 + i)), 2), 2, None, float(i))
+    cc.event(SessionKey(DEFAULT_TENANT, "s"), EventKind.END, None, 3.0)
+    assert cc.lengths.n_ended == 1
+    assert cc.lengths.expected_left(0) == 1.0  # too few ended sessions to trust: the prior
+
+
+@pytest.mark.parametrize(("shared", "chosen"), [(True, "i1"), (False, "i0")])
+def test_a_session_expected_back_many_times_wakes_an_instance_rather_than_wait(
+    shared: bool, chosen: str
+) -> None:
+    """A's slot is open on i0; a new session of B either waits there for A's hold and
+    switches (its call done sooner) or wakes i1 (5 s). Sessions here make 11 calls, so the
+    new one is charged an eleventh of the wake and wakes i1; a router that charges the whole wake
+    to one call keeps it on i0. The estimates are the calls' own either way."""
+    policy = attrs.evolve(TALARIA, keep_alive_s=0.0, wake_shared=shared)
+    cc = wake_pool(policy)
+    run_a_on_i0(cc)
+    for _ in range(5):
+        cc.lengths.observe(11)
+    assert cc.lengths.expected_left(0) == 11.0
+    call = Call("b", 0, "B", TokenSeq(tokens(8)), 50)
+    by = {n: estimate(i.estimates.view(call, 5.0, False), 0, 50) for n, i in cc.instances.items()}
+    _, _, d = cc.place(call, 50, None, 5.0)
+    assert d.instance == chosen
+    assert by["i1"].wake_s == 5.0 and by["i1"].switch_s == pytest.approx(5.0, abs=1e-3)
+    i1_service = by["i1"].total_s - by["i1"].switch_s
+    assert by["i1"].charge_s(11.0) == pytest.approx(5.0 / 11 + i1_service, abs=1e-3)
+    assert by["i0"].wake_s == 0.0
+    waits = by["i0"].slot_wait_s + by["i0"].switch_s
+    assert 5.0 / 11 < waits < 5.0  # the hold of A's slot: between the shared and the whole wake
+    assert by["i0"].total_s < by["i1"].total_s

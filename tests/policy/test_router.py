@@ -32,6 +32,7 @@ def view(
     queue_s: float = 0.0,
     load: int = 0,
     served_last: bool = False,
+    wake_s: float = 0.0,
 ) -> InstanceView:
     return InstanceView(
         name=name,
@@ -45,6 +46,7 @@ def view(
         decode_step_s=0.01,
         load_tokens=load,
         served_last=served_last,
+        wake_s=wake_s,
     )
 
 
@@ -203,6 +205,25 @@ def test_startup_time_takes_the_soonest_start_whatever_the_cache() -> None:
     assert route(tie, Routing.STARTUP_TIME, 0, 10).instance == "x"
 
 
+def test_a_wake_is_charged_once_over_the_sessions_calls_left() -> None:
+    """A warm instance 10 s from its slot with a 2 s switch, against one at zero: 30 s to
+    provision plus the same 2 s load. The call itself finishes sooner on the warm one (the
+    estimate); a session expected to make 30 more calls is charged a thirtieth of the wake
+    (2 + 30 / 30 = 3 s) and keeps the instance it woke."""
+    warm = view("a", slot_wait_s=10.0, switch_s=2.0)
+    zero = view("b", switch_s=32.0, wake_s=30.0)
+    service = 10.0 + 100 * 0.01  # the whole prompt's prefill and the answer, on either
+    alone = route([warm, zero], Routing.EXPECTED_COMPLETION, 0, 100)
+    assert alone.instance == "a" and alone.chosen.total_s == pytest.approx(12.0 + service)
+    kept = route([warm, zero], Routing.EXPECTED_COMPLETION, 0, 100, calls_left=30.0)
+    assert kept.instance == "b"
+    assert kept.chosen.total_s == pytest.approx(32.0 + service)  # still the call's estimate
+    assert kept.chosen.charge_s(30.0) == pytest.approx(3.0 + service)
+    assert kept.chosen.charge_s(1.0) == kept.chosen.total_s
+    # a per-request rule sees only this call: the start-up time picks the warm instance
+    assert route([warm, zero], Routing.STARTUP_TIME, 0, 100, calls_left=30.0).instance == "a"
+
+
 def test_single_view_is_chosen_by_every_routing() -> None:
     for routing in Routing:
         assert route([view("only", load=10**9)], routing, 0, 10).instance == "only"
@@ -236,11 +257,13 @@ def _views(draw: st.DrawFn, name: str) -> InstanceView:
     total = draw(st.integers(1, 200_000))
     device = draw(st.integers(0, total))
     host = draw(st.integers(0, total - device))
+    switch_s = draw(_seconds)
     return InstanceView(
         name=name,
         residency=draw(st.sampled_from(list(Residency))),
         slot_wait_s=draw(_seconds),
-        switch_s=draw(_seconds),
+        switch_s=switch_s,
+        wake_s=draw(st.sampled_from([0.0, switch_s]) | st.floats(0.0, switch_s)),
         queue_s=draw(_seconds),
         match=PrefixMatch(total, device, host, 16),
         prefill_tok_s=draw(_rates),
@@ -265,6 +288,25 @@ def test_estimates_are_finite_non_negative_and_account_for_every_token(
 
 
 @settings(max_examples=examples(300), deadline=None)
+@given(
+    v=_views("a"),
+    known=st.integers(0, 10**6),
+    out=st.integers(0, 10**5),
+    left=st.floats(1.0, 1e6),
+    more=st.floats(0.0, 1e6),
+)
+def test_a_charge_is_the_estimate_less_at_most_the_wake_and_falls_with_calls_left(
+    v: InstanceView, known: int, out: int, left: float, more: float
+) -> None:
+    e = estimate(v, known, out)
+    assert e.charge_s(1.0) == e.total_s
+    charge = e.charge_s(left)
+    assert e.total_s - e.wake_s - 1e-9 * e.total_s <= charge <= e.total_s
+    assert e.charge_s(left + more) <= charge
+    assert charge >= 0.0 and math.isfinite(charge)
+
+
+@settings(max_examples=examples(300), deadline=None)
 @given(v=_views("a"), known=st.integers(0, 10**6), out=st.integers(0, 10**5), k=st.integers(0))
 def test_more_kv_on_device_is_never_slower(v: InstanceView, known: int, out: int, k: int) -> None:
     """Turning ``k`` tokens that must be computed into device-cached ones cannot raise the
@@ -283,14 +325,15 @@ def test_more_kv_on_device_is_never_slower(v: InstanceView, known: int, out: int
     routing=st.sampled_from(list(Routing)),
     known=st.integers(0, 10**6),
     out=st.integers(0, 10**4),
+    left=st.sampled_from([1.0]) | st.floats(1.0, 1e4),
 )
 def test_every_rule_picks_a_candidate_and_talaria_picks_the_minimum(
-    vs: tuple[InstanceView, ...], routing: Routing, known: int, out: int
+    vs: tuple[InstanceView, ...], routing: Routing, known: int, out: int, left: float
 ) -> None:
-    d = route(vs, routing, known, out)
+    d = route(vs, routing, known, out, calls_left=left)
     assert d.instance in {v.name for v in vs} and len(d.estimates) == len(vs)
     if routing is Routing.EXPECTED_COMPLETION:
-        assert d.chosen.total_s == min(e.total_s for e in d.estimates)
+        assert d.chosen.charge_s(left) == min(e.charge_s(left) for e in d.estimates)
 
 
 def test_an_unknown_routing_is_refused_not_treated_as_cache_affinity() -> None:
@@ -320,12 +363,14 @@ class _Candidate:
     def name(self) -> str:
         return self.exact.name
 
-    def bound_s(self, model: str, expected_output: int) -> float:
-        return max(0.0, estimate(self.exact, 0, expected_output).total_s - self.slack)
+    def bound_s(self, model: str, expected_output: int, calls_left: float = 1.0) -> float:
+        charge = estimate(self.exact, 0, expected_output).charge_s(calls_left)
+        return max(0.0, charge - self.slack)
 
-    def prefill_bound_s(self, call: Call, expected_output: int) -> float:
-        bound = self.bound_s(call.model, expected_output)
-        return bound + self.tight * (estimate(self.exact, 0, expected_output).total_s - bound)
+    def prefill_bound_s(self, call: Call, expected_output: int, calls_left: float = 1.0) -> float:
+        bound = self.bound_s(call.model, expected_output, calls_left)
+        charge = estimate(self.exact, 0, expected_output).charge_s(calls_left)
+        return bound + self.tight * (charge - bound)
 
     def view(self, call: Call, now: float, served_last: bool) -> InstanceView:
         self.viewed += 1
@@ -341,6 +386,8 @@ class _Candidate:
     routing=st.sampled_from(list(Routing)),
     out=st.integers(1, 10**4),
     last=st.sampled_from([None, "a", "b", "z"]),
+    left=st.sampled_from([1.0]) | st.floats(1.0, 1e4),
+    shared=st.booleans(),
 )
 def test_the_pruned_search_decides_as_ranking_every_view(
     vs: tuple[InstanceView, ...],
@@ -348,16 +395,34 @@ def test_the_pruned_search_decides_as_ranking_every_view(
     routing: Routing,
     out: int,
     last: str | None,
+    left: float,
+    shared: bool,
 ) -> None:
-    """``known_tokens`` is 0 so that each candidate's bound (its estimate at no history, less
-    a slack) is a true lower bound, as the instance's optimistic view guarantees."""
+    """``known_tokens`` is 0 so that each candidate's bound (its charge at no history, less
+    a slack) is a true lower bound, as the instance's optimistic view guarantees. A policy
+    that does not share wakes ranks by the whole estimate whatever the calls left."""
     cands = [_Candidate(v, s) for v, s in zip(vs, slack, strict=False)]
-    policy = PolicyConfig(name="p", routing=routing)
+    policy = PolicyConfig(name="p", routing=routing, wake_shared=shared)
     call = Call("s", 0, "m", TokenSeq((1, 2, 3)), out)
-    d = search(cands, call, 0.0, policy, last_instance=last, known_tokens=0, expected_output=out)
+    d = search(
+        cands,
+        call,
+        0.0,
+        policy,
+        last_instance=last,
+        known_tokens=0,
+        expected_output=out,
+        calls_left=left,
+    )
     every = [attrs.evolve(c.exact, served_last=c.name == last) for c in cands]
     full = route(
-        every, routing, 0, out, policy.cache_affinity_load_cap, policy.cache_affinity_abs_tokens
+        every,
+        routing,
+        0,
+        out,
+        policy.cache_affinity_load_cap,
+        policy.cache_affinity_abs_tokens,
+        calls_left=left if shared else 1.0,
     )
     assert d.instance == full.instance
     assert d.chosen.total_s == full.chosen.total_s
