@@ -167,6 +167,16 @@ def open_load(setting: LoadSetting, part: Part, rate_per_s: float, seed: int) ->
     )
 
 
+def pool_history(setting: LoadSetting, part: Part) -> tuple[int, ...]:
+    """Calls per session the pool has served before a run of ``part``: a test run follows
+    the tune part's sessions (its cluster core starts with their lengths learned, as a pool
+    that has served before would); a tune run has no history."""
+    if part is not Part.TEST:
+        return ()
+    sessions, _ = trace_sessions(setting.trace, Part.TUNE)
+    return tuple(s.n_calls for s in sessions)
+
+
 def _key(d: Draw) -> tuple[str, str]:
     return (f"{d.trace.source}#{d.trace_id}", d.model)
 
@@ -176,7 +186,13 @@ def play(job: Job) -> Played:
     load = open_load(job.setting, job.part, job.rate_per_s, job.seed)
     cluster = job.setting.cluster()
     estimators = cluster_estimators(cluster, job.setting.hardware())
-    sim = Simulator(cluster, job.policy, estimators, learner=GapPredictor.default)
+    sim = Simulator(
+        cluster,
+        job.policy,
+        estimators,
+        learner=GapPredictor.default,
+        history=pool_history(job.setting, job.part),
+    )
     result = sim.run(load.scripts)
     by = load.by_session
     return Played(

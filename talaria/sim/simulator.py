@@ -230,13 +230,15 @@ class _Busy:
 class Simulator:
     """Runs scripted sessions through a ``ClusterCore`` under one policy. ``learner`` makes
     each run's cluster core learn tool gaps (a fresh learner per run, so every policy starts
-    from the same priors)."""
+    from the same priors). ``history`` is the calls of sessions the pool served before the
+    run (what its cluster core has learned of session lengths when the run starts)."""
 
     cluster: ClusterConfig
     policy: PolicyConfig
     estimators: Mapping[str, Estimator]
     gaps: GapModel | None = None
     learner: Callable[[], GapLearner] | None = None
+    history: Sequence[int] = ()
 
     def run(
         self,
@@ -246,6 +248,8 @@ class Simulator:
         """Simulate ``scripts`` to completion. ``on_call_done(n)`` reports progress."""
         learner = self.learner() if self.learner is not None else None
         core = ClusterCore(self.cluster, self.policy, self.estimators, self.gaps, learner)
+        for calls in self.history:
+            core.lengths.observe(calls)
         run = _Run(core)
         return run.execute(scripts, self.policy.name, on_call_done)
 

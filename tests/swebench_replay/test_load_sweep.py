@@ -17,6 +17,7 @@ from talaria.swebench_replay.load_sweep import (
     check_rates,
     doubling_rate,
     execute_all,
+    pool_history,
     tune_load,
     with_intervals,
 )
@@ -192,3 +193,18 @@ def test_load_help_says_what_it_measures(capsys: pytest.CaptureFixture[str]) -> 
     text = " ".join(capsys.readouterr().out.split())
     for phrase in ("talaria load", "--rates", "--pattern", "Zipf", "isolated", "doubles"):
         assert phrase in text
+
+
+def test_a_test_run_starts_with_the_tune_parts_session_lengths_learned() -> None:
+    """The pool's history for a test run is the tune part's sessions (never the test
+    part's); a tune run has none."""
+    from talaria.swebench_replay.open_loop import trace_sessions
+    from talaria.swebench_replay.split import Part
+
+    setting = LoadSetting(pool_catalog(12), 2)
+    tune, _ = trace_sessions(None, Part.TUNE)
+    test, _ = trace_sessions(None, Part.TEST)
+    history = pool_history(setting, Part.TEST)
+    assert history == tuple(s.n_calls for s in tune) and len(history) >= 5
+    assert sorted(history) != sorted(s.n_calls for s in test)
+    assert pool_history(setting, Part.TUNE) == ()
