@@ -63,6 +63,8 @@ class InstanceEstimates:
     calls_done: Mapping[SessionKey, int]  # each session's calls answered here (read only)
     on_fault: FaultHandler  # isolates a session whose gap reasoning raised in ``demand``
     released: Callable[[], bool]  # the instance is at zero: a switch waits for devices first
+    # when the wake in progress (devices, then the copy) is expected to end; None: no wake
+    waking_until: Callable[[], float | None] = lambda: None
     _switch_memo: tuple[int, dict[str, float]] = attrs.field(init=False, factory=lambda: (-1, {}))
     _bound_memo: tuple[_BoundKey | None, dict[str, _BoundTerms]] = attrs.field(
         init=False, factory=lambda: (None, {})
@@ -216,8 +218,13 @@ class InstanceEstimates:
 
         It reads the open model's sessions in a tool gap as of ``now``, so the bound's memo
         cannot key it; it prices no preemption of the open slot (a new call's session has all
-        of its work left, so it rarely has the smaller work per session)."""
+        of its work left, so it rarely has the smaller work per session). While a wake is in
+        progress nothing admits before it ends: at least what is left of it (the switch
+        already shows its model active)."""
         wait = self.slot_wait_s(model)
+        until = self.waking_until()
+        if until is not None:
+            wait = max(wait, until - now)
         current = self.rounds.current
         if current is None or current == model or self.rounds.may_admit(model):
             return wait

@@ -50,6 +50,7 @@ from talaria.core.estimates import InstanceEstimates
 from talaria.core.slots import SlotControl
 from talaria.core.tool_gaps import GapTable, ToolGap
 from talaria.cost.estimator import Estimator
+from talaria.cost.pricing import plan_copy_s
 from talaria.errors import ConfigError, ContextTooLong, TalariaError, UnknownModel
 from talaria.executor import Layout
 from talaria.memory.kv import CallKey, KVManager, MovePlan
@@ -153,6 +154,7 @@ class InstanceCore:
             calls_done=self._calls_done,
             on_fault=self._session_fault,
             released=lambda: self.slots.released,
+            waking_until=lambda: self.slots.waking_until_s,
         )
         self.slots = SlotControl(
             policy=self.policy,
@@ -164,6 +166,7 @@ class InstanceCore:
             counters=self.counters,
             release_reservations=self._release_reservations,
             provision_s=self.estimator.provision_s(),
+            price_s=lambda plan: plan_copy_s(self.estimator, plan),
         )
         self.admitter = Admitter(
             policy=self.policy,
@@ -363,7 +366,7 @@ class InstanceCore:
             if nxt is None:
                 return Schedule(stage=self.slots.maybe_stage(demand))
             if nxt != self.arena.active_model:
-                return self.slots.switch_to(nxt)
+                return self.slots.switch_to(nxt, now)
             self.rounds.open(nxt, now)
         moves = self.admitter.admit(now)
         # admission moved only the open slot's calls from waiting to running: the other

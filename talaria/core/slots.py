@@ -45,6 +45,10 @@ class SlotControl:
     release_reservations: Callable[[str | None], None]
     # seconds a switch that wakes the instance from zero waits for its devices
     provision_s: float = 0.0
+    # the expected seconds of a switch plan (provisioning and copies: the estimator's price)
+    price_s: Callable[[SwitchPlan], float] = lambda plan: 0.0
+    # when the wake in progress (a switch that waited for devices) is expected to end
+    waking_until_s: float | None = attrs.field(default=None, init=False)
     # device blocks lent to the current stage
     stage_blocks: tuple[int, ...] = attrs.field(default=(), init=False)
     # the instance holds no devices and no switch has woken it since: it scaled to zero
@@ -55,10 +59,11 @@ class SlotControl:
         init=False,
     )
 
-    def switch_to(self, model: str) -> Schedule:
+    def switch_to(self, model: str, now: float) -> Schedule:
         """Make ``model`` active: the open slot ends and the arena commits the switch (a
         staged copy is used, any other stage is abandoned); the returned schedule carries
-        the copy plan (after ``provision_s`` where the switch wakes the instance from zero).
+        the copy plan (after ``provision_s`` where the switch wakes the instance from zero:
+        then ``waking_until_s`` is when it is expected to end, ``now`` plus its price).
         While ``model`` is still being staged, the schedule says to wait."""
         arena = self.arena
         if arena.staging_in_progress == model:
@@ -70,6 +75,7 @@ class SlotControl:
         plan = arena.switch(model)
         if self.released and self.provision_s > 0:
             plan = attrs.evolve(plan, provision_s=self.provision_s)
+            self.waking_until_s = now + self.price_s(plan)
         self.rounds.end_slot()
         self.released = False
         self.counters.model_switches += 1
@@ -81,6 +87,7 @@ class SlotControl:
     def switch_done(self, model: str, now: float) -> None:
         """The executor finished copying ``model``'s weights: its slot opens, and the KV
         blocks lent to staging (already copied from) go back to the pool."""
+        self.waking_until_s = None
         self.kv.return_lent()
         self.stage_blocks = ()
         self.rounds.open(model, now)

@@ -18,6 +18,7 @@ import pytest
 from talaria.config import ClusterConfig, InstanceSpec, ModelSpec, PolicyConfig
 from talaria.core.cluster import ClusterCore
 from talaria.core.instance import InstanceBusy, InstanceCore
+from talaria.cost.pricing import plan_copy_s
 from talaria.errors import ConfigError, ContextTooLong, UnknownModel, UnknownSession
 from talaria.memory.kv import SessionKV
 from talaria.policy.baselines import POLICIES
@@ -851,6 +852,33 @@ def test_the_switch_that_wakes_an_instance_waits_for_its_devices_and_the_router_
     )
     assert not never.released  # a pool that never scales to zero starts provisioned
     assert never.estimates.switch_s("A") == pytest.approx(1000 / 1e9)
+
+
+def test_a_call_routed_to_an_instance_still_waking_waits_for_what_is_left_of_the_wake() -> None:
+    """The switch that wakes an instance commits its model at once, so without the wake's
+    end the router would see the model active and nothing to wait for."""
+    policy = attrs.evolve(TALARIA, keep_alive_s=0.0, soft_reservations=False)
+    inst = InstanceCore(
+        instance_spec(policy, 2, 32, 16), [model(m) for m in "AB"], policy, SlowWake()
+    )
+    inst.submit(Request(Call("A1", 0, "A", TokenSeq(tokens(8)), 2), None, 2, 0.0))
+    wake = inst.schedule(0.0).switch
+    assert wake is not None and inst.arena.active_model == "A"
+    until = inst.slots.waking_until_s
+    assert until == pytest.approx(plan_copy_s(inst.estimator, wake)) and 2.0 < until < 2.01
+    call = Call("A2", 0, "A", TokenSeq(tokens(8)), 2)
+    assert inst.estimates.switch_s("A") == 0.0
+    assert inst.estimates.view(call, 0.5, False).slot_wait_s == pytest.approx(until - 0.5)
+    assert inst.estimates.held_wait_s("B", 0.5) >= until - 0.5
+    assert inst.estimates.bound_s("A", 2) <= inst.estimates.held_wait_s("A", 0.5)
+    inst.switch_done("A", until)
+    assert inst.slots.waking_until_s is None
+    assert inst.estimates.held_wait_s("A", until) == 0.0
+    plain = InstanceCore(  # a switch that wakes nothing sets no end
+        instance_spec(TALARIA, 2, 32, 16), [model(m) for m in "AB"], TALARIA, SlowWake()
+    )
+    plain.submit(Request(Call("A1", 0, "A", TokenSeq(tokens(8)), 2), None, 2, 0.0))
+    assert plain.schedule(0.0).switch is not None and plain.slots.waking_until_s is None
 
 
 def test_an_instance_that_gave_its_device_back_stages_nothing_until_a_call_wakes_it() -> None:
