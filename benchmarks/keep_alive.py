@@ -148,6 +148,16 @@ PAIRS = (
 )
 
 
+def ratio_cell(a: dict[str, Any], b: dict[str, Any], key: str) -> str:
+    """``key`` of point ``a`` over point ``b``, paired over their seeds: the geometric mean
+    and 95% interval of the per-seed ratio (``ratio_interval``); one seed: the ratio alone."""
+    x, y = [s[key] for s in a["per_seed"]], [s[key] for s in b["per_seed"]]
+    if len(x) < 2:
+        return f"{x[0] / y[0]:.2f}"
+    iv = ratio_interval(x, y)
+    return f"{iv.value:.2f} [{iv.low:.2f}, {iv.high:.2f}]"
+
+
 def paired(doc: dict[str, Any]) -> Table:
     """Paired ratios over the seeds (geometric mean and 95% interval of the per-seed ratio,
     ``ratio_interval``) of held device-seconds and SCT p95, for the ``PAIRS`` the run has."""
@@ -157,13 +167,6 @@ def paired(doc: dict[str, Any]) -> Table:
     for col in ("first", "second", "rate/s", "held dev-s", "SCT p95"):
         t.add_column(col, justify="right" if col in ("rate/s",) else "left")
 
-    def cell(a: dict[str, Any], b: dict[str, Any], key: str) -> str:
-        x, y = [s[key] for s in a["per_seed"]], [s[key] for s in b["per_seed"]]
-        if len(x) < 2:
-            return f"{x[0] / y[0]:.2f}"
-        iv = ratio_interval(x, y)
-        return f"{iv.value:.2f} [{iv.low:.2f}, {iv.high:.2f}]"
-
     def name(side: tuple[str, float | None]) -> str:
         return f"{side[0]}, " + ("never" if side[1] is None else f"{side[1]:g} s")
 
@@ -172,8 +175,8 @@ def paired(doc: dict[str, Any]) -> Table:
             a, b = pts.get((*first, r)), pts.get((*second, r))
             if a is None or b is None:
                 continue
-            held = cell(a, b, "device_held_s_per_session")
-            t.add_row(name(first), name(second), f"{r:g}", held, cell(a, b, "sct_p95_s"))
+            held = ratio_cell(a, b, "device_held_s_per_session")
+            t.add_row(name(first), name(second), f"{r:g}", held, ratio_cell(a, b, "sct_p95_s"))
     return t
 
 
@@ -191,14 +194,9 @@ def against(doc: dict[str, Any], base: dict[str, Any]) -> Table:
         b = pts.get((a["policy"], a["keep_alive_s"], a["rate_per_s"]))
         if b is None:
             continue
-        cells = []
-        for key in ("sct_p50_s", "sct_p95_s", "device_held_s_per_session"):
-            x, y = [s[key] for s in a["per_seed"]], [s[key] for s in b["per_seed"]]
-            if len(x) < 2:
-                cells.append(f"{x[0] / y[0]:.2f}")
-                continue
-            iv = ratio_interval(x, y)
-            cells.append(f"{iv.value:.2f} [{iv.low:.2f}, {iv.high:.2f}]")
+        cells = [
+            ratio_cell(a, b, key) for key in ("sct_p50_s", "sct_p95_s", "device_held_s_per_session")
+        ]
         ka = a["keep_alive_s"]
         t.add_row(a["policy"], f"{a['rate_per_s']:g}", "inf" if ka is None else f"{ka:g}", *cells)
     return t

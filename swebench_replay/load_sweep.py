@@ -34,6 +34,7 @@ Simulations are independent jobs (:func:`execute_all`, in worker processes when 
 
 from __future__ import annotations
 
+import functools
 import math
 import multiprocessing
 from collections.abc import Callable, Mapping, Sequence
@@ -67,6 +68,7 @@ from talaria.swebench_replay.open_loop import (
 )
 from talaria.swebench_replay.split import Part
 from talaria.swebench_replay.stats import mean_interval, ratio_interval
+from talaria.swebench_replay.traces import find_traces
 from talaria.swebench_replay.tuning import RULE, TIE, TUNE_SEEDS, Trial, Tuned
 from talaria.types import SessionScript
 
@@ -173,7 +175,14 @@ def pool_history(setting: LoadSetting, part: Part) -> tuple[int, ...]:
     that has served before would); a tune run has no history."""
     if part is not Part.TEST:
         return ()
-    sessions, _ = trace_sessions(setting.trace, Part.TUNE)
+    return _tune_lengths(find_traces(setting.trace))  # resolved first: the cache key
+
+
+@functools.lru_cache(maxsize=8)
+def _tune_lengths(path: Path | None) -> tuple[int, ...]:
+    """Calls per session of the tune part of the traces at ``path`` (read once a process:
+    every test run of a sweep starts from them; ``ConfigError`` when there are none)."""
+    sessions, _ = trace_sessions(path, Part.TUNE)
     return tuple(s.n_calls for s in sessions)
 
 

@@ -32,7 +32,7 @@ from talaria.policy.admission import Admission
 from talaria.policy.gaps import GapModel
 from talaria.policy.remaining import CallCost, SessionLengths
 from talaria.policy.rounds import RoundScheduler, SlotDemand
-from talaria.policy.router import InstanceView, estimate
+from talaria.policy.router import InstanceView, estimate, later_share_s
 from talaria.types import Call, Link, SessionKey
 
 FaultHandler = Callable[[SessionKey, Exception], None]
@@ -83,9 +83,8 @@ class InstanceEstimates:
         ``_BOUND_SLACK`` low (the exact charge subtracts the shared part in another order)."""
         terms = self._terms(model)
         bound = terms[0] + expected_output * terms[1]
-        if terms[3] == 0.0 or calls_left <= 1.0:
-            return bound
-        return (bound - terms[3] * (1.0 - 1.0 / calls_left)) * (1.0 - _BOUND_SLACK)
+        later = later_share_s(terms[3], calls_left)
+        return (bound - later) * (1.0 - _BOUND_SLACK) if later else bound
 
     def prefill_bound_s(self, call: Call, expected_output: int, calls_left: float = 1.0) -> float:
         """A tighter lower bound for ``call`` itself: ``bound_s`` plus the prefill of the

@@ -92,9 +92,16 @@ class Estimate:
     def charge_s(self, calls_left: float) -> float:
         """``total_s`` with the wake shared over ``calls_left`` calls (>= 1; this one
         included): what the call is charged when the session keeps the woken instance."""
-        if self.wake_s == 0.0 or calls_left <= 1.0:
-            return self.total_s
-        return self.total_s - self.wake_s * (1.0 - 1.0 / calls_left)
+        later = later_share_s(self.wake_s, calls_left)
+        return self.total_s - later if later else self.total_s
+
+
+def later_share_s(wake_s: float, calls_left: float) -> float:
+    """Of a wake of ``wake_s`` shared over ``calls_left`` calls (this one included), the
+    part the later calls pay: 0 with no wake or no later call."""
+    if wake_s == 0.0 or calls_left <= 1.0:
+        return 0.0
+    return wake_s * (1.0 - 1.0 / calls_left)
 
 
 @attrs.frozen
