@@ -184,6 +184,9 @@ class Routing(enum.Enum):
     CACHE_AFFINITY = "cache-affinity"  # longest device prefix match unless over a load cap
     STARTUP_TIME = "startup-time"  # ServerlessLLM: least time until the call can start (its
     # model loaded from the tier it is in, the slot and the queue ahead), per request
+    CONCURRENCY_TARGET = "concurrency-target"  # a serverless autoscaler: a model gets an
+    # instance per ``concurrency_target`` calls in flight, each instance one model's while it
+    # has calls; the least-loaded of the model's instances, per request
 
 
 class SlotOrder(enum.Enum):
@@ -254,7 +257,9 @@ class PolicyConfig:
     charges a call that would wake an instance at zero only its share of the wait for the
     devices, the wait over the session's expected calls left (the session keeps the instance;
     ``talaria.policy.router``); off, each call is charged the whole wait, as a per-request
-    router sees it.
+    router sees it. ``concurrency_target``: with ``Routing.CONCURRENCY_TARGET``, the calls in
+    flight (queued or running) per instance of a model above which the model scales out to
+    another instance (``talaria.policy.router``).
     """
 
     name: str = attrs.field(validator=valid.name)
@@ -282,6 +287,7 @@ class PolicyConfig:
     max_running: int = attrs.field(default=256, validator=valid.positive_int)
     cache_affinity_load_cap: float = attrs.field(default=2.0, validator=valid.positive)
     cache_affinity_abs_tokens: int = attrs.field(default=8192, validator=valid.positive_int)
+    concurrency_target: int = attrs.field(default=2, validator=valid.positive_int)
     admission_budget_fraction: float = attrs.field(default=1.0, validator=valid.fraction)
     # What the router assumes one queued or running call of a model still costs when it
     # estimates how long that model's slot will hold the device (the slot wait of a call of

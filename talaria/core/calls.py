@@ -77,6 +77,15 @@ class CallTable:
         iterating it)."""
         return self._held.keys()
 
+    def held_of(self, model: str) -> int:
+        """Calls of ``model`` waiting or running."""
+        return self._held[model]
+
+    @property
+    def held_count(self) -> int:
+        """Calls waiting or running, of every model."""
+        return sum(self._held.values())
+
     def any_waiting(self, but: str | None = None) -> bool:
         """Whether a model other than ``but`` has a waiting call (only the models holding a
         call can)."""

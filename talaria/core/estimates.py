@@ -141,20 +141,23 @@ class InstanceEstimates:
         served_last: bool,
         slot_wait_s: float,
     ) -> InstanceView:
-        est = self.estimator
+        est, calls = self.estimator, self.calls
+        mine = calls.held_of(model)
         return InstanceView(
             name=self.spec.name,
             residency=self.arena.residency(model),
             slot_wait_s=slot_wait_s,
             switch_s=self.switch_s(model),
-            queue_s=self.calls.queued_tokens(model) / est.prefill_tok_s(model),
+            queue_s=calls.queued_tokens(model) / est.prefill_tok_s(model),
             match=match,
             prefill_tok_s=est.prefill_tok_s(model),
             restore_tok_s=est.restore_tok_s(model),
             decode_step_s=decode_step_s,
-            load_tokens=self.calls.load_tokens,
+            load_tokens=calls.load_tokens,
             served_last=served_last,
             wake_s=self.wake_s(model),
+            model_calls=mine,
+            other_calls=calls.held_count - mine,
         )
 
     def switch_s(self, model: str) -> float:

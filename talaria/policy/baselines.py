@@ -50,6 +50,16 @@ part of the traces before any comparison (``talaria tune``); the values here are
     memory). Not kept: live migration of running inference (no policy here migrates a
     running call), and a keep-alive timer that unloads an idle model (nothing in the
     simulated pool is gained by unloading before memory is needed).
+  - ``autoscale``: a serverless autoscaler (ServerlessLLM's ``auto_scaling_config``,
+    Knative's concurrency target): a model gets an instance per ``concurrency_target`` calls
+    in flight and an instance serves one model while it has calls
+    (``Routing.CONCURRENCY_TARGET``, ``talaria.policy.router.scale_by_concurrency``), with
+    ``serverless``'s FCFS slots where instances run out and a model must share one. Kept:
+    the scaling metric and rule (concurrency, desired = ceil(in flight / target), min 0,
+    max the pool), placement of a new instance by startup time, scale-in by keep-alive (the
+    pool's timer). Not kept: the scaling loop's one-second period (each call is placed as it
+    arrives, with the rule's count at that moment) and round-robin balancing (least-loaded).
+    Its target is tuned (``talaria.policy.knobs``).
 """
 
 from __future__ import annotations
@@ -115,6 +125,11 @@ def _build() -> Mapping[str, PolicyConfig]:
             **{**_PER_REQUEST, "routing": Routing.STARTUP_TIME},  # type: ignore[arg-type]
             slot_order=SlotOrder.OLDEST_WAITING,
         ),
+        PolicyConfig(
+            name="autoscale",
+            **{**_PER_REQUEST, "routing": Routing.CONCURRENCY_TARGET},  # type: ignore[arg-type]
+            slot_order=SlotOrder.OLDEST_WAITING,
+        ),
     ]
     return MappingProxyType({p.name: p for p in policies})
 
@@ -128,7 +143,7 @@ ABLATIONS = (
     "talaria-no-slot-order",
 )
 BASELINES = ("round", "least-loaded", "sticky", "ttl-pin", "cache-affinity", "oldest-first")
-POOL_BASELINES = ("serverless",)
+POOL_BASELINES = ("serverless", "autoscale")
 
 
 def policy(name: str) -> PolicyConfig:

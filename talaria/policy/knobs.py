@@ -16,7 +16,10 @@ the default where the default is on the grid), and :func:`with_knobs` applies on
   ``slot_preempt_ratio`` (1.5, 2, 4, 16: 16 all but turns preemption on remaining work off,
   leaving the starvation bound; on two instances it is what the tune part prefers);
 * ``CACHE_AFFINITY`` routing: also ``cache_affinity_load_cap`` (1.5, 2, 4: SGLang router's
-  balance threshold is a ratio of this kind).
+  balance threshold is a ratio of this kind);
+* ``CONCURRENCY_TARGET`` routing: also ``concurrency_target`` (1, 2, 4, 8, 16, 64 calls in
+  flight per instance: ServerlessLLM's deploy config defaults to 1, its scaler to 2, Ray
+  Serve's to 2; a continuously batched engine serves many at once).
 
 Pure: plain data in, plain data out.
 """
@@ -41,6 +44,7 @@ LINGER_S = (0.0, 2.0, 10.0)
 STARVATION_S = (100.0, 300.0, 1000.0)
 PREEMPT_RATIO = (1.5, 2.0, 4.0, 16.0)
 LOAD_CAP = (1.5, 2.0, 4.0)
+CONCURRENCY_TARGET = (1, 2, 4, 8, 16, 64)
 
 
 def axes(policy: PolicyConfig) -> tuple[tuple[str, tuple[Any, ...]], ...]:
@@ -54,6 +58,8 @@ def axes(policy: PolicyConfig) -> tuple[tuple[str, tuple[Any, ...]], ...]:
             out.append(("slot_linger_s", LINGER_S))
     if policy.routing is Routing.CACHE_AFFINITY:
         out.append(("cache_affinity_load_cap", LOAD_CAP))
+    if policy.routing is Routing.CONCURRENCY_TARGET:
+        out.append(("concurrency_target", CONCURRENCY_TARGET))
     return tuple(out)
 
 

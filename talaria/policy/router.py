@@ -69,6 +69,8 @@ class InstanceView:
     load_tokens: int = 0  # tokens queued and running (the load-only view)
     served_last: bool = False  # this instance served the session's previous call
     wake_s: float = 0.0  # of switch_s: the wait for the devices of an instance at zero
+    model_calls: int = 0  # calls of the call's model queued or running here
+    other_calls: int = 0  # calls of every other model queued or running here
 
 
 @attrs.frozen
@@ -150,6 +152,7 @@ def route(
     load_cap: float = 2.0,
     load_abs_tokens: int = 8192,
     calls_left: float = 1.0,
+    concurrency_target: int = 1,
 ) -> Decision:
     """Pick an instance. Ties break by name so decisions are deterministic.
 
@@ -161,7 +164,8 @@ def route(
     (SGLang router's relative and absolute balance thresholds; then least loaded);
     ``STARTUP_TIME`` the least time until the call can start there, its slot wait, model
     load and queue (ServerlessLLM's locality-aware placement by estimated startup time; the
-    KV and the answer do not count), ties to the less loaded.
+    KV and the answer do not count), ties to the less loaded; ``CONCURRENCY_TARGET`` as a
+    serverless autoscaler (:func:`scale_by_concurrency`).
     """
     if not views:
         raise Overloaded("no instance can serve this model now")
@@ -183,17 +187,55 @@ def route(
         over = best.load_tokens > load_cap * floor and best.load_tokens - floor > load_abs_tokens
         chosen = least_loaded() if over or best.match.device_tokens == 0 else best.name
     elif routing is Routing.STARTUP_TIME:
-        chosen = min(
-            zip(ests, views, strict=True),
-            key=lambda ev: (
-                ev[0].slot_wait_s + ev[0].switch_s + ev[0].queue_s,
-                ev[1].load_tokens,
-                ev[1].name,
-            ),
-        )[1].name
+        chosen = soonest_start(views)
+    elif routing is Routing.CONCURRENCY_TARGET:
+        chosen = scale_by_concurrency(views, concurrency_target)
     else:
         raise ConfigError(f"unknown routing {routing!r}")
     return Decision(chosen, ests, routing)
+
+
+def soonest_start(views: Sequence[InstanceView]) -> str:
+    """The instance where the call can start soonest: its slot wait, model load and queue
+    (ServerlessLLM's estimated startup time), ties to the less loaded, then by name."""
+    return min(
+        views, key=lambda v: (v.slot_wait_s + v.switch_s + v.queue_s, v.load_tokens, v.name)
+    ).name
+
+
+def scale_by_concurrency(views: Sequence[InstanceView], target: int) -> str:
+    """A serverless autoscaler's choice, per request: ServerlessLLM's deployment config
+    (``auto_scaling_config``: metric ``concurrency``, a ``target``, min 0 instances, at most
+    the pool) and its scaling rule, desired instances = ceil(calls in flight / target).
+
+    The model's instances are those holding its calls, and those where it is loaded with no
+    other model's call (an idle replica kept alive). With this call in flight, if they reach
+    the desired count the call goes to the one holding the fewest of the model's calls (then
+    the fewest tokens, then by name; ServerlessLLM balances round-robin). Otherwise the model
+    scales out: to the free instance (no call of any model) where the call starts soonest
+    (``soonest_start``: its weights' tier, then warm before at zero), as ServerlessLLM's
+    storage-aware placement picks a server. With no free instance the call queues on the
+    model's least-loaded instance, and with none of those it shares one with another model
+    (the soonest start; that instance's slot order decides). Every instance is free once idle,
+    whatever model it keeps loaded (the pool's keep-alive keeps weights until another model
+    needs the devices), where ServerlessLLM would hold an idle replica for its keep-alive.
+    """
+    if target < 1:
+        raise ConfigError(f"the concurrency target must be at least 1 call, got {target}")
+    in_flight = sum(v.model_calls for v in views) + 1  # this call included
+    mine = [
+        v
+        for v in views
+        if v.model_calls or (v.residency is Residency.ACTIVE and not v.other_calls and not v.wake_s)
+    ]
+    if mine and len(mine) >= -(-in_flight // target):
+        return min(mine, key=lambda v: (v.model_calls, v.load_tokens, v.name)).name
+    free = [v for v in views if not v.model_calls and not v.other_calls]
+    if free:
+        return soonest_start(free)
+    if mine:
+        return min(mine, key=lambda v: (v.model_calls, v.load_tokens, v.name)).name
+    return soonest_start(views)
 
 
 class Candidate(Protocol):
@@ -245,6 +287,7 @@ def search(
             expected_output,
             policy.cache_affinity_load_cap,
             policy.cache_affinity_abs_tokens,
+            concurrency_target=policy.concurrency_target,
         )
     # ``route`` takes the least (charge, name); a candidate can beat the best so far only
     # if its (bound, name) is below the best's (charge, name): pop in that order, stop there

@@ -31,6 +31,7 @@ DESIGN_NAMES = (
     "cache-affinity",
     "oldest-first",
     "serverless",
+    "autoscale",
 )
 
 
@@ -91,11 +92,12 @@ def test_per_request_baselines_route_by_their_idea_without_talarias_mechanisms()
         "cache-affinity": Routing.CACHE_AFFINITY,
         "oldest-first": Routing.LEAST_LOADED,
         "serverless": Routing.STARTUP_TIME,
+        "autoscale": Routing.CONCURRENCY_TARGET,
     }
     for name, how in routing.items():
         p = POLICIES[name]
         assert p.routing is how, name
-        oldest = name in ("oldest-first", "serverless")
+        oldest = name in ("oldest-first", "serverless", "autoscale")
         order = SlotOrder.OLDEST_WAITING if oldest else SlotOrder.ROUND_ROBIN
         assert p.slot_order is order, name
         # a host KV tier, as vLLM's offloading connector, LMCache or SGLang's HiCache keep;
@@ -105,6 +107,10 @@ def test_per_request_baselines_route_by_their_idea_without_talarias_mechanisms()
     # serverless is oldest-first placed by startup time, nothing else
     assert differences(POLICIES["serverless"], POLICIES["oldest-first"]) == {
         "routing": Routing.STARTUP_TIME
+    }
+    # autoscale is oldest-first scaled by concurrency: its routing (and target) differ
+    assert differences(POLICIES["autoscale"], POLICIES["oldest-first"]) == {
+        "routing": Routing.CONCURRENCY_TARGET
     }
     ttl = POLICIES["ttl-pin"]  # Continuum as published: its TTL rule and program-level FCFS
     assert ttl.continuum_ttl and ttl.queue_order is QueueOrder.PROGRAM_FCFS

@@ -25,6 +25,8 @@ def test_each_policy_sweeps_its_own_knobs_only() -> None:
     for per_request in ("least-loaded", "sticky", "ttl-pin", "oldest-first"):
         assert names[per_request] == ["slot_max_s"]  # work-conserving: no linger to tune
     assert names["cache-affinity"] == ["slot_max_s", "cache_affinity_load_cap"]
+    assert names["serverless"] == ["slot_max_s"]
+    assert names["autoscale"] == ["slot_max_s", "concurrency_target"]
 
 
 def test_grid_is_the_product_in_a_fixed_order() -> None:

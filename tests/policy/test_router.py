@@ -33,6 +33,8 @@ def view(
     load: int = 0,
     served_last: bool = False,
     wake_s: float = 0.0,
+    mine: int = 0,
+    others: int = 0,
 ) -> InstanceView:
     return InstanceView(
         name=name,
@@ -47,6 +49,8 @@ def view(
         load_tokens=load,
         served_last=served_last,
         wake_s=wake_s,
+        model_calls=mine,
+        other_calls=others,
     )
 
 
@@ -224,6 +228,49 @@ def test_a_wake_is_charged_once_over_the_sessions_calls_left() -> None:
     assert route([warm, zero], Routing.STARTUP_TIME, 0, 100, calls_left=30.0).instance == "a"
 
 
+def test_concurrency_target_scales_out_at_the_target_and_places_by_startup_time() -> None:
+    """a serves the model (2 calls); b is idle with another model loaded (2 s to switch); c
+    is at zero (30 s to provision + 2 s); d is busy with another model. With this call 3 are
+    in flight: a target of 2 wants 2 instances, so the model scales out to the free
+    instance that starts soonest (b); a target of 3 or more keeps it on a."""
+    views = [
+        view("a", mine=2, load=300),
+        view("b", residency=Residency.HOST, switch_s=2.0),
+        view("c", residency=Residency.HOST, switch_s=32.0, wake_s=30.0),
+        view("d", residency=Residency.HOST, switch_s=2.0, slot_wait_s=5.0, others=3),
+    ]
+    for target, chosen in ((1, "b"), (2, "b"), (3, "a"), (64, "a")):
+        d = route(views, Routing.CONCURRENCY_TARGET, 0, 10, concurrency_target=target)
+        assert d.instance == chosen, target
+    # with b gone, scaling out wakes c rather than sharing d with its model
+    assert route(views[:1] + views[2:], Routing.CONCURRENCY_TARGET, 0, 10).instance == "c"
+
+
+def test_concurrency_target_counts_an_idle_loaded_instance_and_queues_when_full() -> None:
+    """An idle instance with the model loaded is one of its instances (a replica kept
+    alive): at target 1 with 2 in flight it takes the call. With every other instance busy,
+    the call queues on the model's least-loaded instance, over the target; with none of the
+    model's, it shares the soonest start."""
+    busy = view("z", residency=Residency.HOST, switch_s=2.0, others=1)
+    idle = view("e")
+    a = view("a", mine=1)
+    assert route([a, idle, busy], Routing.CONCURRENCY_TARGET, 0, 10).instance == "e"
+    full = [view("a", mine=3, load=900), view("b", mine=2, load=100), busy]
+    assert route(full, Routing.CONCURRENCY_TARGET, 0, 10).instance == "b"
+    shared = [busy, view("y", residency=Residency.HOST, switch_s=1.0, others=4, load=5)]
+    assert route(shared, Routing.CONCURRENCY_TARGET, 0, 10).instance == "y"
+    # the model loaded but another's calls held there: not its instance, not free
+    taken = view("t", others=2, queue_s=0.0)
+    assert route([taken, busy], Routing.CONCURRENCY_TARGET, 0, 10).instance == "t"
+
+
+def test_a_concurrency_target_below_one_is_refused() -> None:
+    from talaria.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="at least 1"):
+        route([view("a")], Routing.CONCURRENCY_TARGET, 0, 10, concurrency_target=0)
+
+
 def test_single_view_is_chosen_by_every_routing() -> None:
     for routing in Routing:
         assert route([view("only", load=10**9)], routing, 0, 10).instance == "only"
@@ -271,6 +318,8 @@ def _views(draw: st.DrawFn, name: str) -> InstanceView:
         decode_step_s=draw(st.floats(0.0, 10.0)),
         load_tokens=draw(st.integers(0, 10**7)),
         served_last=draw(st.booleans()),
+        model_calls=draw(st.integers(0, 64)),
+        other_calls=draw(st.integers(0, 64)),
     )
 
 
@@ -334,6 +383,39 @@ def test_every_rule_picks_a_candidate_and_talaria_picks_the_minimum(
     assert d.instance in {v.name for v in vs} and len(d.estimates) == len(vs)
     if routing is Routing.EXPECTED_COMPLETION:
         assert d.chosen.charge_s(left) == min(e.charge_s(left) for e in d.estimates)
+
+
+@settings(max_examples=examples(300), deadline=None)
+@given(
+    vs=st.lists(st.sampled_from("abcdefgh"), min_size=1, max_size=8, unique=True).flatmap(
+        lambda names: st.tuples(*[_views(n) for n in names])
+    ),
+    target=st.integers(1, 70),
+)
+def test_the_autoscaler_shares_an_instance_with_another_model_only_as_a_last_resort(
+    vs: tuple[InstanceView, ...], target: int
+) -> None:
+    """The call lands where another model's calls are held only if no instance is free
+    and none holds its own model's calls; it exceeds the target on an instance only if
+    no instance is free, or its model already has the desired count."""
+    chosen = next(
+        v
+        for v in vs
+        if v.name
+        == route(vs, Routing.CONCURRENCY_TARGET, 0, 10, concurrency_target=target).instance
+    )
+    free = [v for v in vs if not v.model_calls and not v.other_calls]
+    if chosen.other_calls and not chosen.model_calls:
+        assert not free and not any(v.model_calls for v in vs)
+    if chosen.model_calls >= target and free:
+        in_flight = sum(v.model_calls for v in vs) + 1
+        mine = [
+            v
+            for v in vs
+            if v.model_calls
+            or (v.residency is Residency.ACTIVE and not v.other_calls and not v.wake_s)
+        ]
+        assert len(mine) >= -(-in_flight // target)
 
 
 def test_an_unknown_routing_is_refused_not_treated_as_cache_affinity() -> None:

@@ -541,3 +541,29 @@ def test_a_session_that_moves_away_ends_its_reservation_and_brings_the_release_f
     # tiny is held from its first work until the call moves (its first call's end plus the
     # 5 s tool), tiny2 from then to the end of the run: no instance idles between them
     assert result.counters["device_held_ms"] == round(1000 * result.end_s)
+
+
+# ---------------------------------------------------------------------------- autoscaler
+
+
+@pytest.mark.parametrize(("target", "spread"), [(1, True), (2, False)])
+def test_the_autoscaler_scales_a_model_out_at_its_concurrency_target(
+    target: int, spread: bool
+) -> None:
+    """Two sessions of one model at once on two instances: with a target of one call in
+    flight per instance the second call scales the model out to the other instance, and
+    each session stays where its first call went (it is that instance's only call); a
+    target of two keeps both on the first."""
+    cluster = two_instances()
+    policy = attrs.evolve(POLICIES["autoscale"], concurrency_target=target)
+    scripts = [
+        script(f"s{k}", "A", 0.0, 3, first=64, growth=16, out=8, tool_s=0.3) for k in range(2)
+    ]
+    estimators = {n: FakeEstimator() for n in ("tiny-0", "tiny-1")}
+    result, core = simulate(cluster, policy, estimators, scripts)
+    check_conservation(result, core, scripts)
+    where = {s: {r.instance for r in result.calls if r.session_id == s} for s in ("s0", "s1")}
+    if spread:
+        assert where == {"s0": {"tiny-0"}, "s1": {"tiny-1"}}
+    else:
+        assert where == {"s0": {"tiny-0"}, "s1": {"tiny-0"}}
