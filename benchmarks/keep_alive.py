@@ -21,6 +21,7 @@ keep-alive is otherwise a lower bound on what scaling to zero costs in latency).
     python benchmarks/keep_alive.py --jobs 2 --out docs/results/keep-alive
     python benchmarks/keep_alive.py --report docs/results/keep-alive/keep_alive.json
     python benchmarks/keep_alive.py --report after.json --against before.json
+    python benchmarks/keep_alive.py --report talaria.json --report autoscale.json
 """
 
 from __future__ import annotations
@@ -61,29 +62,51 @@ KEYS = (
 
 
 def tuned_knobs(
-    path: Path, names: Sequence[str], setting: ls.LoadSetting
+    paths: Sequence[Path], names: Sequence[str], setting: ls.LoadSetting
 ) -> dict[str, dict[str, float]]:
-    """Each policy's knobs from a tuned ``talaria load`` result for the same pool and
-    points (talaria's for ``talaria-no-reserve`` where it has none); ``BadRequest`` if it
-    was not tuned on the tune part or ran another setting."""
-    doc = json.loads(path.read_text())
-    tuning = doc.get("tuning", {})
-    if not tuning.get("tuned") or tuning.get("part") != Part.TUNE.value:
-        raise BadRequest(f"{path} was not tuned on the tune part: run talaria load first")
-    ran = (doc["instances"], doc["workload"]["sessions_per_rate"])
-    if ran != (setting.n_instances, setting.sessions):
-        raise BadRequest(
-            f"{path} was tuned on {ran[0]} instances and {ran[1]} sessions a point; "
-            "pass the same --instances and --sessions"
-        )
-    found = tuning["policies"]
+    """Each policy's knobs from tuned ``talaria load`` results for the same pool and
+    points, the first of ``paths`` that tuned it (talaria's for ``talaria-no-reserve`` where
+    none has its own); ``BadRequest`` if one was not tuned on the tune part or ran another
+    setting, or none tuned a policy."""
+    found: dict[str, Any] = {}
+    for path in paths:
+        doc = json.loads(path.read_text())
+        tuning = doc.get("tuning", {})
+        if not tuning.get("tuned") or tuning.get("part") != Part.TUNE.value:
+            raise BadRequest(f"{path} was not tuned on the tune part: run talaria load first")
+        ran = (doc["instances"], doc["workload"]["sessions_per_rate"])
+        if ran != (setting.n_instances, setting.sessions):
+            raise BadRequest(
+                f"{path} was tuned on {ran[0]} instances and {ran[1]} sessions a point; "
+                "pass the same --instances and --sessions"
+            )
+        found = {**tuning["policies"], **found}  # the first file's knobs win
     out = {}
     for name in names:
         source = name if name in found else "talaria" if name == "talaria-no-reserve" else None
         if source is None or source not in found:
-            raise BadRequest(f"{path} has no tuned knobs for {name!r}")
+            raise BadRequest(f"no tuned knobs for {name!r} in {', '.join(map(str, paths))}")
         out[name] = dict(found[source]["knobs"])
     return out
+
+
+def merge(docs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Runs on the same pool, seeds and provisioning as one: the first's fields, every
+    run's points (a point in two runs: the first's). ``BadRequest`` where they differ."""
+    first = docs[0]
+    key = ("instances", "sessions_per_point", "seeds", "provision_s")
+    for doc in docs[1:]:
+        if any(doc[k] != first[k] for k in key):
+            raise BadRequest(f"reports to merge must share {', '.join(key)}")
+    seen: set[tuple[Any, ...]] = set()
+    points = []
+    for doc in docs:
+        for p in doc["points"]:
+            at = (p["policy"], p["keep_alive_s"], p["rate_per_s"])
+            if at not in seen:
+                seen.add(at)
+                points.append(p)
+    return {**first, "points": points}
 
 
 def run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
@@ -97,7 +120,7 @@ def run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
     setting = ls.LoadSetting(
         pool_catalog(), args.instances, args.sessions, provision_s=args.provision
     )
-    knobs = tuned_knobs(args.tuned, names, setting)
+    knobs = tuned_knobs(args.tuned or [DEFAULT_TUNED], names, setting)
     plan = [(n, k, r) for n in names for k in keep for r in rates]
 
     jobs = [
@@ -133,7 +156,7 @@ def run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
         "seeds": seeds,
         "part": Part.TEST.value,
         "knobs": knobs,
-        "tuned_from": str(args.tuned),
+        "tuned_from": [str(p) for p in args.tuned or [DEFAULT_TUNED]],
         "points": points,
         "wall_s": time.monotonic() - started,
     }
@@ -145,6 +168,10 @@ PAIRS = (
     (("serverless", 10.0), ("serverless", None)),
     (("talaria", 0.0), ("talaria-no-reserve", 0.0)),
     (("talaria", 0.0), ("serverless", 10.0)),
+    (("autoscale", 10.0), ("autoscale", None)),
+    (("talaria", 0.0), ("autoscale", 0.0)),
+    (("talaria", 0.0), ("autoscale", 10.0)),
+    (("talaria", 0.0), ("autoscale", 60.0)),
 )
 
 
@@ -279,11 +306,21 @@ def main() -> int:
         help="seconds an instance at zero waits for its devices when work wakes it (a "
         "process or container start, a device allocation); default 0: at once",
     )
-    p.add_argument("--tuned", type=Path, default=DEFAULT_TUNED, help="a tuned load.json")
+    p.add_argument(
+        "--tuned",
+        type=Path,
+        action="append",
+        help=f"a tuned load.json (again for more; a policy's knobs from the first that "
+        f"tuned it); default {DEFAULT_TUNED}",
+    )
     p.add_argument("--jobs", type=int, default=1)
     p.add_argument("--out", type=Path, default=Path("runs/keep-alive"))
     p.add_argument(
-        "--report", type=Path, default=None, help="print the tables of a keep_alive.json, no run"
+        "--report",
+        type=Path,
+        action="append",
+        help="print the tables of a keep_alive.json, no run (again for more: runs on the "
+        "same pool and seeds as one, so pairs may cross runs)",
     )
     p.add_argument(
         "--against",
@@ -293,8 +330,8 @@ def main() -> int:
     )
     args = p.parse_args()
     console = Console(width=150)
-    if args.report is not None:
-        doc = json.loads(args.report.read_text())
+    if args.report:
+        doc = merge([json.loads(path.read_text()) for path in args.report])
         console.print(table(doc))
         console.print(paired(doc))
         if args.against is not None:

@@ -1,0 +1,67 @@
+"""The keep-alive benchmark's bookkeeping: knobs from several tuned results, reports merged."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from benchmarks.keep_alive import merge, tuned_knobs
+from talaria.errors import BadRequest
+from talaria.sim.pool_catalog import pool_catalog
+from talaria.swebench_replay import load_sweep as ls
+from talaria.swebench_replay.split import Part
+
+
+def tuned(path: Path, knobs: dict[str, dict[str, Any]], instances: int = 8) -> Path:
+    doc = {
+        "instances": instances,
+        "workload": {"sessions_per_rate": 40},
+        "tuning": {
+            "tuned": True,
+            "part": Part.TUNE.value,
+            "policies": {name: {"knobs": k} for name, k in knobs.items()},
+        },
+    }
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_knobs_come_from_the_first_result_that_tuned_each_policy(tmp_path: Path) -> None:
+    setting = ls.LoadSetting(pool_catalog(), 8, 40)
+    a = tuned(tmp_path / "a.json", {"talaria": {"slot_starvation_s": 100.0}})
+    b = tuned(
+        tmp_path / "b.json",
+        {"talaria": {"slot_starvation_s": 300.0}, "autoscale": {"concurrency_target": 4}},
+    )
+    knobs = tuned_knobs([a, b], ["talaria", "talaria-no-reserve", "autoscale"], setting)
+    assert knobs == {
+        "talaria": {"slot_starvation_s": 100.0},
+        "talaria-no-reserve": {"slot_starvation_s": 100.0},  # talaria's, none of its own
+        "autoscale": {"concurrency_target": 4},
+    }
+    with pytest.raises(BadRequest, match="no tuned knobs for 'serverless'"):
+        tuned_knobs([a, b], ["serverless"], setting)
+    other = tuned(tmp_path / "c.json", {"serverless": {}}, instances=64)
+    with pytest.raises(BadRequest, match="tuned on 64 instances"):
+        tuned_knobs([a, other], ["talaria"], setting)
+
+
+def point(policy: str, keep: float | None, p95: float) -> dict[str, Any]:
+    return {"policy": policy, "keep_alive_s": keep, "rate_per_s": 0.05, "sct_p95_s": p95}
+
+
+def test_reports_of_one_pool_merge_and_others_are_refused() -> None:
+    head = {"instances": 8, "sessions_per_point": 40, "seeds": [0, 1, 2], "provision_s": 30.0}
+    a = {**head, "points": [point("talaria", 0.0, 1.0), point("serverless", 10.0, 2.0)]}
+    b = {**head, "points": [point("autoscale", 10.0, 3.0), point("talaria", 0.0, 9.0)]}
+    merged = merge([a, b])
+    assert [(p["policy"], p["sct_p95_s"]) for p in merged["points"]] == [
+        ("talaria", 1.0),  # in both: the first run's
+        ("serverless", 2.0),
+        ("autoscale", 3.0),
+    ]
+    with pytest.raises(BadRequest, match="must share"):
+        merge([a, {**b, "provision_s": 0.0}])
