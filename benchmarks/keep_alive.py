@@ -172,6 +172,7 @@ PAIRS = (
     (("talaria", 0.0), ("autoscale", 0.0)),
     (("talaria", 0.0), ("autoscale", 10.0)),
     (("talaria", 0.0), ("autoscale", 60.0)),
+    (("talaria", None), ("autoscale", None)),
 )
 
 
@@ -187,11 +188,12 @@ def ratio_cell(a: dict[str, Any], b: dict[str, Any], key: str) -> str:
 
 def paired(doc: dict[str, Any]) -> Table:
     """Paired ratios over the seeds (geometric mean and 95% interval of the per-seed ratio,
-    ``ratio_interval``) of held device-seconds and SCT p95, for the ``PAIRS`` the run has."""
+    ``ratio_interval``) of held device-seconds and SCT p50 and p95, for the ``PAIRS`` the run
+    has."""
     pts = {(p["policy"], p["keep_alive_s"], p["rate_per_s"]): p for p in doc["points"]}
     rates = sorted({p["rate_per_s"] for p in doc["points"]})
     t = Table(title="paired over seeds: first / second (95% interval)")
-    for col in ("first", "second", "rate/s", "held dev-s", "SCT p95"):
+    for col in ("first", "second", "rate/s", "held dev-s", "SCT p50", "SCT p95"):
         t.add_column(col, justify="right" if col in ("rate/s",) else "left")
 
     def name(side: tuple[str, float | None]) -> str:
@@ -202,8 +204,11 @@ def paired(doc: dict[str, Any]) -> Table:
             a, b = pts.get((*first, r)), pts.get((*second, r))
             if a is None or b is None:
                 continue
-            held = ratio_cell(a, b, "device_held_s_per_session")
-            t.add_row(name(first), name(second), f"{r:g}", held, ratio_cell(a, b, "sct_p95_s"))
+            cells = [
+                ratio_cell(a, b, key)
+                for key in ("device_held_s_per_session", "sct_p50_s", "sct_p95_s")
+            ]
+            t.add_row(name(first), name(second), f"{r:g}", *cells)
     return t
 
 
