@@ -150,9 +150,11 @@ def tiny_cluster(
     instances: int = 1,
     policy: str = "talaria",
     keep_alive_s: float = math.inf,
+    **knobs: Any,
 ) -> EmbeddedCluster:
     """Two tiny random-weight models (Llama, Qwen2) on ``instances`` CPU instances whose
-    device budget holds one model's weights and a small KV pool."""
+    device budget holds one model's weights and a small KV pool (``knobs``: more of the
+    policy's fields)."""
     import attrs
     import torch
 
@@ -176,7 +178,7 @@ def tiny_cluster(
         for i in range(instances)
     ]
     pol = attrs.evolve(
-        POLICIES[policy], slot_max_s=0.5, slot_linger_s=0.05, keep_alive_s=keep_alive_s
+        POLICIES[policy], slot_max_s=0.5, slot_linger_s=0.05, keep_alive_s=keep_alive_s, **knobs
     )
     return cluster_from_loaded(specs, loaded, pol, torch.float32)
 

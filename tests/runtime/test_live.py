@@ -537,6 +537,36 @@ async def test_a_call_placed_on_an_idle_instance_is_planned_before_the_next_is_r
     assert placed == expected
 
 
+@pytest.mark.parametrize(("target", "spread"), [(1, True), (2, False)])
+async def test_the_autoscaler_scales_a_model_out_live_at_its_concurrency_target(
+    target: int, spread: bool
+) -> None:
+    """Two first calls of one model in one tick on two idle instances, live: with a target
+    of one call in flight per instance the second goes to the other instance, with two it
+    joins the first; every answer is the prompt's answered alone."""
+    params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    c = tiny_cluster(instances=2, policy="autoscale", concurrency_target=target)
+    async with live_of(c) as live:
+        await live.until_idle()
+        placed, streams = [], []
+        for i in range(2):  # no await that yields in between: one tick
+            lc, receive = await live.submit(
+                sk(f"s{i}"), "llama-tiny", prompt_for(i), params, StopChecker(params)
+            )
+            placed.append(lc.instance)
+            streams.append(receive)
+        answers = []
+        for receive in streams:
+            async with receive:
+                events = [ev async for ev in receive]
+            assert isinstance(events[-1], Finished)
+            answers.append(tuple(t for ev in events if isinstance(ev, Delta) for t in ev.token_ids))
+        live.check_integrity()
+    assert placed == (["cpu-0", "cpu-1"] if spread else ["cpu-0", "cpu-0"])
+    for i, ids in enumerate(answers):
+        assert ids == await alone("llama-tiny", prompt_for(i), 4)
+
+
 async def test_an_idle_instance_scales_to_zero_and_the_next_call_reloads_for_real() -> None:
     """No timer and no reservations (``serverless``): once its call is answered the instance
     gives its device back, its KV demoted to host; the session's next call switches the
