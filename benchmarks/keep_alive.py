@@ -120,7 +120,8 @@ def run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
     setting = ls.LoadSetting(
         pool_catalog(), args.instances, args.sessions, provision_s=args.provision
     )
-    knobs = tuned_knobs(args.tuned or [DEFAULT_TUNED], names, setting)
+    tuned = args.tuned or [DEFAULT_TUNED]
+    knobs = tuned_knobs(tuned, names, setting)
     plan = [(n, k, r) for n in names for k in keep for r in rates]
 
     jobs = [
@@ -156,7 +157,7 @@ def run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
         "seeds": seeds,
         "part": Part.TEST.value,
         "knobs": knobs,
-        "tuned_from": [str(p) for p in args.tuned or [DEFAULT_TUNED]],
+        "tuned_from": [str(p) for p in tuned],
         "points": points,
         "wall_s": time.monotonic() - started,
     }

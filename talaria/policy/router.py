@@ -152,7 +152,7 @@ def route(
     load_cap: float = 2.0,
     load_abs_tokens: int = 8192,
     calls_left: float = 1.0,
-    concurrency_target: int = 1,
+    concurrency_target: int = 2,
 ) -> Decision:
     """Pick an instance. Ties break by name so decisions are deterministic.
 
@@ -228,14 +228,10 @@ def scale_by_concurrency(views: Sequence[InstanceView], target: int) -> str:
         for v in views
         if v.model_calls or (v.residency is Residency.ACTIVE and not v.other_calls and not v.wake_s)
     ]
-    if mine and len(mine) >= -(-in_flight // target):
-        return min(mine, key=lambda v: (v.model_calls, v.load_tokens, v.name)).name
     free = [v for v in views if not v.model_calls and not v.other_calls]
-    if free:
-        return soonest_start(free)
-    if mine:
+    if mine and (len(mine) >= -(-in_flight // target) or not free):
         return min(mine, key=lambda v: (v.model_calls, v.load_tokens, v.name)).name
-    return soonest_start(views)
+    return soonest_start(free or views)
 
 
 class Candidate(Protocol):
