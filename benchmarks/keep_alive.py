@@ -41,6 +41,7 @@ from rich.progress import Progress, TaskID
 from rich.table import Table
 
 from talaria.cli_compare import progress_bar
+from talaria.config import PolicyConfig
 from talaria.errors import BadRequest
 from talaria.policy.baselines import POLICIES
 from talaria.policy.knobs import with_knobs
@@ -90,6 +91,41 @@ def tuned_knobs(
     return out
 
 
+def variants(names: Sequence[str], specs: Sequence[str]) -> list[tuple[str, str, dict[str, Any]]]:
+    """Each policy as it runs: (label, policy, knob overrides). A ``--vary`` spec
+    ``POLICY:KNOB=V1,V2`` replaces that policy's run by one per value, labelled
+    ``POLICY KNOB=V`` (the knob set over its tuned value); ``BadRequest`` for a policy not
+    run, a field ``PolicyConfig`` lacks or that is not a number, or a value not a number
+    (the policy's validators refuse values out of range when it is built)."""
+    fields = attrs.fields_dict(PolicyConfig)
+    varied: dict[str, list[tuple[str, Any]]] = {}
+    for spec in specs:
+        policy, sep, rest = spec.partition(":")
+        knob, eq, values = rest.partition("=")
+        if not (sep and eq and values) or policy not in names or knob not in fields:
+            raise BadRequest(
+                f"--vary {spec!r}: want POLICY:KNOB=V1,V2 with POLICY one of --policies "
+                f"({', '.join(names)}) and KNOB a PolicyConfig field"
+            )
+        kind = type(getattr(POLICIES[policy], knob))
+        if kind not in (int, float):
+            raise BadRequest(f"--vary {spec!r}: {knob} is not a number")
+        try:
+            numbers = [float(v) for v in values.split(",")]
+        except ValueError as exc:
+            raise BadRequest(f"--vary {spec!r}: {exc}") from None
+        if kind is int and not all(x.is_integer() for x in numbers):
+            raise BadRequest(f"--vary {spec!r}: {knob} takes whole numbers")
+        varied.setdefault(policy, []).extend((knob, kind(x)) for x in numbers)
+    out: list[tuple[str, str, dict[str, Any]]] = []
+    for name in names:
+        if name not in varied:
+            out.append((name, name, {}))
+        for knob, value in varied.get(name, []):
+            out.append((f"{name} {knob}={value:g}", name, {knob: value}))
+    return out
+
+
 def merge(docs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Runs on the same pool, seeds and provisioning as one: the first's fields, every
     run's points (a point in two runs: the first's). ``BadRequest`` where they differ."""
@@ -122,10 +158,13 @@ def run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
     )
     tuned = args.tuned or [DEFAULT_TUNED]
     knobs = tuned_knobs(tuned, names, setting)
-    plan = [(n, k, r) for n in names for k in keep for r in rates]
-
+    runs = variants(names, args.vary or [])
+    plan = [(label, k, r) for label, _, _ in runs for k in keep for r in rates]
+    configs = {
+        label: attrs.evolve(with_knobs(POLICIES[n], knobs[n]), **over) for label, n, over in runs
+    }
     jobs = [
-        ls.Job(setting, attrs.evolve(with_knobs(POLICIES[n], knobs[n]), keep_alive_s=k), *rs)
+        ls.Job(setting, attrs.evolve(configs[n], keep_alive_s=k), *rs)
         for n, k, r in plan
         for rs in ((Part.TEST, r, s) for s in seeds)
     ]
@@ -157,6 +196,7 @@ def run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
         "seeds": seeds,
         "part": Part.TEST.value,
         "knobs": knobs,
+        "varied": {label: over for label, _, over in runs if over},
         "tuned_from": [str(p) for p in tuned],
         "points": points,
         "wall_s": time.monotonic() - started,
@@ -318,6 +358,14 @@ def main() -> int:
         action="append",
         help=f"a tuned load.json (again for more; a policy's knobs from the first that "
         f"tuned it); default {DEFAULT_TUNED}",
+    )
+    p.add_argument(
+        "--vary",
+        action="append",
+        metavar="POLICY:KNOB=V1,V2",
+        help="run POLICY once per value of a PolicyConfig knob, over its tuned setting (e.g. "
+        "talaria:wake_charge_s=0,10,30 or autoscale:concurrency_target=2,8,64); each run is "
+        "a point labelled 'POLICY KNOB=V'. Again for another policy",
     )
     p.add_argument("--jobs", type=int, default=1)
     p.add_argument("--out", type=Path, default=Path("runs/keep-alive"))

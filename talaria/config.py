@@ -250,16 +250,18 @@ class PolicyConfig:
     while the soonest return is expected within a switch away and back).
 
     ``keep_alive_s`` is how long an instance with no call to serve stays provisioned before it
-    scales to zero (its devices are given back: the weights leave the device, its KV is
-    demoted to the host tier, and the next call there pays a load from host or disk). A
-    reservation keeps it provisioned until the reservation ends (``talaria.policy.keep_alive``).
-    Infinity (the default): instances never scale to zero. ``wake_shared``: the router
-    charges a call that would wake an instance at zero only its share of the wait for the
-    devices, the wait over the session's expected calls left (the session keeps the instance;
-    ``talaria.policy.router``); off, each call is charged the whole wait, as a per-request
-    router sees it. ``concurrency_target``: with ``Routing.CONCURRENCY_TARGET``, the calls in
-    flight (queued or running) per instance of a model above which the model scales out to
-    another instance (``talaria.policy.router``).
+    scales to zero (its devices are given back: the weights leave the device, its KV is demoted to
+    the host tier, and the next call there pays a load from host or disk). A reservation keeps it
+    provisioned until the reservation ends (``talaria.policy.keep_alive``). Infinity (the default):
+    instances never scale to zero. ``wake_shared``: the router charges a call that would wake an
+    instance at zero only its share of the wait for the devices, the wait over the session's
+    expected calls left (the session keeps the instance; ``talaria.policy.router``); off, each call
+    is charged the whole wait, as a per-request router sees it. ``wake_charge_s``: what the router
+    adds to the charge of a call that would wake an instance at zero, the devices' price in seconds
+    of latency (0: latency alone decides; higher: fewer wakes, calls share the instances already
+    up). ``concurrency_target``: with ``Routing.CONCURRENCY_TARGET``, the calls in flight (queued or
+    running) per instance of a model above which the model scales out to another instance
+    (``talaria.policy.router``).
     """
 
     name: str = attrs.field(validator=valid.name)
@@ -283,6 +285,7 @@ class PolicyConfig:
     slot_preempt_ratio: float = attrs.field(default=2.0, validator=valid.positive)
     keep_alive_s: float = attrs.field(default=math.inf, validator=valid.non_negative_or_infinite)
     wake_shared: bool = True
+    wake_charge_s: float = attrs.field(default=0.0, validator=valid.non_negative)
     max_batch_tokens: int = attrs.field(default=8192, validator=valid.positive_int)
     max_running: int = attrs.field(default=256, validator=valid.positive_int)
     cache_affinity_load_cap: float = attrs.field(default=2.0, validator=valid.positive)

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from benchmarks.keep_alive import merge, tuned_knobs
+from benchmarks.keep_alive import merge, tuned_knobs, variants
 from talaria.errors import BadRequest
 from talaria.sim.pool_catalog import pool_catalog
 from talaria.swebench_replay import load_sweep as ls
@@ -65,3 +65,35 @@ def test_reports_of_one_pool_merge_and_others_are_refused() -> None:
     ]
     with pytest.raises(BadRequest, match="must share"):
         merge([a, {**b, "provision_s": 0.0}])
+
+
+def test_a_varied_knob_replaces_its_policys_run_by_one_per_value() -> None:
+    runs = variants(
+        ["talaria", "autoscale", "serverless"],
+        ["talaria:wake_charge_s=0,12.5", "autoscale:concurrency_target=2,64"],
+    )
+    assert runs == [
+        ("talaria wake_charge_s=0", "talaria", {"wake_charge_s": 0.0}),
+        ("talaria wake_charge_s=12.5", "talaria", {"wake_charge_s": 12.5}),
+        ("autoscale concurrency_target=2", "autoscale", {"concurrency_target": 2}),
+        ("autoscale concurrency_target=64", "autoscale", {"concurrency_target": 64}),
+        ("serverless", "serverless", {}),
+    ]
+    assert isinstance(runs[2][2]["concurrency_target"], int)
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "round:wake_charge_s=1",  # a policy not run
+        "talaria:no_such_knob=1",
+        "talaria:wake_charge_s",  # no values
+        "talaria=wake_charge_s=1",
+        "talaria:wake_charge_s=ten",
+        "talaria:session_prefill=0",  # not a number
+        "autoscale:concurrency_target=2.5",
+    ],
+)
+def test_a_bad_vary_spec_is_refused_with_what_is_wanted(spec: str) -> None:
+    with pytest.raises(BadRequest, match="--vary"):
+        variants(["talaria", "autoscale"], [spec])

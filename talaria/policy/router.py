@@ -22,6 +22,9 @@ model's switch recurs on its later calls. So ``EXPECTED_COMPLETION`` ranks by th
 *charge* (``Estimate.charge_s``): the estimate with the wake shared over the session's
 expected calls left (``calls_left``, learned from ended sessions), where the policy says so
 (``PolicyConfig.wake_shared``); the estimate itself stays the call's expected completion.
+A wake also commits devices the pool pays for: ``PolicyConfig.wake_charge_s`` adds that
+price, in seconds of latency, to the charge of a call that would wake an instance (0, the
+default: latency alone decides), the knob that trades a session's latency for device-seconds.
 The baselines rank differently (``Routing``) but report the same breakdown.
 
 ``search`` is where a call's instance is chosen: with expected-completion routing it ranks
@@ -91,11 +94,14 @@ class Estimate:
     def total_s(self) -> float:
         return self.slot_wait_s + self.switch_s + self.kv_prep_s + self.queue_s + self.service_s
 
-    def charge_s(self, calls_left: float) -> float:
+    def charge_s(self, calls_left: float, wake_charge_s: float = 0.0) -> float:
         """``total_s`` with the wake shared over ``calls_left`` calls (>= 1; this one
-        included): what the call is charged when the session keeps the woken instance."""
+        included): what the call is charged when the session keeps the woken instance; plus
+        ``wake_charge_s`` where the call wakes an instance at zero (the pool's price of
+        provisioning devices, in seconds of latency; 0: none)."""
         later = later_share_s(self.wake_s, calls_left)
-        return self.total_s - later if later else self.total_s
+        charge = self.total_s - later if later else self.total_s
+        return charge + wake_charge_s if self.wake_s and wake_charge_s else charge
 
 
 def later_share_s(wake_s: float, calls_left: float) -> float:
@@ -153,19 +159,20 @@ def route(
     load_abs_tokens: int = 8192,
     calls_left: float = 1.0,
     concurrency_target: int = 2,
+    wake_charge_s: float = 0.0,
 ) -> Decision:
     """Pick an instance. Ties break by name so decisions are deterministic.
 
     ``EXPECTED_COMPLETION`` takes the minimum charge (the estimate with a wake shared over
-    ``calls_left`` calls; 1: the estimate); ``LEAST_LOADED`` the fewest tokens
-    queued and running; ``STICKY`` the instance that served the session last, else least
-    loaded; ``CACHE_AFFINITY`` the longest device prefix unless that instance's load exceeds
-    ``load_cap`` times the lightest load *and* the lightest load by ``load_abs_tokens``
-    (SGLang router's relative and absolute balance thresholds; then least loaded);
-    ``STARTUP_TIME`` the least time until the call can start there, its slot wait, model
-    load and queue (ServerlessLLM's locality-aware placement by estimated startup time; the
-    KV and the answer do not count), ties to the less loaded; ``CONCURRENCY_TARGET`` as a
-    serverless autoscaler (:func:`scale_by_concurrency`).
+    ``calls_left`` calls, 1: the estimate; plus ``wake_charge_s`` for a wake); ``LEAST_LOADED`` the
+    fewest tokens queued and running; ``STICKY`` the instance that served the session last, else
+    least loaded; ``CACHE_AFFINITY`` the longest device prefix unless that instance's load exceeds
+    ``load_cap`` times the lightest load *and* the lightest load by ``load_abs_tokens`` (SGLang
+    router's relative and absolute balance thresholds; then least loaded); ``STARTUP_TIME`` the
+    least time until the call can start there, its slot wait, model load and queue (ServerlessLLM's
+    locality-aware placement by estimated startup time; the KV and the answer do not count), ties to
+    the less loaded; ``CONCURRENCY_TARGET`` as a serverless autoscaler
+    (:func:`scale_by_concurrency`).
     """
     if not views:
         raise Overloaded("no instance can serve this model now")
@@ -175,7 +182,9 @@ def route(
         return min(views, key=lambda v: (v.load_tokens, v.name)).name
 
     if routing is Routing.EXPECTED_COMPLETION:
-        chosen = min(ests, key=lambda e: (e.charge_s(calls_left), e.instance)).instance
+        chosen = min(
+            ests, key=lambda e: (e.charge_s(calls_left, wake_charge_s), e.instance)
+        ).instance
     elif routing is Routing.LEAST_LOADED:
         chosen = least_loaded()
     elif routing is Routing.STICKY:
@@ -288,6 +297,7 @@ def search(
     # ``route`` takes the least (charge, name); a candidate can beat the best so far only
     # if its (bound, name) is below the best's (charge, name): pop in that order, stop there
     left = calls_left if policy.wake_shared else 1.0
+    wake = policy.wake_charge_s  # not in the bounds: they stay below every charge
     bounds = [
         (c.bound_s(call.model, expected_output, left), c.name, i, False)
         for i, c in enumerate(candidates)
@@ -305,6 +315,8 @@ def search(
                 continue
         view = cand.view(call, now, cand.name == last_instance)
         exact.append(view)
-        charge = estimate(view, known_tokens, expected_output).charge_s(left)
+        charge = estimate(view, known_tokens, expected_output).charge_s(left, wake)
         best = min(best, (charge, view.name))
-    return route(exact, policy.routing, known_tokens, expected_output, calls_left=left)
+    return route(
+        exact, policy.routing, known_tokens, expected_output, calls_left=left, wake_charge_s=wake
+    )

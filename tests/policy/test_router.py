@@ -228,6 +228,30 @@ def test_a_wake_is_charged_once_over_the_sessions_calls_left() -> None:
     assert route([warm, zero], Routing.STARTUP_TIME, 0, 100, calls_left=30.0).instance == "a"
 
 
+def test_a_wake_charge_keeps_the_call_on_an_instance_already_up() -> None:
+    """The same two instances, the session's 30 calls left: b is charged 3 s of switch and
+    wake share against a's 12 s. A price of 8 s on a wake still leaves b cheaper (11 s);
+    at 10 s the call waits on a (13 s against 12); the price is not shared and touches no
+    instance that is up. The estimates stay the call's expected completion."""
+    warm = view("a", slot_wait_s=10.0, switch_s=2.0)
+    zero = view("b", switch_s=32.0, wake_s=30.0)
+    service = 10.0 + 100 * 0.01
+    cheap = route(
+        [warm, zero], Routing.EXPECTED_COMPLETION, 0, 100, calls_left=30.0, wake_charge_s=8.0
+    )
+    assert cheap.instance == "b" and cheap.chosen.charge_s(30.0, 8.0) == pytest.approx(
+        11.0 + service
+    )
+    dear = route(
+        [warm, zero], Routing.EXPECTED_COMPLETION, 0, 100, calls_left=30.0, wake_charge_s=10.0
+    )
+    assert dear.instance == "a"
+    assert dear.chosen.charge_s(30.0, 10.0) == dear.chosen.total_s == pytest.approx(12.0 + service)
+    assert {e.instance: e.total_s for e in dear.estimates} == {
+        e.instance: e.total_s for e in cheap.estimates
+    }
+
+
 def test_concurrency_target_scales_out_at_the_target_and_places_by_startup_time() -> None:
     """a serves the model (2 calls); b is idle with another model loaded (2 s to switch); c
     is at zero (30 s to provision + 2 s); d is busy with another model. With this call 3 are
@@ -348,16 +372,19 @@ def test_estimates_are_finite_non_negative_and_account_for_every_token(
     out=st.integers(0, 10**5),
     left=st.floats(1.0, 1e6),
     more=st.floats(0.0, 1e6),
+    price=st.floats(0.0, 1e6),
 )
 def test_a_charge_is_the_estimate_less_at_most_the_wake_and_falls_with_calls_left(
-    v: InstanceView, known: int, out: int, left: float, more: float
+    v: InstanceView, known: int, out: int, left: float, more: float, price: float
 ) -> None:
+    """... and a wake charge adds its price to a wake's charge, to no other."""
     e = estimate(v, known, out)
     assert e.charge_s(1.0) == e.total_s
     charge = e.charge_s(left)
     assert e.total_s - e.wake_s - 1e-9 * e.total_s <= charge <= e.total_s
     assert e.charge_s(left + more) <= charge
     assert charge >= 0.0 and math.isfinite(charge)
+    assert e.charge_s(left, price) == (charge + price if e.wake_s else charge)
 
 
 @settings(max_examples=examples(300), deadline=None)
@@ -473,6 +500,7 @@ class _Candidate:
     last=st.sampled_from([None, "a", "b", "z"]),
     left=st.sampled_from([1.0]) | st.floats(1.0, 1e4),
     shared=st.booleans(),
+    price=st.sampled_from([0.0]) | st.floats(0.0, 1e4),
 )
 def test_the_pruned_search_decides_as_ranking_every_view(
     vs: tuple[InstanceView, ...],
@@ -482,12 +510,14 @@ def test_the_pruned_search_decides_as_ranking_every_view(
     last: str | None,
     left: float,
     shared: bool,
+    price: float,
 ) -> None:
     """``known_tokens`` is 0 so that each candidate's bound (its charge at no history, less
     a slack) is a true lower bound, as the instance's optimistic view guarantees. A policy
-    that does not share wakes ranks by the whole estimate whatever the calls left."""
+    that does not share wakes ranks by the whole estimate whatever the calls left; a wake
+    charge is left out of the bounds (they stay lower bounds) and decides as in ``route``."""
     cands = [_Candidate(v, s) for v, s in zip(vs, slack, strict=False)]
-    policy = PolicyConfig(name="p", routing=routing, wake_shared=shared)
+    policy = PolicyConfig(name="p", routing=routing, wake_shared=shared, wake_charge_s=price)
     call = Call("s", 0, "m", TokenSeq((1, 2, 3)), out)
     d = search(
         cands,
@@ -508,6 +538,7 @@ def test_the_pruned_search_decides_as_ranking_every_view(
         policy.cache_affinity_load_cap,
         policy.cache_affinity_abs_tokens,
         calls_left=left if shared else 1.0,
+        wake_charge_s=price,
     )
     assert d.instance == full.instance
     assert d.chosen.total_s == full.chosen.total_s
