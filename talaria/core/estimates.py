@@ -76,23 +76,30 @@ class InstanceEstimates:
         """The instance's name."""
         return self.spec.name
 
-    def bound_s(self, model: str, expected_output: int, calls_left: float = 1.0) -> float:
-        """A lower bound of the router's charge (``Estimate.charge_s(calls_left)``) for any
-        call of ``model`` here: the charge of the optimistic view (``optimistic_view``), so
-        it cannot exceed the exact one. Where a wake is shared the sum is taken a relative
+    def bound_s(
+        self, model: str, expected_output: int, calls_left: float = 1.0, wake_charge_s: float = 0.0
+    ) -> float:
+        """A lower bound of the router's charge (``Estimate.charge_s(calls_left,
+        wake_charge_s)``) for any call of ``model`` here: the charge of the optimistic view
+        (``optimistic_view``, which wakes the instance exactly when a real call's view does),
+        so it cannot exceed the exact one. Where a wake is shared the sum is taken a relative
         ``_BOUND_SLACK`` low (the exact charge subtracts the shared part in another order)."""
         terms = self._terms(model)
         bound = terms[0] + expected_output * terms[1]
+        if terms[3] and wake_charge_s:
+            bound += wake_charge_s
         later = later_share_s(terms[3], calls_left)
         return (bound - later) * (1.0 - _BOUND_SLACK) if later else bound
 
-    def prefill_bound_s(self, call: Call, expected_output: int, calls_left: float = 1.0) -> float:
+    def prefill_bound_s(
+        self, call: Call, expected_output: int, calls_left: float = 1.0, wake_charge_s: float = 0.0
+    ) -> float:
         """A tighter lower bound for ``call`` itself: ``bound_s`` plus the prefill of the
         whole prompt when no block of its prefix has KV here (device or host), so that its
         exact view's match is empty too; ``bound_s`` where some is cached. The sum is taken a
         relative ``_BOUND_SLACK`` low, so that float rounding (the exact estimate adds the
         same non-negative terms in another order) cannot put it above the exact estimate."""
-        bound = self.bound_s(call.model, expected_output, calls_left)
+        bound = self.bound_s(call.model, expected_output, calls_left, wake_charge_s)
         if self.kv.holds_prefix(call.model, call.tenant, call.prompt):
             return bound
         return (bound + call.prompt_tokens / self._terms(call.model)[2]) * (1.0 - _BOUND_SLACK)

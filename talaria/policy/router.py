@@ -249,12 +249,16 @@ class Candidate(Protocol):
     @property
     def name(self) -> str: ...
 
-    def bound_s(self, model: str, expected_output: int, calls_left: float = 1.0) -> float:
-        """At most the charge (``Estimate.charge_s(calls_left)``) of any call of ``model``
-        with that answer length here."""
+    def bound_s(
+        self, model: str, expected_output: int, calls_left: float = 1.0, wake_charge_s: float = 0.0
+    ) -> float:
+        """At most the charge (``Estimate.charge_s(calls_left, wake_charge_s)``) of any call
+        of ``model`` with that answer length here."""
         ...
 
-    def prefill_bound_s(self, call: Call, expected_output: int, calls_left: float = 1.0) -> float:
+    def prefill_bound_s(
+        self, call: Call, expected_output: int, calls_left: float = 1.0, wake_charge_s: float = 0.0
+    ) -> float:
         """At most the charge of ``call`` with that answer length here, at least
         ``bound_s`` (cheap, not free: it may look up the call's prefix)."""
         ...
@@ -297,9 +301,9 @@ def search(
     # ``route`` takes the least (charge, name); a candidate can beat the best so far only
     # if its (bound, name) is below the best's (charge, name): pop in that order, stop there
     left = calls_left if policy.wake_shared else 1.0
-    wake = policy.wake_charge_s  # not in the bounds: they stay below every charge
+    wake = policy.wake_charge_s
     bounds = [
-        (c.bound_s(call.model, expected_output, left), c.name, i, False)
+        (c.bound_s(call.model, expected_output, left, wake), c.name, i, False)
         for i, c in enumerate(candidates)
     ]
     heapq.heapify(bounds)
@@ -309,7 +313,7 @@ def search(
         bound, name, i, tightened = heapq.heappop(bounds)
         cand = candidates[i]
         if not tightened:
-            tight = cand.prefill_bound_s(call, expected_output, left)
+            tight = cand.prefill_bound_s(call, expected_output, left, wake)
             if tight > bound:  # back in line at the tighter bound
                 heapq.heappush(bounds, (tight, name, i, True))
                 continue

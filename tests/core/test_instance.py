@@ -624,6 +624,7 @@ from talaria.policy.router import estimate  # noqa: E402
     reuse=st.booleans(),
     left=st.sampled_from([1.0, 11.0]) | st.floats(1.0, 1e4),
     wake=st.booleans(),
+    price=st.sampled_from([0.0, 30.0]) | st.floats(0.0, 1e4),
 )
 def test_the_routing_bound_never_exceeds_the_exact_estimate(
     calls: list[tuple[str, int, int, int]],
@@ -632,11 +633,12 @@ def test_the_routing_bound_never_exceeds_the_exact_estimate(
     reuse: bool,
     left: float,
     wake: bool,
+    price: float,
 ) -> None:
     """Whatever the instances hold (queued, running, finished and cached sessions), the
     optimistic view's charge is at most the exact charge of any call (the estimate with a
-    wake shared over ``left`` calls, on a pool whose instances start at zero where ``wake``):
-    the pruning search can never skip the best instance."""
+    wake shared over ``left`` calls, on a pool whose instances start at zero where ``wake``,
+    and ``price`` charged for a wake): the pruning search can never skip the best instance."""
     cc = wake_pool(attrs.evolve(TALARIA, keep_alive_s=0.0)) if wake else cluster_core()
     prompts = []
     for i, (m, n, out, steps) in enumerate(calls):
@@ -656,9 +658,9 @@ def test_the_routing_bound_never_exceeds_the_exact_estimate(
     call = Call("probe", 0, model, prompt, out)
     for inst in cc.instances.values():
         view = inst.estimates.view(call, 9.0, False)
-        exact = estimate(view, known, out).charge_s(left)
-        bound = inst.estimates.prefill_bound_s(call, out, left)
-        assert inst.estimates.bound_s(model, out, left) <= bound <= exact
+        exact = estimate(view, known, out).charge_s(left, price)
+        bound = inst.estimates.prefill_bound_s(call, out, left, price)
+        assert inst.estimates.bound_s(model, out, left, price) <= bound <= exact
         if not inst.kv.holds_prefix(model, call.tenant, prompt):  # the bound counts the prefill
             assert view.match.device_tokens == view.match.host_tokens == 0
             at_zero = attrs.evolve(  # the bound leaves out the hold of another model's slot
@@ -666,7 +668,7 @@ def test_the_routing_bound_never_exceeds_the_exact_estimate(
                 decode_step_s=inst.estimates.optimistic_view(model).decode_step_s,
                 slot_wait_s=inst.estimates.slot_wait_s(model),
             )
-            assert bound >= estimate(at_zero, known, out).charge_s(left) * (1 - 1e-9)
+            assert bound >= estimate(at_zero, known, out).charge_s(left, price) * (1 - 1e-9)
     cc.check_integrity()
 
 

@@ -475,13 +475,17 @@ class _Candidate:
     def name(self) -> str:
         return self.exact.name
 
-    def bound_s(self, model: str, expected_output: int, calls_left: float = 1.0) -> float:
-        charge = estimate(self.exact, 0, expected_output).charge_s(calls_left)
+    def bound_s(
+        self, model: str, expected_output: int, calls_left: float = 1.0, wake_charge_s: float = 0.0
+    ) -> float:
+        charge = estimate(self.exact, 0, expected_output).charge_s(calls_left, wake_charge_s)
         return max(0.0, charge - self.slack)
 
-    def prefill_bound_s(self, call: Call, expected_output: int, calls_left: float = 1.0) -> float:
-        bound = self.bound_s(call.model, expected_output, calls_left)
-        charge = estimate(self.exact, 0, expected_output).charge_s(calls_left)
+    def prefill_bound_s(
+        self, call: Call, expected_output: int, calls_left: float = 1.0, wake_charge_s: float = 0.0
+    ) -> float:
+        bound = self.bound_s(call.model, expected_output, calls_left, wake_charge_s)
+        charge = estimate(self.exact, 0, expected_output).charge_s(calls_left, wake_charge_s)
         return bound + self.tight * (charge - bound)
 
     def view(self, call: Call, now: float, served_last: bool) -> InstanceView:
