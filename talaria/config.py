@@ -259,7 +259,10 @@ class PolicyConfig:
     is charged the whole wait, as a per-request router sees it. ``wake_charge_s``: what the router
     adds to the charge of a call that would wake an instance at zero, the devices' price in seconds
     of latency (0: latency alone decides; higher: fewer wakes, calls share the instances already
-    up). ``concurrency_target``: with ``Routing.CONCURRENCY_TARGET``, the calls in flight (queued or
+    up). ``pack_slack``: a call whose model has calls in flight on some instance goes to the
+    cheapest of those whose charge is within ``1 + pack_slack`` times the least charge (it joins its
+    model's batch there instead of starting the model on another instance; 0: the least charge).
+    ``concurrency_target``: with ``Routing.CONCURRENCY_TARGET``, the calls in flight (queued or
     running) per instance of a model above which the model scales out to another instance
     (``talaria.policy.router``).
     """
@@ -286,6 +289,7 @@ class PolicyConfig:
     keep_alive_s: float = attrs.field(default=math.inf, validator=valid.non_negative_or_infinite)
     wake_shared: bool = True
     wake_charge_s: float = attrs.field(default=0.0, validator=valid.non_negative)
+    pack_slack: float = attrs.field(default=0.0, validator=valid.non_negative)
     max_batch_tokens: int = attrs.field(default=8192, validator=valid.positive_int)
     max_running: int = attrs.field(default=256, validator=valid.positive_int)
     cache_affinity_load_cap: float = attrs.field(default=2.0, validator=valid.positive)

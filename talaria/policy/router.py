@@ -160,6 +160,7 @@ def route(
     calls_left: float = 1.0,
     concurrency_target: int = 2,
     wake_charge_s: float = 0.0,
+    pack_slack: float = 0.0,
 ) -> Decision:
     """Pick an instance. Ties break by name so decisions are deterministic.
 
@@ -182,9 +183,7 @@ def route(
         return min(views, key=lambda v: (v.load_tokens, v.name)).name
 
     if routing is Routing.EXPECTED_COMPLETION:
-        chosen = min(
-            ests, key=lambda e: (e.charge_s(calls_left, wake_charge_s), e.instance)
-        ).instance
+        chosen = packed(views, ests, calls_left, wake_charge_s, pack_slack)
     elif routing is Routing.LEAST_LOADED:
         chosen = least_loaded()
     elif routing is Routing.STICKY:
@@ -202,6 +201,27 @@ def route(
     else:
         raise ConfigError(f"unknown routing {routing!r}")
     return Decision(chosen, ests, routing)
+
+
+def packed(
+    views: Sequence[InstanceView],
+    ests: Sequence[Estimate],
+    calls_left: float,
+    wake_charge_s: float,
+    pack_slack: float,
+) -> str:
+    """Expected-completion's choice: the least (charge, name); with ``pack_slack`` > 0, the
+    least of the instances holding calls of the call's model whose charge is within ``1 +
+    pack_slack`` times the least, where there is one (the call joins its model's batch there
+    rather than start the model on another instance; its charge rises by at most that
+    factor)."""
+    charges = [(e.charge_s(calls_left, wake_charge_s), e.instance) for e in ests]
+    best = min(charges)
+    if not pack_slack:
+        return best[1]
+    within = best[0] * (1.0 + pack_slack)
+    joins = [c for c, v in zip(charges, views, strict=True) if v.model_calls and c[0] <= within]
+    return min(joins)[1] if joins else best[1]
 
 
 def soonest_start(views: Sequence[InstanceView]) -> str:
@@ -309,7 +329,13 @@ def search(
     heapq.heapify(bounds)
     exact: list[InstanceView] = []
     best: tuple[float, str] = (math.inf, "")
-    while bounds and bounds[0][:2] < best:
+    within = 1.0 + policy.pack_slack  # a charge within best * within may still be chosen
+
+    def may_win() -> bool:
+        head = bounds[0][:2]
+        return head < best or (policy.pack_slack > 0 and head[0] <= best[0] * within)
+
+    while bounds and may_win():
         bound, name, i, tightened = heapq.heappop(bounds)
         cand = candidates[i]
         if not tightened:
@@ -322,5 +348,11 @@ def search(
         charge = estimate(view, known_tokens, expected_output).charge_s(left, wake)
         best = min(best, (charge, view.name))
     return route(
-        exact, policy.routing, known_tokens, expected_output, calls_left=left, wake_charge_s=wake
+        exact,
+        policy.routing,
+        known_tokens,
+        expected_output,
+        calls_left=left,
+        wake_charge_s=wake,
+        pack_slack=policy.pack_slack,
     )

@@ -252,6 +252,25 @@ def test_a_wake_charge_keeps_the_call_on_an_instance_already_up() -> None:
     }
 
 
+def test_a_pack_slack_joins_the_models_batch_within_the_slack() -> None:
+    """a is idle (11 s: the whole prompt's prefill and the answer); b runs 3 calls of the
+    model and its slot holds it 1 s longer (12 s); c is as dear as b with another model's
+    calls only. No slack: a. A slack of 10% (12.1 s): b, its model's batch. 5% (11.55 s):
+    a again; c is never a join."""
+    views = [
+        view("a"),
+        view("b", queue_s=1.0, mine=3),
+        view("c", queue_s=1.0, others=3),
+    ]
+    pick = {
+        slack: route(views, Routing.EXPECTED_COMPLETION, 0, 100, pack_slack=slack).instance
+        for slack in (0.0, 0.05, 0.1, 10.0)
+    }
+    assert pick == {0.0: "a", 0.05: "a", 0.1: "b", 10.0: "b"}
+    without_b = [views[0], views[2]]
+    assert route(without_b, Routing.EXPECTED_COMPLETION, 0, 100, pack_slack=10.0).instance == "a"
+
+
 def test_concurrency_target_scales_out_at_the_target_and_places_by_startup_time() -> None:
     """a serves the model (2 calls); b is idle with another model loaded (2 s to switch); c
     is at zero (30 s to provision + 2 s); d is busy with another model. With this call 3 are
@@ -419,6 +438,29 @@ def test_every_rule_picks_a_candidate_and_talaria_picks_the_minimum(
 
 @settings(max_examples=examples(300), deadline=None)
 @given(
+    vs=st.lists(st.sampled_from("abcdef"), min_size=1, max_size=6, unique=True).flatmap(
+        lambda names: st.tuples(*[_views(n) for n in names])
+    ),
+    slack=st.floats(0.0, 4.0),
+    left=st.sampled_from([1.0]) | st.floats(1.0, 1e4),
+)
+def test_a_packed_call_costs_at_most_the_slack_and_joins_where_it_can(
+    vs: tuple[InstanceView, ...], slack: float, left: float
+) -> None:
+    d = route(vs, Routing.EXPECTED_COMPLETION, 7, 50, calls_left=left, pack_slack=slack)
+    charge = {e.instance: e.charge_s(left) for e in d.estimates}
+    least = min(charge.values())
+    assert charge[d.instance] <= least * (1 + slack)
+    joins = [v.name for v in vs if v.model_calls and charge[v.name] <= least * (1 + slack)]
+    chosen = next(v for v in vs if v.name == d.instance)
+    if joins:
+        assert chosen.model_calls and charge[d.instance] == min(charge[n] for n in joins)
+    else:
+        assert charge[d.instance] == least
+
+
+@settings(max_examples=examples(300), deadline=None)
+@given(
     vs=st.lists(st.sampled_from("abcdefgh"), min_size=1, max_size=8, unique=True).flatmap(
         lambda names: st.tuples(*[_views(n) for n in names])
     ),
@@ -505,6 +547,7 @@ class _Candidate:
     left=st.sampled_from([1.0]) | st.floats(1.0, 1e4),
     shared=st.booleans(),
     price=st.sampled_from([0.0]) | st.floats(0.0, 1e4),
+    pack=st.sampled_from([0.0]) | st.floats(0.0, 2.0),
 )
 def test_the_pruned_search_decides_as_ranking_every_view(
     vs: tuple[InstanceView, ...],
@@ -515,13 +558,16 @@ def test_the_pruned_search_decides_as_ranking_every_view(
     left: float,
     shared: bool,
     price: float,
+    pack: float,
 ) -> None:
     """``known_tokens`` is 0 so that each candidate's bound (its charge at no history, less
     a slack) is a true lower bound, as the instance's optimistic view guarantees. A policy
     that does not share wakes ranks by the whole estimate whatever the calls left; a wake
     charge is left out of the bounds (they stay lower bounds) and decides as in ``route``."""
     cands = [_Candidate(v, s) for v, s in zip(vs, slack, strict=False)]
-    policy = PolicyConfig(name="p", routing=routing, wake_shared=shared, wake_charge_s=price)
+    policy = PolicyConfig(
+        name="p", routing=routing, wake_shared=shared, wake_charge_s=price, pack_slack=pack
+    )
     call = Call("s", 0, "m", TokenSeq((1, 2, 3)), out)
     d = search(
         cands,
@@ -543,11 +589,29 @@ def test_the_pruned_search_decides_as_ranking_every_view(
         policy.cache_affinity_abs_tokens,
         calls_left=left if shared else 1.0,
         wake_charge_s=price,
+        pack_slack=pack,
     )
     assert d.instance == full.instance
     assert d.chosen.total_s == full.chosen.total_s
     if routing is not Routing.EXPECTED_COMPLETION:
         assert all(c.viewed == 1 for c in cands)  # the baselines rank every view
+
+
+def test_the_search_views_the_joins_within_the_slack_beyond_the_best() -> None:
+    """The pack slack's search goes past the best charge: b (its model's batch, 12 s, its
+    bound exact) is viewed after a (11 s) with a 10% slack and chosen; with none it is
+    never viewed. d's bound (13.5 s) is past the slack: never viewed."""
+    a, b = _Candidate(view("a"), 0.0), _Candidate(view("b", queue_s=1.0, mine=3), 0.0)
+    d = _Candidate(view("d", queue_s=2.5, mine=1), 0.0)
+    call = Call("s", 0, "m", TokenSeq((1, 2, 3)), 100)
+    for slack, chosen, viewed in ((0.1, "b", [1, 1, 0]), (0.0, "a", [1, 0, 0])):
+        for c in (a, b, d):
+            c.viewed = 0
+        policy = PolicyConfig(name="p", pack_slack=slack)
+        got = search(
+            [a, b, d], call, 0.0, policy, last_instance=None, known_tokens=0, expected_output=100
+        )
+        assert got.instance == chosen and [c.viewed for c in (a, b, d)] == viewed
 
 
 def test_a_tightened_bound_spares_the_exact_views_of_instances_without_the_prefix() -> None:
