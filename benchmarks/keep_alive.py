@@ -130,7 +130,7 @@ def merge(docs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Runs on the same pool, seeds and provisioning as one: the first's fields, every
     run's points (a point in two runs: the first's). ``BadRequest`` where they differ."""
     first = docs[0]
-    key = ("instances", "sessions_per_point", "seeds", "provision_s")
+    key = ("instances", "sessions_per_point", "seeds", "provision_s", "part")
     for doc in docs[1:]:
         if any(doc[k] != first[k] for k in key):
             raise BadRequest(f"reports to merge must share {', '.join(key)}")
@@ -166,12 +166,14 @@ def run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
     jobs = [
         ls.Job(setting, attrs.evolve(configs[n], keep_alive_s=k), *rs)
         for n, k, r in plan
-        for rs in ((Part.TEST, r, s) for s in seeds)
+        for rs in ((Part(args.part), r, s) for s in seeds)
     ]
     started = time.monotonic()
     with progress_bar(console) as bar:
         task = bar.add_task("isolated times", total=None)
-        isolated = ls.isolated_times(setting, seeds, rates[0], args.jobs, _tell(bar, task))
+        isolated = ls.isolated_times(
+            setting, seeds, rates[0], args.jobs, _tell(bar, task), Part(args.part)
+        )
         task = bar.add_task("policies x keep-alive x rates", total=None)
         played_all = ls.execute_all(ls.play, jobs, args.jobs, _tell(bar, task))
     played = iter(played_all)
@@ -194,7 +196,7 @@ def run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
         "sessions_per_point": args.sessions,
         "provision_s": args.provision,
         "seeds": seeds,
-        "part": Part.TEST.value,
+        "part": args.part,
         "knobs": knobs,
         "varied": {label: over for label, _, over in runs if over},
         "tuned_from": [str(p) for p in tuned],
@@ -342,7 +344,14 @@ def main() -> int:
     p.add_argument("--instances", type=int, default=8)
     p.add_argument("--sessions", type=int, default=40, help="arrivals per point")
     p.add_argument("--rates", default="0.05,0.5")
-    p.add_argument("--seeds", default="0,1,2", help="test seeds")
+    p.add_argument("--seeds", default="0,1,2", help="seeds of the part's arrivals")
+    p.add_argument(
+        "--part",
+        choices=[Part.TEST.value, Part.TUNE.value],
+        default=Part.TEST.value,
+        help="the traces' part the arrivals draw from: test (default), or tune, to choose a "
+        "trade-off knob (--vary) before a test run",
+    )
     p.add_argument("--keep-alive", default="0,10,60,300,inf", help="seconds, a list")
     p.add_argument("--policies", default="talaria,talaria-no-reserve,serverless")
     p.add_argument(

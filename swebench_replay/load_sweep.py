@@ -406,11 +406,12 @@ def isolated_times(
     rate: float,
     workers: int = 1,
     on_done: Progress | None = None,
+    part: Part = Part.TEST,
 ) -> dict[tuple[str, str], float]:
-    """Each (trace session, model) pair the test part's arrivals draw: its isolated SCT."""
+    """Each (trace session, model) pair ``part``'s arrivals draw: its isolated SCT."""
     scripts: dict[tuple[str, str], SessionScript] = {}
     for seed in seeds:
-        load = open_load(setting, Part.TEST, rate, seed)
+        load = open_load(setting, part, rate, seed)
         by = load.by_session
         for s in load.scripts:
             scripts.setdefault(_key(by[s.session_id]), s)

@@ -54,7 +54,13 @@ def point(policy: str, keep: float | None, p95: float) -> dict[str, Any]:
 
 
 def test_reports_of_one_pool_merge_and_others_are_refused() -> None:
-    head = {"instances": 8, "sessions_per_point": 40, "seeds": [0, 1, 2], "provision_s": 30.0}
+    head = {
+        "instances": 8,
+        "sessions_per_point": 40,
+        "seeds": [0, 1, 2],
+        "provision_s": 30.0,
+        "part": "test",
+    }
     a = {**head, "points": [point("talaria", 0.0, 1.0), point("serverless", 10.0, 2.0)]}
     b = {**head, "points": [point("autoscale", 10.0, 3.0), point("talaria", 0.0, 9.0)]}
     merged = merge([a, b])
@@ -65,6 +71,8 @@ def test_reports_of_one_pool_merge_and_others_are_refused() -> None:
     ]
     with pytest.raises(BadRequest, match="must share"):
         merge([a, {**b, "provision_s": 0.0}])
+    with pytest.raises(BadRequest, match="must share"):
+        merge([a, {**b, "part": "tune"}])  # a knob chosen on the tune part is not a test point
 
 
 def test_a_varied_knob_replaces_its_policys_run_by_one_per_value() -> None:
