@@ -43,7 +43,7 @@ from talaria.sim.catalog import PAPER_MODELS
 from talaria.types import Call, EventKind, TokenSeq
 
 
-def build(n_instances: int, policy: str) -> ClusterCore:
+def build(n_instances: int, policy: str, pack_slack: float = 0.0) -> ClusterCore:
     hw = profile("h200-tp8")
     base = hw.instances(1)[0]
     specs = [attrs.evolve(base, name=f"i{i}") for i in range(n_instances)]
@@ -51,7 +51,8 @@ def build(n_instances: int, policy: str) -> ClusterCore:
     estimators: dict[str, Estimator] = {
         s.name: CostModelEstimator(CostModel(hw, s.n_devices), PAPER_MODELS) for s in specs
     }
-    return ClusterCore(cluster, POLICIES[policy], estimators)
+    config = attrs.evolve(POLICIES[policy], pack_slack=pack_slack)
+    return ClusterCore(cluster, config, estimators)
 
 
 def run_call(core: ClusterCore, call: Call, history: TokenSeq, now: float) -> InstanceCore:
@@ -75,7 +76,7 @@ def drain(inst: InstanceCore, now: float) -> list[Request]:
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     rng = random.Random(args.seed)
-    core = build(args.instances, args.policy)
+    core = build(args.instances, args.policy, args.pack_slack)
     models = [m.name for m in PAPER_MODELS]
     prompts: dict[str, TokenSeq] = {}
     histories: dict[str, TokenSeq] = {}
@@ -120,6 +121,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "sessions": args.sessions,
         "decisions": args.decisions,
         "policy": args.policy,
+        "pack_slack": args.pack_slack,
         "gc_freeze": args.gc_freeze,
         **_stats("decision", [s[0] for s in samples]),
         **_stats("route", [s[1] for s in samples]),
@@ -144,6 +146,13 @@ def main() -> None:
     p.add_argument("--decisions", type=int, default=2_000, help="timed decisions")
     p.add_argument("--prompt-tokens", type=int, default=2_000, help="first prompt length")
     p.add_argument("--policy", default="talaria", help="policy whose router and admission run")
+    p.add_argument(
+        "--pack-slack",
+        type=float,
+        default=0.0,
+        help="the policy's pack_slack (a call joins its model's batch within 1 + this of the "
+        "least charge; the search then views every instance that may be within it)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", type=Path, default=None, help="write the figures here")
     p.add_argument(
