@@ -567,6 +567,35 @@ async def test_the_autoscaler_scales_a_model_out_live_at_its_concurrency_target(
         assert ids == await alone("llama-tiny", prompt_for(i), 4)
 
 
+@pytest.mark.parametrize(("slack", "placed"), [(0.0, ["cpu-0", "cpu-1"]), (10.0, ["cpu-0"] * 2)])
+async def test_a_pack_slack_joins_the_models_batch_live(slack: float, placed: list[str]) -> None:
+    """Two first calls of one model in one tick on two idle instances, talaria live: with
+    no slack the second goes where it completes soonest (the other instance, no queue
+    ahead); with a wide one it joins the first call's instance, where its model has a call
+    in flight. Every answer is the prompt's answered alone."""
+    params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    c = tiny_cluster(instances=2, pack_slack=slack)
+    async with live_of(c) as live:
+        await live.until_idle()
+        got, streams = [], []
+        for i in range(2):  # no await that yields in between: one tick
+            lc, receive = await live.submit(
+                sk(f"s{i}"), "llama-tiny", prompt_for(i), params, StopChecker(params)
+            )
+            got.append(lc.instance)
+            streams.append(receive)
+        answers = []
+        for receive in streams:
+            async with receive:
+                events = [ev async for ev in receive]
+            assert isinstance(events[-1], Finished)
+            answers.append(tuple(t for ev in events if isinstance(ev, Delta) for t in ev.token_ids))
+        live.check_integrity()
+    assert got == placed
+    for i, ids in enumerate(answers):
+        assert ids == await alone("llama-tiny", prompt_for(i), 4)
+
+
 async def test_an_idle_instance_scales_to_zero_and_the_next_call_reloads_for_real() -> None:
     """No timer and no reservations (``serverless``): once its call is answered the instance
     gives its device back, its KV demoted to host; the session's next call switches the
