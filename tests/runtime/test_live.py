@@ -537,15 +537,11 @@ async def test_a_call_placed_on_an_idle_instance_is_planned_before_the_next_is_r
     assert placed == expected
 
 
-@pytest.mark.parametrize(("target", "spread"), [(1, True), (2, False)])
-async def test_the_autoscaler_scales_a_model_out_live_at_its_concurrency_target(
-    target: int, spread: bool
-) -> None:
-    """Two first calls of one model in one tick on two idle instances, live: with a target
-    of one call in flight per instance the second goes to the other instance, with two it
-    joins the first; every answer is the prompt's answered alone."""
+async def two_first_calls_in_one_tick(c: EmbeddedCluster) -> list[str]:
+    """Submit the first calls of two sessions of llama-tiny in one tick on ``c``'s idle
+    instances; check every answer is the prompt's answered alone; the instances they went
+    to, in order."""
     params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
-    c = tiny_cluster(instances=2, policy="autoscale", concurrency_target=target)
     async with live_of(c) as live:
         await live.until_idle()
         placed, streams = [], []
@@ -562,9 +558,21 @@ async def test_the_autoscaler_scales_a_model_out_live_at_its_concurrency_target(
             assert isinstance(events[-1], Finished)
             answers.append(tuple(t for ev in events if isinstance(ev, Delta) for t in ev.token_ids))
         live.check_integrity()
-    assert placed == (["cpu-0", "cpu-1"] if spread else ["cpu-0", "cpu-0"])
     for i, ids in enumerate(answers):
         assert ids == await alone("llama-tiny", prompt_for(i), 4)
+    return placed
+
+
+@pytest.mark.parametrize(("target", "spread"), [(1, True), (2, False)])
+async def test_the_autoscaler_scales_a_model_out_live_at_its_concurrency_target(
+    target: int, spread: bool
+) -> None:
+    """Two first calls of one model in one tick on two idle instances, live: with a target
+    of one call in flight per instance the second goes to the other instance, with two it
+    joins the first; every answer is the prompt's answered alone."""
+    c = tiny_cluster(instances=2, policy="autoscale", concurrency_target=target)
+    placed = await two_first_calls_in_one_tick(c)
+    assert placed == (["cpu-0", "cpu-1"] if spread else ["cpu-0", "cpu-0"])
 
 
 @pytest.mark.parametrize(("slack", "placed"), [(0.0, ["cpu-0", "cpu-1"]), (10.0, ["cpu-0"] * 2)])
@@ -573,27 +581,8 @@ async def test_a_pack_slack_joins_the_models_batch_live(slack: float, placed: li
     no slack the second goes where it completes soonest (the other instance, no queue
     ahead); with a wide one it joins the first call's instance, where its model has a call
     in flight. Every answer is the prompt's answered alone."""
-    params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
     c = tiny_cluster(instances=2, pack_slack=slack)
-    async with live_of(c) as live:
-        await live.until_idle()
-        got, streams = [], []
-        for i in range(2):  # no await that yields in between: one tick
-            lc, receive = await live.submit(
-                sk(f"s{i}"), "llama-tiny", prompt_for(i), params, StopChecker(params)
-            )
-            got.append(lc.instance)
-            streams.append(receive)
-        answers = []
-        for receive in streams:
-            async with receive:
-                events = [ev async for ev in receive]
-            assert isinstance(events[-1], Finished)
-            answers.append(tuple(t for ev in events if isinstance(ev, Delta) for t in ev.token_ids))
-        live.check_integrity()
-    assert got == placed
-    for i, ids in enumerate(answers):
-        assert ids == await alone("llama-tiny", prompt_for(i), 4)
+    assert await two_first_calls_in_one_tick(c) == placed
 
 
 async def test_an_idle_instance_scales_to_zero_and_the_next_call_reloads_for_real() -> None:
