@@ -24,7 +24,10 @@ expected calls left (``calls_left``, learned from ended sessions), where the pol
 (``PolicyConfig.wake_shared``); the estimate itself stays the call's expected completion.
 A wake also commits devices the pool pays for: ``PolicyConfig.wake_charge_s`` adds that
 price, in seconds of latency, to the charge of a call that would wake an instance (0, the
-default: latency alone decides), the knob that trades a session's latency for device-seconds.
+default: latency alone decides), and ``PolicyConfig.pack_slack`` sends a call to an
+instance where its model already has calls in flight when that instance's charge is within
+the slack of the least (``packed``: the call joins its model's batch instead of starting the
+model elsewhere): the knobs that trade a call's latency for device-seconds.
 The baselines rank differently (``Routing``) but report the same breakdown.
 
 ``search`` is where a call's instance is chosen: with expected-completion routing it ranks
@@ -165,15 +168,15 @@ def route(
     """Pick an instance. Ties break by name so decisions are deterministic.
 
     ``EXPECTED_COMPLETION`` takes the minimum charge (the estimate with a wake shared over
-    ``calls_left`` calls, 1: the estimate; plus ``wake_charge_s`` for a wake); ``LEAST_LOADED`` the
-    fewest tokens queued and running; ``STICKY`` the instance that served the session last, else
-    least loaded; ``CACHE_AFFINITY`` the longest device prefix unless that instance's load exceeds
-    ``load_cap`` times the lightest load *and* the lightest load by ``load_abs_tokens`` (SGLang
-    router's relative and absolute balance thresholds; then least loaded); ``STARTUP_TIME`` the
-    least time until the call can start there, its slot wait, model load and queue (ServerlessLLM's
-    locality-aware placement by estimated startup time; the KV and the answer do not count), ties to
-    the less loaded; ``CONCURRENCY_TARGET`` as a serverless autoscaler
-    (:func:`scale_by_concurrency`).
+    ``calls_left`` calls, 1: the estimate; plus ``wake_charge_s`` for a wake; within
+    ``pack_slack``, :func:`packed`); ``LEAST_LOADED`` the fewest tokens queued and running;
+    ``STICKY`` the instance that served the session last, else least loaded; ``CACHE_AFFINITY``
+    the longest device prefix unless that instance's load exceeds ``load_cap`` times the
+    lightest load *and* the lightest load by ``load_abs_tokens`` (SGLang router's relative and
+    absolute balance thresholds; then least loaded); ``STARTUP_TIME`` the least time until the
+    call can start there, its slot wait, model load and queue (ServerlessLLM's locality-aware
+    placement by estimated startup time; the KV and the answer do not count), ties to the less
+    loaded; ``CONCURRENCY_TARGET`` as a serverless autoscaler (:func:`scale_by_concurrency`).
     """
     if not views:
         raise Overloaded("no instance can serve this model now")
@@ -303,8 +306,9 @@ def search(
     last instance computed; ``expected_output`` the answer length expected (the session's
     last); ``calls_left`` the session's expected calls left, this one included (a wake is
     shared over them where ``policy.wake_shared``). With ``EXPECTED_COMPLETION`` only the
-    candidates whose bound beats the best exact charge so far get an exact view (see the
-    module docstring); the decision is the same as ranking them all. The baselines rank every
+    candidates whose bound beats the best exact charge so far (or, with a pack slack, is
+    within it of that charge) get an exact view (see the module docstring); the decision is
+    the same as ranking them all. The baselines rank every
     candidate's view.
     """
     if policy.routing is not Routing.EXPECTED_COMPLETION:
