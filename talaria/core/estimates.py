@@ -86,7 +86,7 @@ class InstanceEstimates:
         ``_BOUND_SLACK`` low (the exact charge subtracts the shared part in another order)."""
         terms = self._terms(model)
         bound = terms[0] + expected_output * terms[1]
-        if terms[3] and wake_charge_s:
+        if terms[3]:
             bound += wake_charge_s
         later = later_share_s(terms[3], calls_left)
         return (bound - later) * (1.0 - _BOUND_SLACK) if later else bound

@@ -104,7 +104,7 @@ class Estimate:
         provisioning devices, in seconds of latency; 0: none)."""
         later = later_share_s(self.wake_s, calls_left)
         charge = self.total_s - later if later else self.total_s
-        return charge + wake_charge_s if self.wake_s and wake_charge_s else charge
+        return charge + wake_charge_s if self.wake_s else charge
 
 
 def later_share_s(wake_s: float, calls_left: float) -> float:
