@@ -132,6 +132,10 @@ class InstanceEstimates:
         step = self.estimator.decode_step_s(model, batch, 0)
         return self._view(model, match, step, False, self.slot_wait_s(model))
 
+    def holds_calls(self, model: str) -> bool:
+        """Whether calls of ``model`` are queued or running here (its views' ``model_calls``)."""
+        return self.calls.held_of(model) > 0
+
     def view(self, call: Call, now: float, served_last: bool) -> InstanceView:
         """What the router needs to rank this instance for ``call``."""
         model = call.model

@@ -26,14 +26,16 @@ A wake also commits devices the pool pays for: ``PolicyConfig.wake_charge_s`` ad
 price, in seconds of latency, to the charge of a call that would wake an instance (0, the
 default: latency alone decides), and ``PolicyConfig.pack_slack`` sends a call to an
 instance where its model already has calls in flight when that instance's charge is within
-the slack of the least (``packed``: the call joins its model's batch instead of starting the
+the slack of the least (``packed``: such an instance is ranked by its charge discounted by
+``1 + pack_slack``, ``pack_key``; the call joins its model's batch instead of starting the
 model elsewhere): the knobs that trade a call's latency for device-seconds.
 The baselines rank differently (``Routing``) but report the same breakdown.
 
 ``search`` is where a call's instance is chosen: with expected-completion routing it ranks
 the candidates by a lower bound of their estimate (each candidate's estimate of an optimistic
 view, so the bound cannot exceed the exact estimate) and computes exact estimates in that
-order until the next (bound, name) is not below the best (estimate, name): ties go by name,
+order until the next (bound, name) is not below the best (estimate, name), both discounted
+alike where a pack slack applies (``pack_key``, so the bound stays below): ties go by name,
 so a tie is viewed only when its name is earlier; ``route`` ranks the views. Before a
 candidate is viewed its bound is tightened once (``prefill_bound_s``: plus the whole prompt's
 prefill where none of its prefix is cached) and it goes back in line if that moved it: on the
@@ -213,18 +215,24 @@ def packed(
     wake_charge_s: float,
     pack_slack: float,
 ) -> str:
-    """Expected-completion's choice: the least (charge, name); with ``pack_slack`` > 0, the
-    least of the instances holding calls of the call's model whose charge is within ``1 +
-    pack_slack`` times the least, where there is one (the call joins its model's batch there
-    rather than start the model on another instance; its charge rises by at most that
-    factor)."""
-    charges = [(e.charge_s(calls_left, wake_charge_s), e.instance) for e in ests]
-    best = min(charges)
-    if not pack_slack:
-        return best[1]
-    within = best[0] * (1.0 + pack_slack)
-    joins = [c for c, v in zip(charges, views, strict=True) if v.model_calls and c[0] <= within]
-    return min(joins)[1] if joins else best[1]
+    """Expected-completion's choice: the least (``pack_key`` of the charge, name). With no
+    slack that is the least charge; with ``pack_slack`` > 0 it is the least charge among the
+    instances holding calls of the call's model where one is within ``1 + pack_slack`` times
+    the least (the call joins its model's batch there rather than start the model on another
+    instance; its charge rises by at most that factor), else the least charge."""
+    keys = [
+        (pack_key(e.charge_s(calls_left, wake_charge_s), v.model_calls > 0, pack_slack), v.name)
+        for e, v in zip(ests, views, strict=True)
+    ]
+    return min(keys)[1]
+
+
+def pack_key(charge_s: float, joins: bool, pack_slack: float) -> float:
+    """What expected-completion ranks an instance by: the call's charge there, divided by
+    ``1 + pack_slack`` where the call ``joins`` its model's batch (the instance holds calls of
+    its model). A join thus wins over any instance at most that factor cheaper. Division keeps
+    the order of charges, so a lower bound of a charge gives a lower bound of its key."""
+    return charge_s / (1.0 + pack_slack) if joins and pack_slack else charge_s
 
 
 def soonest_start(views: Sequence[InstanceView]) -> str:
@@ -286,6 +294,10 @@ class Candidate(Protocol):
         ``bound_s`` (cheap, not free: it may look up the call's prefix)."""
         ...
 
+    def holds_calls(self, model: str) -> bool:
+        """Whether calls of ``model`` are queued or running here (its view's ``model_calls``)."""
+        ...
+
     def view(self, call: Call, now: float, served_last: bool) -> InstanceView: ...
 
 
@@ -306,10 +318,10 @@ def search(
     last instance computed; ``expected_output`` the answer length expected (the session's
     last); ``calls_left`` the session's expected calls left, this one included (a wake is
     shared over them where ``policy.wake_shared``). With ``EXPECTED_COMPLETION`` only the
-    candidates whose bound beats the best exact charge so far (or, with a pack slack, is
-    within it of that charge) get an exact view (see the module docstring); the decision is
-    the same as ranking them all. The baselines rank every
-    candidate's view.
+    candidates whose bound's key (``pack_key``: the bound, less the pack slack's discount
+    where the candidate holds calls of the model) beats the best exact key so far get an exact
+    view (see the module docstring); the decision is the same as ranking them all. The
+    baselines rank every candidate's view.
     """
     if policy.routing is not Routing.EXPECTED_COMPLETION:
         views = [c.view(call, now, c.name == last_instance) for c in candidates]
@@ -322,35 +334,35 @@ def search(
             policy.cache_affinity_abs_tokens,
             concurrency_target=policy.concurrency_target,
         )
-    # ``route`` takes the least (charge, name); a candidate can beat the best so far only
-    # if its (bound, name) is below the best's (charge, name): pop in that order, stop there
+    # ``route`` takes the least (key, name), the key being ``pack_key`` of the charge; a
+    # candidate can beat the best so far only if its (bound's key, name) is below the best's
+    # (key, name): pop in that order, stop there
     left = calls_left if policy.wake_shared else 1.0
-    wake = policy.wake_charge_s
+    wake, slack = policy.wake_charge_s, policy.pack_slack
+    joins = [bool(slack) and c.holds_calls(call.model) for c in candidates]
+
+    def key(charge_s: float, i: int) -> float:
+        return pack_key(charge_s, joins[i], slack)
+
     bounds = [
-        (c.bound_s(call.model, expected_output, left, wake), c.name, i, False)
+        (key(c.bound_s(call.model, expected_output, left, wake), i), c.name, i, False)
         for i, c in enumerate(candidates)
     ]
     heapq.heapify(bounds)
     exact: list[InstanceView] = []
     best: tuple[float, str] = (math.inf, "")
-    within = 1.0 + policy.pack_slack  # a charge within best * within may still be chosen
-
-    def may_win() -> bool:
-        head = bounds[0][:2]
-        return head < best or (policy.pack_slack > 0 and head[0] <= best[0] * within)
-
-    while bounds and may_win():
+    while bounds and bounds[0][:2] < best:
         bound, name, i, tightened = heapq.heappop(bounds)
         cand = candidates[i]
         if not tightened:
-            tight = cand.prefill_bound_s(call, expected_output, left, wake)
+            tight = key(cand.prefill_bound_s(call, expected_output, left, wake), i)
             if tight > bound:  # back in line at the tighter bound
                 heapq.heappush(bounds, (tight, name, i, True))
                 continue
         view = cand.view(call, now, cand.name == last_instance)
         exact.append(view)
         charge = estimate(view, known_tokens, expected_output).charge_s(left, wake)
-        best = min(best, (charge, view.name))
+        best = min(best, (key(charge, i), view.name))
     return route(
         exact,
         policy.routing,
