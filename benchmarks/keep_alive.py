@@ -229,27 +229,49 @@ def ratio_cell(a: dict[str, Any], b: dict[str, Any], key: str) -> str:
     return f"{iv.value:.2f} [{iv.low:.2f}, {iv.high:.2f}]"
 
 
+_Side = tuple[str, float | None]
+
+
+def pairs_of(points: Sequence[dict[str, Any]]) -> list[tuple[_Side, _Side]]:
+    """The pairs a run's ``points`` can show: ``PAIRS``, then for each varied policy (a
+    point labelled ``POLICY KNOB=V``, see ``variants``) what ``POLICY`` is set against in
+    ``PAIRS``, and ``POLICY`` itself at the variant's keep-alive (the knob's effect)."""
+    out = list(PAIRS)
+    for label, keep in dict.fromkeys((p["policy"], p["keep_alive_s"]) for p in points):
+        base, sep, _ = label.partition(" ")
+        if not sep:
+            continue
+        out += [((label, keep), second) for first, second in PAIRS if first == (base, keep)]
+        out.append(((label, keep), (base, keep)))
+    return out
+
+
 def paired(doc: dict[str, Any]) -> Table:
     """Paired ratios over the seeds (geometric mean and 95% interval of the per-seed ratio,
-    ``ratio_interval``) of held device-seconds and SCT p50 and p95, for the ``PAIRS`` the run
-    has."""
+    ``ratio_interval``) of held and busy device-seconds and SCT p50 and p95, for the pairs
+    the run has (``pairs_of``)."""
     pts = {(p["policy"], p["keep_alive_s"], p["rate_per_s"]): p for p in doc["points"]}
     rates = sorted({p["rate_per_s"] for p in doc["points"]})
     t = Table(title="paired over seeds: first / second (95% interval)")
-    for col in ("first", "second", "rate/s", "held dev-s", "SCT p50", "SCT p95"):
+    for col in ("first", "second", "rate/s", "held dev-s", "busy dev-s", "SCT p50", "SCT p95"):
         t.add_column(col, justify="right" if col in ("rate/s",) else "left")
 
-    def name(side: tuple[str, float | None]) -> str:
+    def name(side: _Side) -> str:
         return f"{side[0]}, " + ("never" if side[1] is None else f"{side[1]:g} s")
 
-    for first, second in PAIRS:
+    for first, second in pairs_of(doc["points"]):
         for r in rates:
             a, b = pts.get((*first, r)), pts.get((*second, r))
             if a is None or b is None:
                 continue
             cells = [
                 ratio_cell(a, b, key)
-                for key in ("device_held_s_per_session", "sct_p50_s", "sct_p95_s")
+                for key in (
+                    "device_held_s_per_session",
+                    "device_busy_s_per_session",
+                    "sct_p50_s",
+                    "sct_p95_s",
+                )
             ]
             t.add_row(name(first), name(second), f"{r:g}", *cells)
     return t

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from benchmarks.keep_alive import merge, tuned_knobs, variants
+from benchmarks.keep_alive import PAIRS, merge, pairs_of, tuned_knobs, variants
 from talaria.errors import BadRequest
 from talaria.sim.pool_catalog import pool_catalog
 from talaria.swebench_replay import load_sweep as ls
@@ -105,3 +105,24 @@ def test_a_varied_knob_replaces_its_policys_run_by_one_per_value() -> None:
 def test_a_bad_vary_spec_is_refused_with_what_is_wanted(spec: str) -> None:
     with pytest.raises(BadRequest, match="--vary"):
         variants(["talaria", "autoscale"], [spec])
+
+
+def test_a_varied_point_is_paired_as_its_policy_is_and_against_its_policy() -> None:
+    points = [
+        point("talaria", None, 1.0),
+        point("talaria pack_slack=0.1", None, 1.0),
+        point("talaria pack_slack=0.1", 0.0, 1.0),
+        point("autoscale", None, 1.0),
+    ]
+    added = pairs_of(points)[len(PAIRS) :]
+    assert added == [
+        (("talaria pack_slack=0.1", None), ("autoscale", None)),
+        (("talaria pack_slack=0.1", None), ("talaria", None)),
+        (("talaria pack_slack=0.1", 0.0), ("talaria", None)),
+        (("talaria pack_slack=0.1", 0.0), ("talaria-no-reserve", 0.0)),
+        (("talaria pack_slack=0.1", 0.0), ("serverless", 10.0)),
+        (("talaria pack_slack=0.1", 0.0), ("autoscale", 0.0)),
+        (("talaria pack_slack=0.1", 0.0), ("autoscale", 10.0)),
+        (("talaria pack_slack=0.1", 0.0), ("autoscale", 60.0)),
+        (("talaria pack_slack=0.1", 0.0), ("talaria", 0.0)),
+    ]
