@@ -217,8 +217,7 @@ class ToolCallStream:
         if not head:
             return False  # whitespace only: wait
         if any(head.startswith(o) for o in self._syntax.opens):
-            self._buffer = head
-            self._in_call = True
+            self._in_call = True  # the leading whitespace stays: content if no call parses
             return True
         if any(o.startswith(head) for o in self._syntax.opens):
             return False  # maybe the start of a marker: wait

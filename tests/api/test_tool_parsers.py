@@ -113,6 +113,18 @@ def test_whitespace_around_calls_is_dropped_but_kept_without_calls() -> None:
     assert streamed(H, ["a", "\n", "b"]).content == "a\nb"
 
 
+@pytest.mark.parametrize("fmt", [ToolFormat.LLAMA3_JSON, ToolFormat.JSON])
+def test_an_answer_opening_like_a_call_keeps_its_leading_whitespace_when_none_parses(
+    fmt: ToolFormat,
+) -> None:
+    """Found by the search profile: `` {`` lost its space, read as a call that did not parse.
+    A call that parses still drops it."""
+    assert parse(fmt, " {", NAMES) == Piece(" {")
+    assert streamed(fmt, ["\n ", "{not json", "}"]).content == "\n {not json}"
+    good = parse(fmt, ' \n{"name": "run_shell", "arguments": {"command": "ls"}}', NAMES)
+    assert good.content == "" and calls_of(good) == [("run_shell", {"command": "ls"})]
+
+
 def test_max_calls_keeps_the_first() -> None:
     call = '<tool_call>{"name": "run_shell", "arguments": {"command": "%s"}}</tool_call>'
     stream = ToolCallStream(H, NAMES, max_calls=1)
