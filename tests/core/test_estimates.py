@@ -94,3 +94,26 @@ def test_the_router_waits_out_the_hold_of_another_models_open_slot() -> None:
     d.submit("A1", 0, TokenSeq(tokens(6)), 3)
     d.run()
     assert inst.estimates.held_wait_s("B", d.now) == inst.estimates.slot_wait_s("B")
+
+
+def test_holds_calls_is_what_a_view_counts_as_the_models_calls() -> None:
+    """The pruned search discounts a pack slack's bound by ``holds_calls`` and the choice by
+    the view's ``model_calls``: they read the same table, waiting and running calls alike."""
+    inst = core(TALARIA, models=("A", "B"), device_blocks=40)
+    d = Driver(inst)
+    est = inst.estimates
+    a2 = Call("A2", 0, "A", TokenSeq(tokens(6)), 3, 3)
+
+    def agree() -> bool:
+        held = est.holds_calls("A")
+        assert held == (est.view(a2, d.now, False).model_calls > 0)
+        return held
+
+    assert not agree() and not est.holds_calls("B")
+    d.submit("A1", 0, TokenSeq(tokens(6)), 3)
+    assert agree()  # waiting
+    while not inst.calls.running_of("A"):
+        d.step()
+    assert agree() and not est.holds_calls("B")  # running
+    d.run()
+    assert not agree()  # answered: A1 in its tool gap holds no call

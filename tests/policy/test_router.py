@@ -7,6 +7,7 @@ every expected value below is computable on paper.
 from __future__ import annotations
 
 import math
+import sys
 
 import attrs
 import pytest
@@ -448,20 +449,25 @@ def test_a_packed_call_costs_at_most_the_slack_and_joins_where_it_can(
     vs: tuple[InstanceView, ...], slack: float, left: float
 ) -> None:
     """The choice is the least (charge, name), a join's charge divided by ``1 + slack``. So
-    (up to the division's rounding) it costs at most the slack over the least charge, it is
-    a join where a join is clearly within the slack, the cheapest such, and else the least."""
+    (up to the division's rounding: relative, and absolute below the smallest normal float,
+    where a quotient keeps fewer digits) it costs at most the slack over the least charge, it
+    is a join where a join is clearly within the slack, the cheapest such, and else the
+    least."""
     d = route(vs, Routing.EXPECTED_COMPLETION, 7, 50, calls_left=left, pack_slack=slack)
     charge = {e.instance: e.charge_s(left) for e in d.estimates}
     joins = {v.name for v in vs if v.model_calls}
     key = {n: c / (1 + slack) if n in joins and slack else c for n, c in charge.items()}
     assert d.instance == min(key, key=lambda n: (key[n], n))
     least = min(charge.values())
-    rounding = 1 + 1e-12
-    assert charge[d.instance] <= least * (1 + slack) * rounding
-    clearly = [n for n in joins if charge[n] * rounding < least * (1 + slack)]
+
+    def up_to_rounding(x: float) -> float:
+        return x * (1 + 1e-12) + sys.float_info.min
+
+    assert charge[d.instance] <= up_to_rounding(least * (1 + slack))
+    clearly = [n for n in joins if up_to_rounding(charge[n]) < least * (1 + slack)]
     if clearly:
         assert d.instance in joins
-        assert charge[d.instance] <= min(charge[n] for n in clearly)
+        assert charge[d.instance] <= up_to_rounding(min(charge[n] for n in clearly))
     elif d.instance not in joins:
         assert charge[d.instance] == least
 
