@@ -235,14 +235,20 @@ _Side = tuple[str, float | None]
 def pairs_of(points: Sequence[dict[str, Any]]) -> list[tuple[_Side, _Side]]:
     """The pairs a run's ``points`` can show: ``PAIRS``, then for each varied policy (a
     point labelled ``POLICY KNOB=V``, see ``variants``) what ``POLICY`` is set against in
-    ``PAIRS``, and ``POLICY`` itself at the variant's keep-alive (the knob's effect)."""
+    ``PAIRS``, and the knob's effect: the variant against ``POLICY`` itself at the same
+    keep-alive (from another run, merged), or else against the first variant of ``POLICY``
+    there (a run that varies the knob has no plain ``POLICY`` point)."""
     out = list(PAIRS)
+    first_variant: dict[_Side, _Side] = {}
     for label, keep in dict.fromkeys((p["policy"], p["keep_alive_s"]) for p in points):
         base, sep, _ = label.partition(" ")
         if not sep:
             continue
         out += [((label, keep), second) for first, second in PAIRS if first == (base, keep)]
         out.append(((label, keep), (base, keep)))
+        head = first_variant.setdefault((base, keep), (label, keep))
+        if head != (label, keep):
+            out.append(((label, keep), head))
     return out
 
 

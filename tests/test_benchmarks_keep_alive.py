@@ -112,6 +112,7 @@ def test_a_varied_point_is_paired_as_its_policy_is_and_against_its_policy() -> N
         point("talaria", None, 1.0),
         point("talaria pack_slack=0.1", None, 1.0),
         point("talaria pack_slack=0.1", 0.0, 1.0),
+        point("talaria pack_slack=0.3", None, 1.0),
         point("autoscale", None, 1.0),
     ]
     added = pairs_of(points)[len(PAIRS) :]
@@ -125,4 +126,7 @@ def test_a_varied_point_is_paired_as_its_policy_is_and_against_its_policy() -> N
         (("talaria pack_slack=0.1", 0.0), ("autoscale", 10.0)),
         (("talaria pack_slack=0.1", 0.0), ("autoscale", 60.0)),
         (("talaria pack_slack=0.1", 0.0), ("talaria", 0.0)),
+        (("talaria pack_slack=0.3", None), ("autoscale", None)),
+        (("talaria pack_slack=0.3", None), ("talaria", None)),
+        (("talaria pack_slack=0.3", None), ("talaria pack_slack=0.1", None)),  # the first
     ]
