@@ -339,15 +339,17 @@ def search(
     # (key, name): pop in that order, stop there
     left = calls_left if policy.wake_shared else 1.0
     wake, slack = policy.wake_charge_s, policy.pack_slack
-    joins = [bool(slack) and c.holds_calls(call.model) for c in candidates]
+    joins = [c.holds_calls(call.model) for c in candidates] if slack else []
 
     def key(charge_s: float, i: int) -> float:
-        return pack_key(charge_s, joins[i], slack)
+        return pack_key(charge_s, joins[i], slack) if joins else charge_s
 
     bounds = [
-        (key(c.bound_s(call.model, expected_output, left, wake), i), c.name, i, False)
+        (c.bound_s(call.model, expected_output, left, wake), c.name, i, False)
         for i, c in enumerate(candidates)
     ]
+    if joins:  # no slack: the keys are the charges, and the 64-odd bounds pay nothing more
+        bounds = [(key(bound, i), name, i, tight) for bound, name, i, tight in bounds]
     heapq.heapify(bounds)
     exact: list[InstanceView] = []
     best: tuple[float, str] = (math.inf, "")
