@@ -32,12 +32,12 @@ from talaria.policy.admission import Admission
 from talaria.policy.gaps import GapModel
 from talaria.policy.remaining import CallCost, SessionLengths
 from talaria.policy.rounds import RoundScheduler, SlotDemand
-from talaria.policy.router import InstanceView, estimate, later_share_s
+from talaria.policy.router import InstanceView, estimate, later_share_s, pack_key
 from talaria.types import Call, Link, SessionKey
 
 FaultHandler = Callable[[SessionKey, Exception], None]
 _BoundKey = tuple[int, int, tuple[object, ...]]
-_BoundTerms = tuple[float, float, float, float]
+_BoundTerms = tuple[float, float, float, float, bool]
 # Relative slack of a bound that adds the estimate's terms in its own order: far above the
 # rounding of a sum of a few non-negative floats (about 1e-15), far below any real difference.
 _BOUND_SLACK = 1e-12
@@ -77,32 +77,42 @@ class InstanceEstimates:
         return self.spec.name
 
     def bound_s(
-        self, model: str, expected_output: int, calls_left: float = 1.0, wake_charge_s: float = 0.0
+        self,
+        model: str,
+        expected_output: int,
+        calls_left: float = 1.0,
+        wake_charge_s: float = 0.0,
+        pack_slack: float = 0.0,
     ) -> float:
-        """A lower bound of the router's charge (``Estimate.charge_s(calls_left,
-        wake_charge_s)``) for any call of ``model`` here: the charge of the optimistic view
-        (``optimistic_view``, which wakes the instance exactly when a real call's view does),
-        so it cannot exceed the exact one. Where a wake is shared the sum is taken a relative
-        ``_BOUND_SLACK`` low (the exact charge subtracts the shared part in another order)."""
+        """A lower bound of the router's key (``pack_key`` of ``Estimate.charge_s(calls_left,
+        wake_charge_s)``) for any call of ``model`` here: the key of the optimistic view's
+        charge (``optimistic_view``, which wakes the instance exactly when a real call's view
+        does, and holds the model's calls exactly when it does), so it cannot exceed the exact
+        one. Where a wake is shared the sum is taken a relative ``_BOUND_SLACK`` low (the
+        exact charge subtracts the shared part in another order)."""
         terms = self._terms(model)
-        bound = terms[0] + expected_output * terms[1]
-        if terms[3]:
-            bound += wake_charge_s
-        later = later_share_s(terms[3], calls_left)
-        return (bound - later) * (1.0 - _BOUND_SLACK) if later else bound
+        bound = _charge_bound(terms, expected_output, calls_left, wake_charge_s)
+        return pack_key(bound, terms[4], pack_slack) if pack_slack and terms[4] else bound
 
     def prefill_bound_s(
-        self, call: Call, expected_output: int, calls_left: float = 1.0, wake_charge_s: float = 0.0
+        self,
+        call: Call,
+        expected_output: int,
+        calls_left: float = 1.0,
+        wake_charge_s: float = 0.0,
+        pack_slack: float = 0.0,
     ) -> float:
         """A tighter lower bound for ``call`` itself: ``bound_s`` plus the prefill of the
-        whole prompt when no block of its prefix has KV here (device or host), so that its
-        exact view's match is empty too; ``bound_s`` where some is cached. The sum is taken a
-        relative ``_BOUND_SLACK`` low, so that float rounding (the exact estimate adds the
-        same non-negative terms in another order) cannot put it above the exact estimate."""
-        bound = self.bound_s(call.model, expected_output, calls_left, wake_charge_s)
-        if self.kv.holds_prefix(call.model, call.tenant, call.prompt):
-            return bound
-        return (bound + call.prompt_tokens / self._terms(call.model)[2]) * (1.0 - _BOUND_SLACK)
+        whole prompt (before the key's discount) when no block of its prefix has KV here
+        (device or host), so that its exact view's match is empty too; ``bound_s`` where some
+        is cached. The sum is taken a relative ``_BOUND_SLACK`` low, so that float rounding
+        (the exact estimate adds the same non-negative terms in another order) cannot put it
+        above the exact estimate."""
+        terms = self._terms(call.model)
+        bound = _charge_bound(terms, expected_output, calls_left, wake_charge_s)
+        if not self.kv.holds_prefix(call.model, call.tenant, call.prompt):
+            bound = (bound + call.prompt_tokens / terms[2]) * (1.0 - _BOUND_SLACK)
+        return pack_key(bound, terms[4], pack_slack) if pack_slack and terms[4] else bound
 
     def _terms(self, model: str) -> _BoundTerms:
         """The bound's terms for ``model``, memoized on the tables they read."""
@@ -119,9 +129,10 @@ class InstanceEstimates:
     def _bound_terms(self, model: str) -> _BoundTerms:
         """The bound is affine in the answer length and, where nothing is cached, in the
         prompt length: (its value at zero, its slope per answer token, the prefill rate, the
-        wake within the value)."""
+        wake within the value, whether a call would join the model's calls here)."""
         view = self.optimistic_view(model)
-        return estimate(view, 0, 0).total_s, view.decode_step_s, view.prefill_tok_s, view.wake_s
+        total = estimate(view, 0, 0).total_s
+        return total, view.decode_step_s, view.prefill_tok_s, view.wake_s, view.model_calls > 0
 
     def optimistic_view(self, model: str) -> InstanceView:
         """The view of a call of ``model`` that no real call can beat here: nothing to
@@ -131,10 +142,6 @@ class InstanceEstimates:
         match = PrefixMatch(0, 0, 0, self.kv.tpb(model))
         step = self.estimator.decode_step_s(model, batch, 0)
         return self._view(model, match, step, False, self.slot_wait_s(model))
-
-    def holds_calls(self, model: str) -> bool:
-        """Whether calls of ``model`` are queued or running here (its views' ``model_calls``)."""
-        return self.calls.held_of(model) > 0
 
     def view(self, call: Call, now: float, served_last: bool) -> InstanceView:
         """What the router needs to rank this instance for ``call``."""
@@ -394,3 +401,14 @@ class InstanceEstimates:
                         f"{model}: bound memo {terms}, recomputed {self._bound_terms(model)}"
                     )
         return out
+
+
+def _charge_bound(
+    terms: _BoundTerms, expected_output: int, calls_left: float, wake_charge_s: float
+) -> float:
+    """The optimistic view's charge from its memoized ``terms``, before the key's discount."""
+    bound = terms[0] + expected_output * terms[1]
+    if terms[3]:
+        bound += wake_charge_s
+    later = later_share_s(terms[3], calls_left)
+    return (bound - later) * (1.0 - _BOUND_SLACK) if later else bound

@@ -281,21 +281,28 @@ class Candidate(Protocol):
     def name(self) -> str: ...
 
     def bound_s(
-        self, model: str, expected_output: int, calls_left: float = 1.0, wake_charge_s: float = 0.0
+        self,
+        model: str,
+        expected_output: int,
+        calls_left: float = 1.0,
+        wake_charge_s: float = 0.0,
+        pack_slack: float = 0.0,
     ) -> float:
-        """At most the charge (``Estimate.charge_s(calls_left, wake_charge_s)``) of any call
-        of ``model`` with that answer length here."""
+        """At most the key (``pack_key`` of ``Estimate.charge_s(calls_left, wake_charge_s)``,
+        discounted where the call would join its model's calls here) of any call of
+        ``model`` with that answer length here."""
         ...
 
     def prefill_bound_s(
-        self, call: Call, expected_output: int, calls_left: float = 1.0, wake_charge_s: float = 0.0
+        self,
+        call: Call,
+        expected_output: int,
+        calls_left: float = 1.0,
+        wake_charge_s: float = 0.0,
+        pack_slack: float = 0.0,
     ) -> float:
-        """At most the charge of ``call`` with that answer length here, at least
-        ``bound_s`` (cheap, not free: it may look up the call's prefix)."""
-        ...
-
-    def holds_calls(self, model: str) -> bool:
-        """Whether calls of ``model`` are queued or running here (its view's ``model_calls``)."""
+        """At most the key of ``call`` with that answer length here, at least ``bound_s``
+        (cheap, not free: it may look up the call's prefix)."""
         ...
 
     def view(self, call: Call, now: float, served_last: bool) -> InstanceView: ...
@@ -318,10 +325,10 @@ def search(
     last instance computed; ``expected_output`` the answer length expected (the session's
     last); ``calls_left`` the session's expected calls left, this one included (a wake is
     shared over them where ``policy.wake_shared``). With ``EXPECTED_COMPLETION`` only the
-    candidates whose bound's key (``pack_key``: the bound, less the pack slack's discount
-    where the candidate holds calls of the model) beats the best exact key so far get an exact
-    view (see the module docstring); the decision is the same as ranking them all. The
-    baselines rank every candidate's view.
+    candidates whose bound of the key (``pack_key``: the charge, less the pack slack's
+    discount where the candidate holds calls of the model) beats the best exact key so far
+    get an exact view (see the module docstring); the decision is the same as ranking them
+    all. The baselines rank every candidate's view.
     """
     if policy.routing is not Routing.EXPECTED_COMPLETION:
         views = [c.view(call, now, c.name == last_instance) for c in candidates]
@@ -335,21 +342,14 @@ def search(
             concurrency_target=policy.concurrency_target,
         )
     # ``route`` takes the least (key, name), the key being ``pack_key`` of the charge; a
-    # candidate can beat the best so far only if its (bound's key, name) is below the best's
+    # candidate can beat the best so far only if its (bound, name) is below the best's
     # (key, name): pop in that order, stop there
     left = calls_left if policy.wake_shared else 1.0
     wake, slack = policy.wake_charge_s, policy.pack_slack
-    joins = [c.holds_calls(call.model) for c in candidates] if slack else []
-
-    def key(charge_s: float, i: int) -> float:
-        return pack_key(charge_s, joins[i], slack) if joins else charge_s
-
     bounds = [
-        (c.bound_s(call.model, expected_output, left, wake), c.name, i, False)
+        (c.bound_s(call.model, expected_output, left, wake, slack), c.name, i, False)
         for i, c in enumerate(candidates)
     ]
-    if joins:  # no slack: the keys are the charges, and the 64-odd bounds pay nothing more
-        bounds = [(key(bound, i), name, i, tight) for bound, name, i, tight in bounds]
     heapq.heapify(bounds)
     exact: list[InstanceView] = []
     best: tuple[float, str] = (math.inf, "")
@@ -357,14 +357,14 @@ def search(
         bound, name, i, tightened = heapq.heappop(bounds)
         cand = candidates[i]
         if not tightened:
-            tight = key(cand.prefill_bound_s(call, expected_output, left, wake), i)
+            tight = cand.prefill_bound_s(call, expected_output, left, wake, slack)
             if tight > bound:  # back in line at the tighter bound
                 heapq.heappush(bounds, (tight, name, i, True))
                 continue
         view = cand.view(call, now, cand.name == last_instance)
         exact.append(view)
         charge = estimate(view, known_tokens, expected_output).charge_s(left, wake)
-        best = min(best, (key(charge, i), view.name))
+        best = min(best, (pack_key(charge, view.model_calls > 0, slack), view.name))
     return route(
         exact,
         policy.routing,

@@ -96,24 +96,33 @@ def test_the_router_waits_out_the_hold_of_another_models_open_slot() -> None:
     assert inst.estimates.held_wait_s("B", d.now) == inst.estimates.slot_wait_s("B")
 
 
-def test_holds_calls_is_what_a_view_counts_as_the_models_calls() -> None:
-    """The pruned search discounts a pack slack's bound by ``holds_calls`` and the choice by
-    the view's ``model_calls``: they read the same table, waiting and running calls alike."""
+def test_a_pack_slack_discounts_the_bounds_where_a_view_holds_the_models_calls() -> None:
+    """The pruned search ranks by the bounds' keys and chooses by the views': the discount
+    of both reads the same table, waiting and running calls alike, and nowhere else."""
     inst = core(TALARIA, models=("A", "B"), device_blocks=40)
     d = Driver(inst)
     est = inst.estimates
     a2 = Call("A2", 0, "A", TokenSeq(tokens(6)), 3, 3)
 
+    def discounted(model: str) -> bool:
+        call = Call(f"{model}9", 0, model, TokenSeq(tokens(6)), 3, 3)
+        bound, key = est.bound_s(model, 3), est.bound_s(model, 3, pack_slack=0.5)
+        tight = est.prefill_bound_s(call, 3)
+        tight_key = est.prefill_bound_s(call, 3, pack_slack=0.5)
+        assert (key, tight_key) in ((bound, tight), (bound / 1.5, tight / 1.5))
+        assert bound > 0 and tight > 0
+        return key < bound
+
     def agree() -> bool:
-        held = est.holds_calls("A")
+        held = discounted("A")
         assert held == (est.view(a2, d.now, False).model_calls > 0)
         return held
 
-    assert not agree() and not est.holds_calls("B")
+    assert not agree() and not discounted("B")
     d.submit("A1", 0, TokenSeq(tokens(6)), 3)
     assert agree()  # waiting
     while not inst.calls.running_of("A"):
         d.step()
-    assert agree() and not est.holds_calls("B")  # running
+    assert agree() and not discounted("B")  # running
     d.run()
     assert not agree()  # answered: A1 in its tool gap holds no call

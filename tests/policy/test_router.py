@@ -513,13 +513,14 @@ def test_an_unknown_routing_is_refused_not_treated_as_cache_affinity() -> None:
 # ---------------------------------------------------------------------------- the search
 
 from talaria.config import PolicyConfig  # noqa: E402
-from talaria.policy.router import search  # noqa: E402
+from talaria.policy.router import pack_key, search  # noqa: E402
 from talaria.types import Call, TokenSeq  # noqa: E402
 
 
 @attrs.define
 class _Candidate:
-    """A candidate whose exact view is fixed and whose bound is at most its estimate."""
+    """A candidate whose exact view is fixed and whose bound is at most its key (its
+    charge, discounted by a pack slack where the view holds the model's calls)."""
 
     exact: InstanceView
     slack: float  # how far below the exact estimate the bound is
@@ -530,21 +531,31 @@ class _Candidate:
     def name(self) -> str:
         return self.exact.name
 
+    def _key(self, charge_s: float, pack_slack: float) -> float:
+        return pack_key(charge_s, self.exact.model_calls > 0, pack_slack)
+
     def bound_s(
-        self, model: str, expected_output: int, calls_left: float = 1.0, wake_charge_s: float = 0.0
+        self,
+        model: str,
+        expected_output: int,
+        calls_left: float = 1.0,
+        wake_charge_s: float = 0.0,
+        pack_slack: float = 0.0,
     ) -> float:
         charge = estimate(self.exact, 0, expected_output).charge_s(calls_left, wake_charge_s)
-        return max(0.0, charge - self.slack)
+        return self._key(max(0.0, charge - self.slack), pack_slack)
 
     def prefill_bound_s(
-        self, call: Call, expected_output: int, calls_left: float = 1.0, wake_charge_s: float = 0.0
+        self,
+        call: Call,
+        expected_output: int,
+        calls_left: float = 1.0,
+        wake_charge_s: float = 0.0,
+        pack_slack: float = 0.0,
     ) -> float:
-        bound = self.bound_s(call.model, expected_output, calls_left, wake_charge_s)
         charge = estimate(self.exact, 0, expected_output).charge_s(calls_left, wake_charge_s)
-        return bound + self.tight * (charge - bound)
-
-    def holds_calls(self, model: str) -> bool:
-        return self.exact.model_calls > 0
+        bound = max(0.0, charge - self.slack)
+        return self._key(bound + self.tight * (charge - bound), pack_slack)
 
     def view(self, call: Call, now: float, served_last: bool) -> InstanceView:
         self.viewed += 1
