@@ -62,6 +62,27 @@ def run_call(core: ClusterCore, call: Call, history: TokenSeq, now: float) -> In
     return inst
 
 
+def bring_live(
+    core: ClusterCore, sessions: int, prompt_tokens: int, rng: random.Random
+) -> tuple[dict[str, TokenSeq], float]:
+    """Bring ``sessions`` sessions live through the real flow: each one's first call (a
+    random prompt of ``prompt_tokens``, one of the three models in turn) routed, admitted and
+    answered with 64 tokens, then a tool gap with a reservation. Returns each session's
+    history and the clock after the last (1 ms between sessions)."""
+    models = [m.name for m in PAPER_MODELS]
+    histories: dict[str, TokenSeq] = {}
+    now = 0.0
+    for k in track(range(sessions), description="bringing sessions live"):
+        sid = f"s{k}"
+        prompt = TokenSeq(rng.randrange(32000) for _ in range(prompt_tokens))
+        call = Call(sid, 0, models[k % 3], prompt, 64, 64, arrival_s=now)
+        histories[sid] = prompt.extend(rng.randrange(32000) for _ in range(64))
+        run_call(core, call, histories[sid], now)
+        core.event(call.session, EventKind.TOOL_START, 0.3, now)
+        now += 0.001
+    return histories, now
+
+
 def drain(inst: InstanceCore, now: float) -> list[Request]:
     """Run the instance until its queue and batch are empty (untimed bookkeeping)."""
     done: list[Request] = []
@@ -78,23 +99,12 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     rng = random.Random(args.seed)
     core = build(args.instances, args.policy, args.pack_slack)
     models = [m.name for m in PAPER_MODELS]
-    prompts: dict[str, TokenSeq] = {}
-    histories: dict[str, TokenSeq] = {}
-    now = 0.0
-    for k in track(range(args.sessions), description="bringing sessions live"):
-        sid = f"s{k}"
-        prompt = TokenSeq(rng.randrange(32000) for _ in range(args.prompt_tokens))
-        call = Call(sid, 0, models[k % 3], prompt, 64, 64, arrival_s=now)
-        history = prompt.extend(rng.randrange(32000) for _ in range(64))
-        run_call(core, call, history, now)
-        core.event(call.session, EventKind.TOOL_START, 0.3, now)
-        prompts[sid], histories[sid] = prompt, history
-        now += 0.001
+    histories, now = bring_live(core, args.sessions, args.prompt_tokens, rng)
     if args.gc_freeze:
         gc.collect()
         gc.freeze()  # as a long-running server does after warm-up: old objects are not rescanned
     samples = []
-    index = dict.fromkeys(prompts, 1)
+    index = dict.fromkeys(histories, 1)
     for _ in track(range(args.decisions), description="timed decisions"):
         sid = f"s{rng.randrange(args.sessions)}"
         prompt = histories[sid].extend(rng.randrange(32000) for _ in range(200))

@@ -36,11 +36,11 @@ from rich.console import Console
 from rich.progress import track
 from rich.table import Table
 
-from benchmarks.policy_overhead import build, run_call
+from benchmarks.policy_overhead import bring_live, build
 from talaria.errors import BadRequest
 from talaria.policy import router
 from talaria.sim.catalog import PAPER_MODELS
-from talaria.types import Call, EventKind, TokenSeq
+from talaria.types import Call
 
 
 def load_router(name: str, path: Path) -> ModuleType:
@@ -71,16 +71,7 @@ def measure(args: argparse.Namespace) -> dict[str, list[float]]:
     rng = random.Random(args.seed)
     core = build(args.instances, args.policy, args.pack_slack)
     models = [m.name for m in PAPER_MODELS]
-    histories: dict[str, TokenSeq] = {}
-    now = 0.0
-    for k in track(range(args.sessions), description="bringing sessions live"):
-        sid = f"s{k}"
-        prompt = TokenSeq(rng.randrange(32000) for _ in range(args.prompt_tokens))
-        call = Call(sid, 0, models[k % 3], prompt, 64, 64, arrival_s=now)
-        histories[sid] = prompt.extend(rng.randrange(32000) for _ in range(64))
-        run_call(core, call, histories[sid], now)
-        core.event(call.session, EventKind.TOOL_START, 0.3, now)
-        now += 0.001
+    histories, now = bring_live(core, args.sessions, args.prompt_tokens, rng)
     times: dict[str, list[float]] = {name: [] for name in searches}
     for _ in track(range(args.calls), description="timed searches"):
         sid = f"s{rng.randrange(args.sessions)}"
