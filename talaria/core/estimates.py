@@ -91,8 +91,7 @@ class InstanceEstimates:
         one. Where a wake is shared the sum is taken a relative ``_BOUND_SLACK`` low (the
         exact charge subtracts the shared part in another order)."""
         terms = self._terms(model)
-        bound = _charge_bound(terms, expected_output, calls_left, wake_charge_s)
-        return pack_key(bound, terms[4], pack_slack) if pack_slack and terms[4] else bound
+        return _bound_key(terms, expected_output, calls_left, wake_charge_s, pack_slack)
 
     def prefill_bound_s(
         self,
@@ -108,11 +107,10 @@ class InstanceEstimates:
         is cached. The sum is taken a relative ``_BOUND_SLACK`` low, so that float rounding
         (the exact estimate adds the same non-negative terms in another order) cannot put it
         above the exact estimate."""
+        cached = self.kv.holds_prefix(call.model, call.tenant, call.prompt)
+        uncached = None if cached else call.prompt_tokens
         terms = self._terms(call.model)
-        bound = _charge_bound(terms, expected_output, calls_left, wake_charge_s)
-        if not self.kv.holds_prefix(call.model, call.tenant, call.prompt):
-            bound = (bound + call.prompt_tokens / terms[2]) * (1.0 - _BOUND_SLACK)
-        return pack_key(bound, terms[4], pack_slack) if pack_slack and terms[4] else bound
+        return _bound_key(terms, expected_output, calls_left, wake_charge_s, pack_slack, uncached)
 
     def _terms(self, model: str) -> _BoundTerms:
         """The bound's terms for ``model``, memoized on the tables they read."""
@@ -403,12 +401,24 @@ class InstanceEstimates:
         return out
 
 
-def _charge_bound(
-    terms: _BoundTerms, expected_output: int, calls_left: float, wake_charge_s: float
+def _bound_key(
+    terms: _BoundTerms,
+    expected_output: int,
+    calls_left: float,
+    wake_charge_s: float,
+    pack_slack: float,
+    uncached_tokens: int | None = None,
 ) -> float:
-    """The optimistic view's charge from its memoized ``terms``, before the key's discount."""
+    """The optimistic view's key from its memoized ``terms``: its charge, plus the prefill of
+    ``uncached_tokens`` (None: none) taken a relative ``_BOUND_SLACK`` low, then the pack
+    slack's discount where a call would join the model's calls (``pack_key``; guarded here
+    so that a search without a slack makes no extra call per candidate)."""
     bound = terms[0] + expected_output * terms[1]
     if terms[3]:
         bound += wake_charge_s
     later = later_share_s(terms[3], calls_left)
-    return (bound - later) * (1.0 - _BOUND_SLACK) if later else bound
+    if later:
+        bound = (bound - later) * (1.0 - _BOUND_SLACK)
+    if uncached_tokens is not None:
+        bound = (bound + uncached_tokens / terms[2]) * (1.0 - _BOUND_SLACK)
+    return pack_key(bound, terms[4], pack_slack) if pack_slack and terms[4] else bound
