@@ -63,12 +63,18 @@ KEYS = (
 
 
 def tuned_knobs(
-    paths: Sequence[Path], names: Sequence[str], setting: ls.LoadSetting
+    paths: Sequence[Path],
+    names: Sequence[str],
+    setting: ls.LoadSetting,
+    any_sessions: bool = False,
 ) -> dict[str, dict[str, float]]:
     """Each policy's knobs from tuned ``talaria load`` results for the same pool and
     points, the first of ``paths`` that tuned it (talaria's for ``talaria-no-reserve`` where
     none has its own); ``BadRequest`` if one was not tuned on the tune part or ran another
-    setting, or none tuned a policy."""
+    setting, or none tuned a policy. ``any_sessions``: knobs tuned with another number of
+    arrivals a point are taken too (the pool must still be the same), e.g. knobs tuned at
+    a light load carried to a sweep past saturation, where tuning every policy again at
+    hundreds of sessions a point costs hours."""
     found: dict[str, Any] = {}
     for path in paths:
         doc = json.loads(path.read_text())
@@ -76,10 +82,10 @@ def tuned_knobs(
         if not tuning.get("tuned") or tuning.get("part") != Part.TUNE.value:
             raise BadRequest(f"{path} was not tuned on the tune part: run talaria load first")
         ran = (doc["instances"], doc["workload"]["sessions_per_rate"])
-        if ran != (setting.n_instances, setting.sessions):
+        if ran[0] != setting.n_instances or (ran[1] != setting.sessions and not any_sessions):
             raise BadRequest(
                 f"{path} was tuned on {ran[0]} instances and {ran[1]} sessions a point; "
-                "pass the same --instances and --sessions"
+                "pass the same --instances and --sessions (or --tuned-any-sessions)"
             )
         found = {**tuning["policies"], **found}  # the first file's knobs win
     out = {}
@@ -157,7 +163,7 @@ def run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
         pool_catalog(), args.instances, args.sessions, provision_s=args.provision
     )
     tuned = args.tuned or [DEFAULT_TUNED]
-    knobs = tuned_knobs(tuned, names, setting)
+    knobs = tuned_knobs(tuned, names, setting, args.tuned_any_sessions)
     runs = variants(names, args.vary or [])
     plan = [(label, k, r) for label, _, _ in runs for k in keep for r in rates]
     configs = {
@@ -305,6 +311,37 @@ def against(doc: dict[str, Any], base: dict[str, Any]) -> Table:
     return t
 
 
+def doubling(doc: dict[str, Any]) -> Table:
+    """Where each (policy, keep-alive) line's SCT p95 doubles over its value at the lowest
+    rate (``load_sweep.doubling_rate``, interpolated between the rates around it), seed by
+    seed, and the mean where every seed doubles within the sweep."""
+    lines: dict[_Side, list[dict[str, Any]]] = {}
+    for p in doc["points"]:
+        lines.setdefault((p["policy"], p["keep_alive_s"]), []).append(p)
+    t = Table(title="rate at which SCT p95 doubles over its value at the lowest rate")
+    cols = ("policy", "keep-alive s", "lowest rate/s", "its SCT p95", "per seed", "mean")
+    for col in cols:
+        t.add_column(col, justify="left" if col == "policy" else "right")
+    for (name, keep), pts in lines.items():
+        pts = sorted(pts, key=lambda p: p["rate_per_s"])
+        rates = [p["rate_per_s"] for p in pts]
+        per_seed = [
+            ls.doubling_rate(rates, [p["per_seed"][i]["sct_p95_s"] for p in pts])
+            for i in range(len(pts[0]["per_seed"]))
+        ]
+        found = [r for r in per_seed if r is not None]
+        mean = f"{sum(found) / len(found):.3g}" if found and len(found) == len(per_seed) else "-"
+        t.add_row(
+            name,
+            "inf" if keep is None else f"{keep:g}",
+            f"{rates[0]:g}",
+            f"{pts[0]['sct_p95_s']:.0f}",
+            ", ".join("none" if r is None else f"{r:.3g}" for r in per_seed),
+            mean,
+        )
+    return t
+
+
 def _tell(bar: Progress, task: TaskID) -> Callable[[int, int], None]:
     def tell(done: int, total: int) -> None:
         bar.update(task, completed=done, total=total)
@@ -334,6 +371,38 @@ def table(doc: dict[str, Any]) -> Table:
             f"{p['slo_met_share']:.0%}",
         )
     return t
+
+
+def plot_rates(doc: dict[str, Any], path: Path) -> None:
+    """SCT p95 (the mean over seeds) against the arrival rate, a line per policy and
+    keep-alive."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    lines = dict.fromkeys((p["policy"], p["keep_alive_s"]) for p in doc["points"])
+    for i, (name, keep) in enumerate(lines):
+        pts = sorted(
+            (p for p in doc["points"] if (p["policy"], p["keep_alive_s"]) == (name, keep)),
+            key=lambda p: p["rate_per_s"],
+        )
+        ka = "never" if keep is None else f"{keep:g} s"
+        ax.plot(
+            [p["rate_per_s"] for p in pts],
+            [p["sct_p95_s"] for p in pts],
+            marker="os^vD"[i % 5],
+            label=f"{name}, keep-alive {ka}",
+        )
+    ax.set_xlabel("session arrival rate (sessions/s)")
+    ax.set_ylabel(f"SCT p95 (s), mean over seeds {doc['seeds']}")
+    ax.set_title(f"{doc['instances']} instances, {doc['sessions_per_point']} sessions a point")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def plot(doc: dict[str, Any], path: Path) -> None:
@@ -397,6 +466,13 @@ def main() -> int:
         f"tuned it); default {DEFAULT_TUNED}",
     )
     p.add_argument(
+        "--tuned-any-sessions",
+        action="store_true",
+        help="take --tuned knobs tuned with another number of sessions a point (the same "
+        "--instances still): e.g. knobs tuned at 40 sessions for a sweep of hundreds past "
+        "saturation",
+    )
+    p.add_argument(
         "--vary",
         action="append",
         metavar="POLICY:KNOB=V1,V2",
@@ -425,6 +501,7 @@ def main() -> int:
         doc = merge([json.loads(path.read_text()) for path in args.report])
         console.print(table(doc))
         console.print(paired(doc))
+        console.print(doubling(doc))
         if args.against is not None:
             console.print(against(doc, json.loads(args.against.read_text())))
         return 0
@@ -432,8 +509,11 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "keep_alive.json").write_text(json.dumps(doc, indent=1) + "\n")
     plot(doc, args.out / "keep_alive.png")
+    if len({p["rate_per_s"] for p in doc["points"]}) > 1:
+        plot_rates(doc, args.out / "keep_alive_rates.png")
     console.print(table(doc))
     console.print(paired(doc))
+    console.print(doubling(doc))
     console.print(f"wrote {args.out} in {doc['wall_s']:.0f} s")
     return 0
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from benchmarks.keep_alive import PAIRS, merge, pairs_of, tuned_knobs, variants
+from benchmarks.keep_alive import PAIRS, doubling, merge, pairs_of, tuned_knobs, variants
 from talaria.errors import BadRequest
 from talaria.sim.pool_catalog import pool_catalog
 from talaria.swebench_replay import load_sweep as ls
@@ -47,6 +47,17 @@ def test_knobs_come_from_the_first_result_that_tuned_each_policy(tmp_path: Path)
     other = tuned(tmp_path / "c.json", {"serverless": {}}, instances=64)
     with pytest.raises(BadRequest, match="tuned on 64 instances"):
         tuned_knobs([a, other], ["talaria"], setting)
+    with pytest.raises(BadRequest, match="tuned on 64 instances"):  # never another pool
+        tuned_knobs([other], ["serverless"], setting, any_sessions=True)
+
+
+def test_knobs_tuned_at_another_load_only_when_asked(tmp_path: Path) -> None:
+    a = tuned(tmp_path / "a.json", {"talaria": {"slot_starvation_s": 100.0}})  # 40 a point
+    setting = ls.LoadSetting(pool_catalog(), 8, 200)
+    with pytest.raises(BadRequest, match="8 instances and 40 sessions a point"):
+        tuned_knobs([a], ["talaria"], setting)
+    knobs = tuned_knobs([a], ["talaria"], setting, any_sessions=True)
+    assert knobs == {"talaria": {"slot_starvation_s": 100.0}}
 
 
 def point(policy: str, keep: float | None, p95: float) -> dict[str, Any]:
@@ -130,3 +141,35 @@ def test_a_varied_point_is_paired_as_its_policy_is_and_against_its_policy() -> N
         (("talaria pack_slack=0.3", None), ("talaria", None)),
         (("talaria pack_slack=0.3", None), ("talaria pack_slack=0.1", None)),  # the first
     ]
+
+
+def test_doubling_rate_per_seed_and_mean_where_every_seed_doubles() -> None:
+    def point(name: str, rate: float, p95s: list[float]) -> dict[str, Any]:
+        seeds = [{"sct_p95_s": x} for x in p95s]
+        return {
+            "policy": name,
+            "keep_alive_s": None,
+            "rate_per_s": rate,
+            "sct_p95_s": sum(p95s) / len(p95s),
+            "per_seed": seeds,
+        }
+
+    doc = {
+        "points": [
+            point("talaria", 0.3, [300.0, 400.0]),  # out of order: sorted by rate
+            point("talaria", 0.1, [100.0, 100.0]),
+            point("talaria", 0.2, [150.0, 250.0]),
+            point("autoscale", 0.1, [100.0, 100.0]),
+            point("autoscale", 0.2, [150.0, 150.0]),
+            point("autoscale", 0.3, [190.0, 200.0]),
+        ]
+    }
+    t = doubling(doc)
+    cells = [list(c._cells) for c in t.columns]
+    assert cells[0] == ["talaria", "autoscale"]
+    assert cells[1] == ["inf", "inf"]
+    assert cells[3] == ["100", "100"]
+    # seed 0: 2 x 100 reached between 0.2 (150) and 0.3 (300): 0.2 + 50/150 x 0.1
+    # seed 1: between 0.1 (100) and 0.2 (250): 0.1 + 100/150 x 0.1
+    assert cells[4] == ["0.233, 0.167", "none, 0.3"]
+    assert cells[5] == ["0.2", "-"]  # autoscale's seed 0 never doubles: no mean
