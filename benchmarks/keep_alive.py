@@ -398,11 +398,7 @@ def plot_rates(doc: dict[str, Any], path: Path) -> None:
     ax.set_xlabel("session arrival rate (sessions/s)")
     ax.set_ylabel(f"SCT p95 (s), mean over seeds {doc['seeds']}")
     ax.set_title(f"{doc['instances']} instances, {doc['sessions_per_point']} sessions a point")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _save(fig, [ax], path)
 
 
 def plot(doc: dict[str, Any], path: Path) -> None:
@@ -429,6 +425,14 @@ def plot(doc: dict[str, Any], path: Path) -> None:
         ax.set_xlabel("device-seconds held per session")
         ax.set_ylabel("SCT p95 (s)")
         ax.set_title(f"{doc['instances']} instances, {rate:g} sessions/s (labels: keep-alive s)")
+    _save(fig, axes[0], path)
+
+
+def _save(fig: Any, axes: Sequence[Any], path: Path) -> None:
+    """Grid and legend on each of ``axes``, then ``fig`` written to ``path`` and closed."""
+    import matplotlib.pyplot as plt
+
+    for ax in axes:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()
