@@ -312,34 +312,44 @@ def against(doc: dict[str, Any], base: dict[str, Any]) -> Table:
 
 
 def doubling(doc: dict[str, Any]) -> Table:
-    """Where each (policy, keep-alive) line's SCT p95 doubles over its value at the lowest
-    rate (``load_sweep.doubling_rate``, interpolated between the rates around it), seed by
-    seed, and the mean where every seed doubles within the sweep."""
+    """Where each (policy, keep-alive) line's SCT p95 doubles over its own value at the
+    lowest rate (``load_sweep.doubling_rate``), and where it reaches one bound common to
+    every line, twice the least of their SCT p95s at the lowest rate (the same p95 for
+    all: ``load_sweep.rate_reaching``); each interpolated between the rates around it,
+    seed by seed, with the mean where every seed reaches it within the sweep."""
     lines: dict[_Side, list[dict[str, Any]]] = {}
     for p in doc["points"]:
         lines.setdefault((p["policy"], p["keep_alive_s"]), []).append(p)
-    t = Table(title="rate at which SCT p95 doubles over its value at the lowest rate")
-    cols = ("policy", "keep-alive s", "lowest rate/s", "its SCT p95", "per seed", "mean")
+    for pts in lines.values():
+        pts.sort(key=lambda p: p["rate_per_s"])
+    bound = 2 * min(pts[0]["sct_p95_s"] for pts in lines.values())
+    t = Table(title=f"rate at which SCT p95 doubles, and at which it reaches {bound:.0f} s")
+    cols = ("policy", "keep-alive s", "lowest rate/s", "its SCT p95", "doubles", "reaches")
     for col in cols:
         t.add_column(col, justify="left" if col == "policy" else "right")
     for (name, keep), pts in lines.items():
-        pts = sorted(pts, key=lambda p: p["rate_per_s"])
         rates = [p["rate_per_s"] for p in pts]
-        per_seed = [
-            ls.doubling_rate(rates, [p["per_seed"][i]["sct_p95_s"] for p in pts])
-            for i in range(len(pts[0]["per_seed"]))
+        curves = [
+            [p["per_seed"][i]["sct_p95_s"] for p in pts] for i in range(len(pts[0]["per_seed"]))
         ]
-        found = [r for r in per_seed if r is not None]
-        mean = f"{sum(found) / len(found):.3g}" if found and len(found) == len(per_seed) else "-"
         t.add_row(
             name,
             "inf" if keep is None else f"{keep:g}",
             f"{rates[0]:g}",
             f"{pts[0]['sct_p95_s']:.0f}",
-            ", ".join("none" if r is None else f"{r:.3g}" for r in per_seed),
-            mean,
+            _rates_cell([ls.doubling_rate(rates, c) for c in curves]),
+            _rates_cell([ls.rate_reaching(rates, c, bound) for c in curves]),
         )
     return t
+
+
+def _rates_cell(per_seed: Sequence[float | None]) -> str:
+    """Rates per seed ("none": not within the sweep), then their mean if every seed has one."""
+    cell = ", ".join("none" if r is None else f"{r:.3g}" for r in per_seed)
+    found = [r for r in per_seed if r is not None]
+    if found and len(found) == len(per_seed):
+        cell += f"; mean {sum(found) / len(found):.3g}"
+    return cell
 
 
 def _tell(bar: Progress, task: TaskID) -> Callable[[int, int], None]:

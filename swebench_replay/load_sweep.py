@@ -342,12 +342,23 @@ def doubling_rate(rates: Sequence[float], p95s: Sequence[float]) -> float | None
     linearly between the points around it (rates ascending); None if it never does."""
     if len(rates) != len(p95s) or not rates:
         raise BadRequest("doubling_rate needs one p95 per rate")
-    target = 2 * p95s[0]
+    return rate_reaching(rates, p95s, 2 * p95s[0])
+
+
+def rate_reaching(rates: Sequence[float], p95s: Sequence[float], bound: float) -> float | None:
+    """The rate at which SCT p95 first reaches ``bound`` past the lowest rate, interpolated
+    linearly between the points around it (rates ascending); None if it never does (or
+    where the lowest rate's p95 is already at the bound: no load is light enough). One
+    bound for several policies compares them at the same p95 (``doubling_rate`` sets each
+    its own, twice its light-load value)."""
+    if len(rates) != len(p95s) or not rates:
+        raise BadRequest("rate_reaching needs one p95 per rate")
+    if p95s[0] >= bound:
+        return None
     for i in range(1, len(rates)):
-        if p95s[i] >= target:
+        if p95s[i] >= bound:
             lo, hi = p95s[i - 1], p95s[i]
-            share = 1.0 if hi == lo else (target - lo) / (hi - lo)
-            return rates[i - 1] + share * (rates[i] - rates[i - 1])
+            return rates[i - 1] + (bound - lo) / (hi - lo) * (rates[i] - rates[i - 1])
     return None
 
 

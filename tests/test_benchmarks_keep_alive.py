@@ -171,5 +171,9 @@ def test_doubling_rate_per_seed_and_mean_where_every_seed_doubles() -> None:
     assert cells[3] == ["100", "100"]
     # seed 0: 2 x 100 reached between 0.2 (150) and 0.3 (300): 0.2 + 50/150 x 0.1
     # seed 1: between 0.1 (100) and 0.2 (250): 0.1 + 100/150 x 0.1
-    assert cells[4] == ["0.233, 0.167", "none, 0.3"]
-    assert cells[5] == ["0.2", "-"]  # autoscale's seed 0 never doubles: no mean
+    assert cells[4] == ["0.233, 0.167; mean 0.2", "none, 0.3"]  # no mean: one seed never
+    # the same bound for both, 2 x 100: autoscale's seed 1 reaches it at 0.3, seed 0 never
+    assert cells[5] == ["0.233, 0.167; mean 0.2", "none, 0.3"]
+    doc["points"][3]["sct_p95_s"] = 90.0  # autoscale's lowest p95 sets the bound: 180
+    cells = [list(c._cells) for c in doubling(doc).columns]
+    assert cells[5] == ["0.22, 0.153; mean 0.187", "0.275, 0.26; mean 0.268"]

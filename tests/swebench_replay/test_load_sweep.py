@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from talaria.cli import main
 from talaria.errors import BadRequest, ConfigError
@@ -18,6 +20,7 @@ from talaria.swebench_replay.load_sweep import (
     doubling_rate,
     execute_all,
     pool_history,
+    rate_reaching,
     tune_load,
     with_intervals,
 )
@@ -30,6 +33,34 @@ def test_doubling_rate_interpolates_between_points() -> None:
     assert doubling_rate([0.5], [3.0]) is None
     with pytest.raises(BadRequest):
         doubling_rate([1, 2], [1.0])
+
+
+def test_rate_reaching_a_bound_common_to_several_curves() -> None:
+    assert rate_reaching([1, 2, 3], [10, 15, 30], 20) == pytest.approx(2 + 5 / 15)
+    assert rate_reaching([1, 2, 3], [10, 15, 30], 15) == 2  # reached exactly at a point
+    assert rate_reaching([1, 2, 3], [10, 15, 30], 31) is None  # never within the sweep
+    assert rate_reaching([1, 2, 3], [20, 15, 30], 20) is None  # at the bound already
+    assert rate_reaching([1, 2, 3], [10, 25, 22], 20) == pytest.approx(1 + 10 / 15)  # first
+    with pytest.raises(BadRequest):
+        rate_reaching([1, 2], [1.0], 2.0)
+
+
+@given(
+    st.lists(st.floats(1.0, 1e5), min_size=1, max_size=8),
+    st.floats(1.0, 2e5),
+)
+def test_rate_reaching_lands_where_the_interpolated_curve_meets_the_bound(
+    p95s: list[float], bound: float
+) -> None:
+    rates = [0.01 * (i + 1) for i in range(len(p95s))]
+    r = rate_reaching(rates, p95s, bound)
+    if r is None:  # the curve stays below the bound past its start, or starts at it
+        assert p95s[0] >= bound or all(p < bound for p in p95s)
+        return
+    i = next(k for k, p in enumerate(p95s) if p >= bound)  # the first point at the bound
+    assert i >= 1 and rates[i - 1] <= r <= rates[i]
+    lo, hi = p95s[i - 1], p95s[i]
+    assert lo + (hi - lo) * (r - rates[i - 1]) / (rates[i] - rates[i - 1]) == pytest.approx(bound)
 
 
 def _point(rate: float, p95s: list[float]) -> dict[str, object]:
