@@ -222,6 +222,7 @@ PAIRS = (
     (("talaria", 0.0), ("autoscale", 10.0)),
     (("talaria", 0.0), ("autoscale", 60.0)),
     (("talaria", None), ("autoscale", None)),
+    (("talaria", None), ("serverless", None)),
 )
 
 

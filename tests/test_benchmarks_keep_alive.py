@@ -129,6 +129,7 @@ def test_a_varied_point_is_paired_as_its_policy_is_and_against_its_policy() -> N
     added = pairs_of(points)[len(PAIRS) :]
     assert added == [
         (("talaria pack_slack=0.1", None), ("autoscale", None)),
+        (("talaria pack_slack=0.1", None), ("serverless", None)),
         (("talaria pack_slack=0.1", None), ("talaria", None)),
         (("talaria pack_slack=0.1", 0.0), ("talaria", None)),
         (("talaria pack_slack=0.1", 0.0), ("talaria-no-reserve", 0.0)),
@@ -138,6 +139,7 @@ def test_a_varied_point_is_paired_as_its_policy_is_and_against_its_policy() -> N
         (("talaria pack_slack=0.1", 0.0), ("autoscale", 60.0)),
         (("talaria pack_slack=0.1", 0.0), ("talaria", 0.0)),
         (("talaria pack_slack=0.3", None), ("autoscale", None)),
+        (("talaria pack_slack=0.3", None), ("serverless", None)),
         (("talaria pack_slack=0.3", None), ("talaria", None)),
         (("talaria pack_slack=0.3", None), ("talaria pack_slack=0.1", None)),  # the first
     ]
