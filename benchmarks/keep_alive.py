@@ -451,6 +451,18 @@ def _save(fig: Any, axes: Sequence[Any], path: Path) -> None:
     plt.close(fig)
 
 
+def _several_rates(doc: dict[str, Any]) -> bool:
+    return len({p["rate_per_s"] for p in doc["points"]}) > 1
+
+
+def _print_tables(console: Console, doc: dict[str, Any]) -> None:
+    """The points, the pairs, and where a run sweeps rates, where each line's p95 doubles."""
+    console.print(table(doc))
+    console.print(paired(doc))
+    if _several_rates(doc):
+        console.print(doubling(doc))
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--instances", type=int, default=8)
@@ -514,9 +526,7 @@ def main() -> int:
     console = Console(width=150)
     if args.report:
         doc = merge([json.loads(path.read_text()) for path in args.report])
-        console.print(table(doc))
-        console.print(paired(doc))
-        console.print(doubling(doc))
+        _print_tables(console, doc)
         if args.against is not None:
             console.print(against(doc, json.loads(args.against.read_text())))
         return 0
@@ -524,11 +534,9 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "keep_alive.json").write_text(json.dumps(doc, indent=1) + "\n")
     plot(doc, args.out / "keep_alive.png")
-    if len({p["rate_per_s"] for p in doc["points"]}) > 1:
+    if _several_rates(doc):
         plot_rates(doc, args.out / "keep_alive_rates.png")
-    console.print(table(doc))
-    console.print(paired(doc))
-    console.print(doubling(doc))
+    _print_tables(console, doc)
     console.print(f"wrote {args.out} in {doc['wall_s']:.0f} s")
     return 0
 
