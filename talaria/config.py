@@ -247,11 +247,7 @@ class PolicyConfig:
     before the slot gives way to it (2: a
     switch is only worth it for a clear win, the break-even rule of ski rental); and the switch
     cost itself, which bounds how long an idle slot waits for its sessions' returns (linger
-    while the soonest return is expected within a switch away and back). ``slot_wait_weight``
-    ages that order: a waiting model's key (seconds of slot per session) drops by this many
-    seconds for each second its oldest call has waited, so a model with one long session is
-    not passed over at every turn (0, the default: Smith's rule alone; 1: remaining work less
-    the wait, a least-slack rule).
+    while the soonest return is expected within a switch away and back).
 
     ``keep_alive_s`` is how long an instance with no call to serve stays provisioned before it
     scales to zero (its devices are given back: the weights leave the device, its KV is demoted to
@@ -290,7 +286,6 @@ class PolicyConfig:
     continuum_ttl: bool = False  # TTL pins sized per call by Continuum's rule, not kv_pin_ttl_s
     slot_starvation_s: float = attrs.field(default=300.0, validator=valid.positive_or_infinite)
     slot_preempt_ratio: float = attrs.field(default=2.0, validator=valid.positive)
-    slot_wait_weight: float = attrs.field(default=0.0, validator=valid.non_negative)
     keep_alive_s: float = attrs.field(default=math.inf, validator=valid.non_negative_or_infinite)
     wake_shared: bool = True
     wake_charge_s: float = attrs.field(default=0.0, validator=valid.non_negative)

@@ -18,15 +18,13 @@ per-request queue), or Talaria's session-aware order (``SHORTEST_REMAINING``): t
 to the model whose sessions have the least expected remaining work per session (its
 ``SlotDemand.remaining_s``, estimated by the instance core from what it can know online, and
 its switch, over the sessions they serve: Smith's rule, since a slot serves all of its model's
-sessions at once; the whole remaining work would put a popular model last; aged by
-``slot_wait_weight``, each second its oldest call has waited takes that many seconds off a
-model's key), stays open while they keep returning (no quantum; an idle slot lingers while
-the soonest return is expected within a switch away and back), gives way to another model
-only for a clear win (``slot_preempt_ratio``), and never lets a waiting call wait more
-than ``slot_starvation_s`` for its slot: the open slot starts closing once a waiting call's
-wait plus the expected drain of the running batch (``SlotDemand.drain_s``) and its model's
-switch would reach the bound, and that model goes next (the most-starved first, oldest call
-first).
+sessions at once; the whole remaining work would put a popular model last), stays open while
+they keep returning (no quantum; an idle slot lingers while the soonest return is expected within a
+switch away and back), gives way to another model only for a clear win
+(``slot_preempt_ratio``), and never lets a waiting call wait more than ``slot_starvation_s``
+for its slot: the open slot starts closing once a waiting call's wait plus the expected
+drain of the running batch (``SlotDemand.drain_s``) and its model's switch would reach the
+bound, and that model goes next (the most-starved first, oldest call first).
 
 Mutates only its own slot state. Times are seconds on the caller's clock.
 """
@@ -238,7 +236,7 @@ class RoundScheduler:
             return SlotClose.STARVED
         if not slot.admitting and mine.running == 0:
             return SlotClose.DRAINED
-        best = min(others.values(), key=self._rank)  # the model next_model would take
+        best = min(others.values(), key=lambda d: d.slot_per_session_s)  # as next_model
         if mine.work_per_session_s > self.policy.slot_preempt_ratio * best.slot_per_session_s:
             return SlotClose.PREEMPTED
         if mine.running or mine.waiting:
@@ -285,17 +283,8 @@ class RoundScheduler:
             starving = self._starving(waiting, demand, 0.0)
             if starving is not None:
                 return starving
-            return min(waiting, key=lambda m: self._rank(demand[m]))
+            return min(waiting, key=lambda m: demand[m].slot_per_session_s)
         raise ConfigError(f"unknown slot order {order!r}")
-
-    def _rank(self, d: SlotDemand) -> float:
-        """The session-aware order's key of a model with waiting calls (lower goes first):
-        its slot per session (Smith's rule), less ``slot_wait_weight`` times the wait of its
-        oldest call."""
-        weight = self.policy.slot_wait_weight
-        if weight == 0:
-            return d.slot_per_session_s  # exactly Smith's rule, whatever the wait
-        return d.slot_per_session_s - weight * d.oldest_wait_s
 
     def predict_next(self, demand: Mapping[str, SlotDemand]) -> str | None:
         """The model most likely to get the next slot: the one ``next_model`` would pick

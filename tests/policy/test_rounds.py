@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import attrs
 import pytest
 
 from talaria.config import PolicyConfig
@@ -281,31 +280,6 @@ def test_session_aware_orders_by_work_per_session_smiths_rule() -> None:
     assert r.closes == {SlotClose.PREEMPTED: 1}
     assert SlotDemand().slot_per_session_s == 0.0  # no session counted: divide by one
     assert SlotDemand(remaining_s=5.0, switch_s=1.0).slot_per_session_s == 6.0
-
-
-def test_the_wait_weight_ages_the_session_aware_order() -> None:
-    """With ``slot_wait_weight`` a model's key is its slot per session less the weight times
-    its oldest call's wait: a model with one long session goes first once its call has
-    waited long enough; the preemption test still compares work per session."""
-    demand = {
-        "popular": SlotDemand(waiting=4, remaining_s=200.0, sessions=10, switch_s=10.0),  # 21
-        "rare": SlotDemand(waiting=1, oldest_wait_s=12.0, remaining_s=30.0, sessions=1,
-                           switch_s=1.0),  # 31 less the wait
-    }  # fmt: skip
-    assert rounds(SRW, ("rare", "popular")).next_model(demand) == "popular"  # weight 0: 21 < 31
-    aged = attrs.evolve(SRW, slot_wait_weight=1.0)
-    r = rounds(aged, ("rare", "popular"))
-    assert r.next_model(demand) == "rare"  # 31 - 12 = 19 < 21
-    assert r.predict_next(demand) == "rare"
-    half = rounds(attrs.evolve(SRW, slot_wait_weight=0.5), ("rare", "popular"))
-    assert half.next_model(demand) == "popular"  # 31 - 6 = 25 > 21
-    r.open("popular", 0.0)
-    r.end_opening_pass()
-    mine = SlotDemand(running=1, remaining_s=50.0, sessions=1)  # 50 per session
-    # the aged rank picks "rare" as the model to give way to, and 50 < 2 x 31: no preemption
-    assert not r.close_if_due(1.0, {"popular": mine, "rare": demand["rare"]})
-    with pytest.raises(ConfigError, match="slot_wait_weight"):
-        attrs.evolve(SRW, slot_wait_weight=-1.0)
 
 
 def test_session_aware_keeps_the_slot_while_its_sessions_work_or_return_soon() -> None:
