@@ -318,11 +318,7 @@ def doubling(doc: dict[str, Any]) -> Table:
     every line, twice the least of their SCT p95s at the lowest rate (the same p95 for
     all: ``load_sweep.rate_reaching``); each interpolated between the rates around it,
     seed by seed, with the mean where every seed reaches it within the sweep."""
-    lines: dict[_Side, list[dict[str, Any]]] = {}
-    for p in doc["points"]:
-        lines.setdefault((p["policy"], p["keep_alive_s"]), []).append(p)
-    for pts in lines.values():
-        pts.sort(key=lambda p: p["rate_per_s"])
+    lines = _lines(doc)
     bound = 2 * min(pts[0]["sct_p95_s"] for pts in lines.values())
     t = Table(title=f"rate at which SCT p95 doubles, and at which it reaches {bound:.0f} s")
     cols = ("policy", "keep-alive s", "lowest rate/s", "its SCT p95", "doubles", "reaches")
@@ -342,6 +338,17 @@ def doubling(doc: dict[str, Any]) -> Table:
             _rates_cell([ls.rate_reaching(rates, c, bound) for c in curves]),
         )
     return t
+
+
+def _lines(doc: dict[str, Any]) -> dict[_Side, list[dict[str, Any]]]:
+    """The run's points by (policy, keep-alive), in the order they first appear, each line
+    by rate."""
+    lines: dict[_Side, list[dict[str, Any]]] = {}
+    for p in doc["points"]:
+        lines.setdefault((p["policy"], p["keep_alive_s"]), []).append(p)
+    for pts in lines.values():
+        pts.sort(key=lambda p: p["rate_per_s"])
+    return lines
 
 
 def _rates_cell(per_seed: Sequence[float | None]) -> str:
@@ -393,12 +400,7 @@ def plot_rates(doc: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    lines = dict.fromkeys((p["policy"], p["keep_alive_s"]) for p in doc["points"])
-    for i, (name, keep) in enumerate(lines):
-        pts = sorted(
-            (p for p in doc["points"] if (p["policy"], p["keep_alive_s"]) == (name, keep)),
-            key=lambda p: p["rate_per_s"],
-        )
+    for i, ((name, keep), pts) in enumerate(_lines(doc).items()):
         ka = "never" if keep is None else f"{keep:g} s"
         ax.plot(
             [p["rate_per_s"] for p in pts],
